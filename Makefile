@@ -1,0 +1,45 @@
+# `make run`: install into .venv and run the demo (capture -> top launch call sites).
+# `make test`: install and run the whole suite on every CPython 3.10-3.13 found.
+PYTHON ?= python3
+VENV ?= .venv
+# Extra interpreters for the test matrix; pyenv's are found by version.
+MATRIX_VERSIONS ?= 3.10 3.12 3.13
+PIP_FLAGS ?= -q --disable-pip-version-check
+
+NATIVE_SOURCES := $(wildcard native/*.cpp native/*.h) CMakeLists.txt pyproject.toml
+
+.PHONY: install run test test-default test-matrix bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: $(NATIVE_SOURCES)
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(VENV)/bin/pip install $(PIP_FLAGS) -e '.[test]'
+	# torch is the anchor some tests compare against (a local CPU wheel for 3.11).
+	if $(VENV)/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then \
+		$(VENV)/bin/pip install $(PIP_FLAGS) torch==2.13.0; fi
+	touch $@
+
+run: install
+	$(VENV)/bin/tbpipe demo --out demo-runs
+
+test: test-default test-matrix
+
+test-default: install
+	$(VENV)/bin/python -m pytest -q tests
+
+# The same suite on the other supported CPython versions, each in its own venv.
+test-matrix:
+	@for version in $(MATRIX_VERSIONS); do \
+		interpreter=$$(ls -d $$HOME/.pyenv/versions/$$version.*/bin/python 2>/dev/null | tail -n 1); \
+		if [ -z "$$interpreter" ]; then interpreter=$$(command -v python$$version); fi; \
+		if [ -z "$$interpreter" ]; then echo "CPython $$version not found: install it (pyenv install $$version)"; exit 1; fi; \
+		$(MAKE) --no-print-directory test-default PYTHON=$$interpreter VENV=.venv-$$version || exit 1; \
+	done
+
+bench: install
+	$(VENV)/bin/python bench/capture.py
+
+clean:
+	rm -rf build .venv .venv-* demo-runs

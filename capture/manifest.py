@@ -1,0 +1,85 @@
+"""The run manifest: what a run is, how it was captured, what it holds.
+
+Rewritten atomically (temporary file + rename) after every flush, so a killed
+process leaves the last flush's manifest behind with `complete: false`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tbpipe.schemas import FORMAT_NAME, MANIFEST_FILE, RAW_SCHEMA_VERSION
+
+
+def new_run_id() -> str:
+    """Sortable by start time, unique across hosts and processes."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return f"{stamp}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def _torch_version() -> str | None:
+    # Only report torch when the program imported it: importing it here would
+    # cost seconds and change the program under test.
+    torch = sys.modules.get("torch")
+    return getattr(torch, "__version__", None) if torch is not None else None
+
+
+def initial_manifest(
+    run_id: str,
+    labels: dict[str, str],
+    sources: list[str],
+    capture_settings: dict[str, Any],
+    parent_run_id: str | None,
+) -> dict[str, Any]:
+    from tbpipe.capture import __version__
+
+    return {
+        "format": FORMAT_NAME,
+        "schema_version": RAW_SCHEMA_VERSION,
+        "run_id": run_id,
+        "parent_run_id": parent_run_id,
+        "started_at": _utc_now(),
+        "ended_at": None,
+        "complete": False,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "argv": list(sys.argv),
+        "cwd": os.getcwd(),
+        "python_version": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "torch_version": _torch_version(),
+        "tbpipe_version": __version__,
+        "labels": dict(labels),
+        "sources": list(sources),
+        "capture": dict(capture_settings),
+        "counters": {"events_recorded": 0, "events_dropped": 0, "events_written": 0, "stacks_written": 0},
+        "files": {},
+        "threads": {},
+        "errors": [],
+    }
+
+
+def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
+    manifest["updated_at"] = _utc_now()
+    manifest["torch_version"] = manifest.get("torch_version") or _torch_version()
+    target = run_dir / MANIFEST_FILE
+    temporary = run_dir / f".{MANIFEST_FILE}.{os.getpid()}.tmp"
+    temporary.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    os.replace(temporary, target)
+
+
+def mark_closed(manifest: dict[str, Any]) -> None:
+    manifest["ended_at"] = _utc_now()
+    manifest["complete"] = True

@@ -1,0 +1,186 @@
+"""Turns what the native recorder drained into the run directory's Parquet files.
+
+Columnar all the way: the drained buffers are raw little-endian arrays that
+become Arrow arrays without a Python loop per event; only attribute dicts
+(from `record(..., **attrs)`) are serialized one by one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tbpipe import _native
+from tbpipe.schemas import raw
+from tbpipe.capture.manifest import write_manifest
+
+# zstd level 3 keeps the flusher cheap; repeated stack ids and names are
+# dictionary-encoded by Parquet, timestamps delta-encoded.
+_PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 3}
+_EVENTS_ENCODING = {"ts": "DELTA_BINARY_PACKED", "thread_id": "DELTA_BINARY_PACKED"}
+
+
+def _column(raw_bytes: bytes, arrow_type: pa.DataType) -> pa.Array:
+    width = arrow_type.bit_width // 8
+    return pa.Array.from_buffers(arrow_type, len(raw_bytes) // width, [None, pa.py_buffer(raw_bytes)])
+
+
+def _zero_to_null(values: pa.Array) -> pa.Array:
+    return pc.if_else(pc.equal(values, 0), pa.scalar(None, values.type), values)
+
+
+def _list_offsets(ends: pa.Array) -> pa.Array:
+    zero = pa.array([0], pa.int32())
+    return pa.concat_arrays([zero, ends.cast(pa.int32())])
+
+
+class RunWriter:
+    """Writes one run directory: a part file per table per flush, then the manifest."""
+
+    def __init__(self, run_dir: Path, manifest: dict[str, Any]):
+        self.run_dir = run_dir
+        self.manifest = manifest
+        self._sequence = 0
+        self._strings = pa.array([""], pa.string())  # id 0 is "no string"
+        self._written_codes: set[int] = set()
+        self._written_modules: set[int] = set()
+        self._lock = threading.Lock()  # one flush at a time (flusher thread vs. close)
+
+    def write(self, drained: dict[str, Any], counters: dict[str, int]) -> None:
+        with self._lock:
+            self._sequence += 1
+            tables = {
+                "events": self._events(drained),
+                "stacks": self._stacks(drained),
+            }
+            tables["code"] = self._code(tables["stacks"])
+            tables["modules"] = self._modules(tables["stacks"])
+            files = self.manifest["files"]
+            for name, table in tables.items():
+                if table is None or table.num_rows == 0:
+                    continue
+                file_name = raw.table_file_name(name, self._sequence)
+                self._write_parquet(table, file_name)
+                files.setdefault(name, []).append(file_name)
+            totals = self.manifest["counters"]
+            totals["events_written"] += tables["events"].num_rows
+            totals["stacks_written"] += tables["stacks"].num_rows
+            totals["events_recorded"] = counters["recorded"]
+            totals["events_dropped"] = counters["dropped"]
+            self.manifest["threads"].update(_thread_names())
+            write_manifest(self.run_dir, self.manifest)
+
+    def _write_parquet(self, table: pa.Table, file_name: str) -> None:
+        # Written under a hidden name and renamed, so a file that exists is whole.
+        temporary = self.run_dir / f".{file_name}.tmp"
+        encoding = _EVENTS_ENCODING if "ts" in table.column_names else None
+        pq.write_table(
+            table,
+            temporary,
+            use_dictionary=[c for c in table.column_names if not encoding or c not in encoding],
+            column_encoding=encoding,
+            **_PARQUET_OPTIONS,
+        )
+        os.replace(temporary, self.run_dir / file_name)
+
+    def _strings_for(self, ids: pa.Array) -> pa.Array:
+        new = _native.strings_since(len(self._strings))
+        if new:
+            self._strings = pa.concat_arrays([self._strings, pa.array(new, pa.string())])
+        return self._strings.take(ids)
+
+    def _events(self, drained: dict[str, Any]) -> pa.Table:
+        schema = raw.events_schema()
+        ts = _column(drained["ts_ns"], pa.int64()).view(schema.field("ts").type)
+        attrs_index = _column(drained["attrs_index"], pa.int32())
+        attrs = drained["attrs"]
+        if attrs:
+            texts = pa.array([json.dumps(a, default=str, sort_keys=True) for a in attrs], pa.string())
+            attrs_column = texts.take(pc.if_else(pc.less(attrs_index, 0), None, attrs_index))
+        else:
+            attrs_column = pa.nulls(len(attrs_index), pa.string())
+        return pa.Table.from_arrays(
+            [
+                ts,
+                _column(drained["thread_id"], pa.int64()),
+                self._strings_for(_column(drained["kind_id"], pa.uint32())),
+                self._strings_for(_column(drained["name_id"], pa.uint32())),
+                _zero_to_null(_column(drained["stack_id"], pa.uint64())),
+                attrs_column,
+            ],
+            schema=schema,
+        )
+
+    def _stacks(self, drained: dict[str, Any]) -> pa.Table:
+        schema = raw.stacks_schema()
+        native = pa.StructArray.from_arrays(
+            [
+                _column(drained["native_module"], pa.int32()),
+                _column(drained["native_offset"], pa.uint64()),
+                _column(drained["native_flags"], pa.uint32()),
+            ],
+            fields=list(raw.NATIVE_FRAME),
+        )
+        lines = _native.resolve_lines(drained["python_code"], drained["python_offset"], drained["python_flags"])
+        python = pa.StructArray.from_arrays(
+            [
+                _column(drained["python_code"], pa.uint64()),
+                _column(drained["python_offset"], pa.int32()),
+                _column(lines, pa.int32()),
+                _column(drained["python_flags"], pa.uint32()),
+            ],
+            fields=list(raw.PYTHON_FRAME),
+        )
+        return pa.Table.from_arrays(
+            [
+                _column(drained["stack_ids"], pa.uint64()),
+                _column(drained["stack_thread"], pa.int64()),
+                _column(drained["stack_status"], pa.uint32()),
+                pa.ListArray.from_arrays(_list_offsets(_column(drained["native_ends"], pa.uint32())), native),
+                pa.ListArray.from_arrays(_list_offsets(_column(drained["python_ends"], pa.uint32())), python),
+            ],
+            schema=schema,
+        )
+
+    def _code(self, stacks: pa.Table) -> pa.Table:
+        referenced = pc.unique(pc.list_flatten(stacks["python"]).combine_chunks().field("code_id"))
+        new_ids = sorted(set(referenced.to_pylist()) - self._written_codes)
+        rows = [(i, info) for i, info in zip(new_ids, _native.code_info(new_ids)) if info is not None]
+        self._written_codes.update(i for i, _ in rows)
+        return pa.Table.from_pylist(
+            [{"code_id": i, "filename": f, "qualname": q, "first_line": line} for i, (f, q, line) in rows],
+            schema=raw.code_schema(),
+        )
+
+    def _modules(self, stacks: pa.Table) -> pa.Table:
+        referenced = pc.unique(pc.list_flatten(stacks["native"]).combine_chunks().field("module"))
+        new_indices = set(referenced.to_pylist()) - self._written_modules - {-1}
+        rows = []
+        if new_indices:
+            for module in _native._modules():
+                if module["index"] not in new_indices:
+                    continue
+                bias = module["load_bias"]
+                rows.append(
+                    {
+                        "module_index": module["index"],
+                        "path": module["path"],
+                        "build_id": module["build_id"] or None,
+                        "load_bias": bias,
+                        "exec_ranges": [{"lo": lo - bias, "hi": hi - bias} for lo, hi in module["exec_ranges"]],
+                        "eval_ranges": [{"lo": lo - bias, "hi": hi - bias} for lo, hi in module["eval_ranges"]],
+                    }
+                )
+            self._written_modules.update(r["module_index"] for r in rows)
+        return pa.Table.from_pylist(rows, schema=raw.modules_schema())
+
+
+def _thread_names() -> dict[str, str]:
+    return {str(t.native_id): t.name for t in threading.enumerate() if t.native_id is not None}

@@ -1,0 +1,244 @@
+// Python bindings of the capture library: `tbpipe._native`.
+//
+// Everything here is raw: frames come back as addresses and code ids; the
+// Python side (tbpipe.capture) symbolizes and writes files.
+#include <Python.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "demangle.h"
+#include "gather.h"
+#include "python_frames.h"
+#include "recorder.h"
+#include "string_table.h"
+
+namespace py = pybind11;
+
+namespace tbpipe {
+
+void register_unwind_bindings(py::module_& m);  // native/unwind_bindings.cpp
+
+namespace {
+
+// A gathered stack kept raw: no symbolization, no Python object per frame.
+struct RawTraceback {
+  std::vector<NativeFrame> native;
+  std::vector<PythonFrame> python;
+  uint32_t status = 0;
+};
+
+// Calls made from Python pass through the interpreter's call machinery and
+// this module before they reach the unwinder: leave all of that out.
+UnwindOptions options_for_python_caller() {
+  UnwindOptions options;
+  options.skip_own_module = true;
+  options.skip_until_eval = true;
+  return options;
+}
+
+std::unique_ptr<RawTraceback> gather(bool python, bool native) {
+  RawStack& stack = thread_scratch_stack();
+  gather_stack(&stack, python, native, options_for_python_caller());
+  auto traceback = std::make_unique<RawTraceback>();
+  traceback->native.assign(stack.native, stack.native + stack.native_count);
+  traceback->python.assign(stack.python, stack.python + stack.python_count);
+  traceback->status = stack.status;
+  return traceback;
+}
+
+template <typename T>
+py::bytes as_bytes(const std::vector<T>& values) {
+  return py::bytes(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+}
+
+py::dict drain() {
+  Drained drained;
+  Recorder::instance().drain(&drained);
+  py::dict out;
+  out["ts_ns"] = as_bytes(drained.ts_ns);
+  out["thread_id"] = as_bytes(drained.thread_id);
+  out["stack_id"] = as_bytes(drained.stack_id);
+  out["kind_id"] = as_bytes(drained.kind_id);
+  out["name_id"] = as_bytes(drained.name_id);
+  out["attrs_index"] = as_bytes(drained.attrs_index);
+  py::list attrs;
+  for (PyObject* object : drained.attrs) attrs.append(py::reinterpret_steal<py::object>(object));
+  out["attrs"] = attrs;
+  out["stack_ids"] = as_bytes(drained.stack_ids);
+  out["stack_status"] = as_bytes(drained.stack_status);
+  out["stack_thread"] = as_bytes(drained.stack_thread);
+  out["native_ends"] = as_bytes(drained.native_ends);
+  out["python_ends"] = as_bytes(drained.python_ends);
+  out["native_module"] = as_bytes(drained.native_module);
+  out["native_offset"] = as_bytes(drained.native_offset);
+  out["native_flags"] = as_bytes(drained.native_flags);
+  out["python_code"] = as_bytes(drained.python_code);
+  out["python_offset"] = as_bytes(drained.python_offset);
+  out["python_flags"] = as_bytes(drained.python_flags);
+  out["dropped"] = drained.dropped;
+  return out;
+}
+
+template <typename T>
+std::vector<T> from_bytes(const py::bytes& raw) {
+  std::string_view view = raw;
+  std::vector<T> values(view.size() / sizeof(T));
+  std::memcpy(values.data(), view.data(), values.size() * sizeof(T));
+  return values;
+}
+
+// Lines are resolved off the hot path (at flush) and once per distinct
+// (code, offset): PyCode_Addr2Line walks the line table linearly.
+py::bytes resolve_lines(const py::bytes& code_ids, const py::bytes& offsets, const py::bytes& flags) {
+  static auto* cache = new std::unordered_map<uint64_t, int32_t>();  // GIL-guarded, lives until exit
+  std::vector<uint64_t> ids = from_bytes<uint64_t>(code_ids);
+  std::vector<int32_t> offs = from_bytes<int32_t>(offsets);
+  std::vector<uint32_t> flgs = from_bytes<uint32_t>(flags);
+  const size_t count = std::min(ids.size(), std::min(offs.size(), flgs.size()));
+  std::vector<int32_t> lines(count, -1);
+  CodeRegistry& registry = CodeRegistry::instance();
+  for (size_t i = 0; i < count; ++i) {
+    if (flgs[i] & kPyFrameLineResolved) {
+      lines[i] = offs[i];
+      continue;
+    }
+    const uint64_t key = (ids[i] << 32) ^ static_cast<uint32_t>(offs[i]);
+    auto hit = cache->find(key);
+    if (hit != cache->end()) {
+      lines[i] = hit->second;
+      continue;
+    }
+    lines[i] = registry.line_for(ids[i], offs[i]);
+    cache->emplace(key, lines[i]);
+  }
+  return as_bytes(lines);
+}
+
+// record(kind, name, **attrs): hand-written METH_FASTCALL glue because it is
+// the one call made per event from Python, and when no session is active it
+// must cost next to nothing - pybind11's generic argument handling would
+// dominate that.
+PyObject* record_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  Recorder& recorder = Recorder::instance();
+  if (!recorder.active()) Py_RETURN_NONE;
+  if (nargs != 2 || !PyUnicode_Check(args[0]) || !PyUnicode_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "record(kind: str, name: str, **attrs) needs two str arguments");
+    return nullptr;
+  }
+  StringTable& strings = StringTable::instance();
+  const uint32_t kind_id = strings.intern_python(args[0]);
+  const uint32_t name_id = strings.intern_python(args[1]);
+  PyObject* attrs = nullptr;
+  const Py_ssize_t attr_count = kwnames != nullptr ? PyTuple_GET_SIZE(kwnames) : 0;
+  if (attr_count > 0) {
+    attrs = PyDict_New();
+    if (attrs == nullptr) return nullptr;
+    for (Py_ssize_t i = 0; i < attr_count; ++i) {
+      if (PyDict_SetItem(attrs, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) {
+        Py_DECREF(attrs);
+        return nullptr;
+      }
+    }
+  }
+  recorder.record(kind_id, name_id, attrs, options_for_python_caller());
+  Py_RETURN_NONE;
+}
+
+PyMethodDef record_method = {
+    "record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(record_fast)),
+    METH_FASTCALL | METH_KEYWORDS,
+    "record(kind, name, **attrs): record an event with the calling thread's combined stack "
+    "(a no-op when no session is active)."};
+
+}  // namespace
+}  // namespace tbpipe
+
+PYBIND11_MODULE(_native, m) {
+  using namespace tbpipe;
+  m.doc() = "tbpipe's in-process capture library (raw stacks, no symbolization).";
+
+  py::class_<RawTraceback>(m, "RawTraceback",
+                           "A combined stack as captured: native PCs and Python (code id, offset).")
+      .def_property_readonly("native",
+                             [](const RawTraceback& t) {
+                               py::list frames;
+                               for (const NativeFrame& f : t.native)
+                                 frames.append(py::make_tuple(f.pc, f.module, f.flags));
+                               return frames;
+                             },
+                             "(pc, module index, flags) per native frame, innermost first")
+      .def_property_readonly("python",
+                             [](const RawTraceback& t) {
+                               py::list frames;
+                               for (const PythonFrame& f : t.python)
+                                 frames.append(py::make_tuple(f.code_id, f.instr_offset, f.flags));
+                               return frames;
+                             },
+                             "(code id, instruction offset or line, flags) per Python frame")
+      .def_readonly("status", &RawTraceback::status)
+      .def("__len__", [](const RawTraceback& t) { return t.native.size() + t.python.size(); });
+
+  m.def("gather", &gather, py::arg("python") = true, py::arg("native") = true,
+        "Combined raw stack of the calling thread, without tbpipe's own frames.");
+
+  m.attr("record") = py::reinterpret_steal<py::object>(
+      PyCFunction_NewEx(&record_method, nullptr, nullptr));
+
+  m.def("start", [](bool python, bool native, uint64_t max_buffered) {
+          Recorder::instance().start(python, native, max_buffered);
+        },
+        py::arg("python") = true, py::arg("native") = true, py::arg("max_buffered_events") = 1u << 22);
+  m.def("stop", []() { Recorder::instance().stop(); });
+  m.def("active", []() { return Recorder::instance().active(); });
+  m.def("drain", &drain, "Move every thread's buffered events and new stacks out, columnar.");
+  m.def("counters", []() {
+    RecorderCounters c = Recorder::instance().counters();
+    py::dict out;
+    out["recorded"] = c.recorded;
+    out["dropped"] = c.dropped;
+    out["stacks"] = c.stacks;
+    return out;
+  });
+  m.def("strings_since", [](uint32_t first_id) { return StringTable::instance().since(first_id); },
+        "Interned strings with ids first_id, first_id + 1, ...");
+  m.def("code_info",
+        [](const std::vector<uint64_t>& ids) {
+          py::list out;
+          CodeRegistry& registry = CodeRegistry::instance();
+          for (uint64_t id : ids) {
+            CodeInfo info;
+            if (registry.info(id, &info)) {
+              out.append(py::make_tuple(info.filename, info.qualname, info.first_line));
+            } else {
+              out.append(py::none());
+            }
+          }
+          return out;
+        },
+        "(filename, qualname, first line) per code id, None when unknown.");
+  m.def("resolve_lines", &resolve_lines, py::arg("code_ids"), py::arg("offsets"), py::arg("flags"),
+        "Line per Python frame, from raw uint64 code ids, int32 offsets and uint32 flags; "
+        "returns raw int32 lines (-1 when unknown). The GIL must be held.");
+  m.def("demangle", &demangle_all, py::arg("names"),
+        "Demangle C++ names in bulk; other names come back unchanged.");
+
+  m.attr("NATIVE_FRAME_EVAL_LOOP") = static_cast<uint32_t>(kFrameEvalLoop);
+  m.attr("NATIVE_FRAME_BY_FRAME_POINTER") = static_cast<uint32_t>(kFrameByFramePointer);
+  m.attr("NATIVE_FRAME_EXACT_PC") = static_cast<uint32_t>(kFrameExactPc);
+  m.attr("NATIVE_FRAME_MARKER") = static_cast<uint32_t>(kFrameMarker);
+  m.attr("PYTHON_FRAME_ENTRY") = static_cast<uint32_t>(kPyFrameEntry);
+  m.attr("PYTHON_FRAME_LINE_RESOLVED") = static_cast<uint32_t>(kPyFrameLineResolved);
+  m.attr("STACK_NATIVE_TRUNCATED") = static_cast<uint32_t>(kStackNativeTruncated);
+  m.attr("STACK_PYTHON_TRUNCATED") = static_cast<uint32_t>(kStackPythonTruncated);
+  m.attr("STACK_NO_NATIVE") = static_cast<uint32_t>(kStackNoNative);
+  m.attr("STACK_NO_PYTHON") = static_cast<uint32_t>(kStackNoPython);
+
+  register_unwind_bindings(m);
+}

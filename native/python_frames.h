@@ -1,0 +1,63 @@
+// Python side of a combined stack: a direct walk of the calling thread's own
+// CPython frame chain (3.10 PyFrameObject, 3.11+ _PyInterpreterFrame), plus
+// the registry that interns code objects.
+//
+// The walk reads only the calling thread's frames, which no other thread
+// changes, so it needs no GIL - it works inside C callbacks that released it.
+#pragma once
+
+#include <Python.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "frames.h"
+
+namespace tbpipe {
+
+// What the pipeline needs to know about one code object.
+struct CodeInfo {
+  uint64_t code_id = 0;
+  std::string filename;
+  std::string qualname;
+  int first_line = 0;
+  PyObject* code = nullptr;  // strong reference while interned with the GIL; null for copies
+};
+
+// Interns code objects. Interning with the GIL keeps a strong reference, so an
+// interned pointer can never be reused by another object (the guard against
+// address reuse). Without the GIL a code object cannot be referenced safely,
+// so its strings are copied and its frame carries an already resolved line.
+class CodeRegistry {
+ public:
+  static CodeRegistry& instance();
+  // Id of an interned code object, or 0. Lock-free for objects interned with
+  // the GIL; *is_copy is set for copies made without it.
+  uint64_t find(PyObject* code, bool* is_copy) const;
+  // Interns `code` (the GIL must be held). Returns its id.
+  uint64_t intern_with_gil(PyObject* code);
+  // Interns a copy of `code`'s names without the GIL (cold path). Returns its id.
+  uint64_t intern_copy_without_gil(PyObject* code);
+  // Copy of the info for `code_id` (the GIL must be held); false when unknown.
+  bool info(uint64_t code_id, CodeInfo* out) const;
+  // Line for an instruction byte offset of an interned code (GIL held); -1 if unknown.
+  int line_for(uint64_t code_id, int32_t instr_offset) const;
+  size_t size() const;
+  void reset_after_fork();
+
+ private:
+  CodeRegistry();
+  struct Impl;
+  Impl* impl_;
+};
+
+// Walks the calling thread's Python frames, innermost first, into `out`.
+// Returns the number written; sets *truncated when kMaxPythonFrames was hit.
+size_t walk_python_frames(PythonFrame* out, size_t max, bool* truncated);
+
+// True when the calling thread holds the GIL (its thread state is current).
+bool thread_holds_gil();
+
+}  // namespace tbpipe

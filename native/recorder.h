@@ -1,0 +1,98 @@
+// The event recorder: per-thread event buffers, native stack deduplication,
+// and the drain that hands everything recorded so far to the flusher thread.
+//
+// Hot path (record): gather the stack, hash it, insert the hash into the
+// global seen-set (lock-free), append the stack only if it is new, append the
+// event - all into the calling thread's own buffer, guarded by an uncontended
+// per-thread spin flag that only the flusher ever competes for.
+#pragma once
+
+#include <Python.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "frames.h"
+#include "gather.h"
+
+namespace tbpipe {
+
+struct EventRecord {
+  int64_t ts_ns;       // CLOCK_REALTIME, nanoseconds
+  uint64_t stack_id;   // hash_stack(), 0 when no stack was taken
+  uint32_t kind_id;    // StringTable id
+  uint32_t name_id;    // StringTable id
+  int32_t attrs_index; // index into the buffer's attribute list, -1 when none
+  uint32_t reserved;
+};
+
+// Everything drained from all threads, in columnar form for Arrow.
+struct Drained {
+  // events
+  std::vector<int64_t> ts_ns, thread_id;
+  std::vector<uint64_t> stack_id;
+  std::vector<uint32_t> kind_id, name_id;
+  std::vector<int32_t> attrs_index;          // into `attrs`, -1 when none
+  std::vector<PyObject*> attrs;              // new references: dicts or str (JSON)
+  // stacks, flattened: stack i owns native[native_ends[i-1]:native_ends[i]]
+  std::vector<uint64_t> stack_ids;
+  std::vector<uint32_t> stack_status;
+  std::vector<int64_t> stack_thread;
+  std::vector<uint32_t> native_ends, python_ends;
+  std::vector<int32_t> native_module;
+  std::vector<uint64_t> native_offset;       // pc - load bias (marker: StopReason)
+  std::vector<uint32_t> native_flags;
+  std::vector<uint64_t> python_code;
+  std::vector<int32_t> python_offset;
+  std::vector<uint32_t> python_flags;
+  uint64_t dropped = 0;
+};
+
+struct RecorderCounters {
+  uint64_t recorded = 0;
+  uint64_t dropped = 0;
+  uint64_t stacks = 0;
+};
+
+class Recorder {
+ public:
+  static Recorder& instance();
+
+  bool active() const { return active_.load(std::memory_order_relaxed); }
+  // Starts recording afresh: forgets which stacks were seen and discards
+  // anything buffered from an earlier session.
+  void start(bool python, bool native, uint64_t max_buffered_events);
+  void stop();
+
+  // Records one event on the calling thread. `attrs` is a new reference (or
+  // null) that the buffer takes over. Returns false when dropped.
+  bool record(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const UnwindOptions& options);
+
+  // Moves everything buffered out of every thread's buffer (the GIL must be
+  // held: attribute objects change hands).
+  void drain(Drained* out);
+  RecorderCounters counters() const;
+
+  void after_fork_in_child();
+
+  struct ThreadBuffer;  // opaque; public so the thread-exit hook can mark it
+
+ private:
+  Recorder();
+  ThreadBuffer* this_thread_buffer();
+  bool insert_seen(uint64_t stack_id);
+
+  std::atomic<bool> active_{false};
+  bool want_python_ = true;
+  bool want_native_ = true;
+  uint64_t max_buffered_events_ = 1u << 22;
+  std::atomic<uint64_t> recorded_{0};
+  std::atomic<uint64_t> dropped_{0};
+  std::atomic<uint64_t> stacks_{0};
+  struct Impl;
+  Impl* impl_;
+};
+
+}  // namespace tbpipe

@@ -1,0 +1,506 @@
+// unwind_native: the calling thread's native stack, innermost first.
+//
+// Per thread we keep the stack bounds (looked up once) and a recipe cache keyed
+// by lookup PC. A warm frame is one probe of a 2-way set (one cache line), the
+// stores of the frame, and the two or three stack loads its recipe names; the
+// module index and the eval-loop flag come from the cache entry too, so the
+// registry is consulted only on a miss. A miss compiles the recipe from CFI
+// (cfi.cpp) and may refresh the module registry once per walk when the PC is in
+// no known module.
+
+#include "unwind.h"
+
+#include <pthread.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "cfi.h"
+#include "modules.h"
+
+namespace tbpipe {
+
+#if defined(__x86_64__) || defined(__aarch64__)
+namespace {
+
+constexpr unsigned kCacheSetBits = 11;
+constexpr size_t kCacheSets = size_t{1} << kCacheSetBits;
+constexpr size_t kCacheWays = 2;  // 4096 entries, 128 KiB per walking thread
+
+// Walks may skip a few of our own frames before writing; bound the total so a
+// loop of bad frames cannot spin even if every check passed.
+constexpr size_t kMaxSteps = kMaxNativeFrames * 2;
+
+struct CacheEntry {
+  uintptr_t key;  // lookup PC; 0 = empty
+  cfi::Recipe recipe;
+  int32_t module;
+  uint32_t frame_flags;  // kFrameEvalLoop when the lookup PC is in the eval loop
+};
+static_assert(sizeof(CacheEntry) == 32, "two ways share one 64-byte line");
+
+// Constant-initialized and trivially destructible, so access needs no TLS guard.
+struct ThreadState {
+  CacheEntry* cache;
+  uintptr_t stack_lo;
+  uintptr_t stack_hi;
+  uint64_t generation;
+  bool initialized;
+};
+thread_local ThreadState t_state;
+
+pthread_key_t g_cache_key;
+std::once_flag g_cache_key_once;
+
+// Runs at thread exit; the thread's TLS is still valid here.
+void release_thread_cache(void* cache) {
+  if (t_state.cache == cache) {
+    t_state.cache = nullptr;
+    t_state.initialized = false;
+  }
+  free(cache);
+}
+
+void clear_cache(ThreadState& ts) {
+  // All-zero bytes are a valid empty entry (key 0).
+  if (ts.cache) memset(static_cast<void*>(ts.cache), 0, kCacheSets * kCacheWays * sizeof(CacheEntry));
+}
+
+// First walk on this thread: stack bounds and the cache. Not on the warm path.
+void init_thread(ThreadState& ts) {
+  ts.initialized = true;
+  pthread_attr_t attr;
+  if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+    void* addr = nullptr;
+    size_t size = 0;
+    if (pthread_attr_getstack(&attr, &addr, &size) == 0 && addr != nullptr) {
+      ts.stack_lo = reinterpret_cast<uintptr_t>(addr);
+      ts.stack_hi = ts.stack_lo + size;
+    }
+    pthread_attr_destroy(&attr);
+  }
+  std::call_once(g_cache_key_once, [] { pthread_key_create(&g_cache_key, release_thread_cache); });
+  void* mem = aligned_alloc(64, kCacheSets * kCacheWays * sizeof(CacheEntry));
+  if (mem) {
+    ts.cache = static_cast<CacheEntry*>(mem);
+    clear_cache(ts);
+    pthread_setspecific(g_cache_key, mem);
+  }
+  ts.generation = ModuleRegistry::instance().generation();
+}
+
+inline CacheEntry* cache_set(CacheEntry* cache, uintptr_t key) {
+  uint64_t h = static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull;
+  return cache + (h >> (64 - kCacheSetBits)) * kCacheWays;
+}
+
+// `cache` is passed in rather than read from t_state: in a shared object every
+// TLS access may be a __tls_get_addr call, which must stay out of the loop.
+inline const CacheEntry* cache_probe(CacheEntry* cache, uintptr_t key) {
+  if (!cache || key == 0) return nullptr;
+  const CacheEntry* set = cache_set(cache, key);
+  if (set[0].key == key) return &set[0];
+  if (set[1].key == key) return &set[1];
+  return nullptr;
+}
+
+// The module containing our own extension, for skip_own_module.
+int32_t own_module_index() {
+  static const int32_t index = [] {
+    ModuleRegistry& reg = ModuleRegistry::instance();
+    const uintptr_t self = reinterpret_cast<uintptr_t>(&own_module_index);
+    int32_t i = reg.lookup(self);
+    if (i < 0 && reg.refresh()) i = reg.lookup(self);
+    return i;
+  }();
+  return index;
+}
+
+// Slow path of a cache miss: find the module (refreshing at most once per
+// walk), compile the recipe and insert it. Returns null for a PC outside every
+// module; such misses are not cached, so a library loaded later is found.
+const CacheEntry* cache_fill(ThreadState& ts, uintptr_t key, bool* refreshed, CacheEntry* scratch) {
+  ModuleRegistry& reg = ModuleRegistry::instance();
+  int32_t mod = reg.lookup(key);
+  if (mod < 0 && !*refreshed) {
+    *refreshed = true;
+    reg.refresh();
+    mod = reg.lookup(key);
+    uint64_t gen = reg.generation();
+    if (gen != ts.generation) {
+      // Indices are stable, but an address may now belong to another object.
+      clear_cache(ts);
+      ts.generation = gen;
+    }
+  }
+  const Module* m = reg.module(mod);
+  if (!m) return nullptr;
+
+  CacheEntry e;
+  e.key = key;
+#if defined(__x86_64__)
+  e.recipe = cfi::compile_recipe(*m, key);
+#else
+  e.recipe = cfi::Recipe{};
+#endif
+  e.module = mod;
+  e.frame_flags = reg.is_eval_pc(mod, key) ? uint32_t{kFrameEvalLoop} : 0u;
+  if (!ts.cache) {
+    *scratch = e;
+    return scratch;
+  }
+  CacheEntry* set = cache_set(ts.cache, key);
+  set[1] = set[0];  // newest in way 0, the previous one survives in way 1
+  set[0] = e;
+  return &set[0];
+}
+
+// Writes frames into the caller's buffer, applying the skip options. The last
+// slot is kept for a marker so that a truncated walk always says so.
+class FrameSink {
+ public:
+  FrameSink(NativeFrame* out, size_t max, const UnwindOptions& opt)
+      : out_(out),
+        cap_(max < kMaxNativeFrames ? max : kMaxNativeFrames),
+        skip_until_eval_(opt.skip_until_eval),
+        skipping_own_(opt.skip_own_module),
+        own_(opt.skip_own_module ? own_module_index() : -1) {}
+
+  // False once the buffer is full (a kDepthLimit marker has been written).
+  bool frame(uintptr_t pc, int32_t module, uint32_t flags) {
+    if (skipping_own_) {
+      if (module == own_ && own_ >= 0) return true;
+      skipping_own_ = false;
+    }
+    if (n_ + 1 >= cap_) {
+      marker(StopReason::kDepthLimit);
+      return false;
+    }
+    out_[n_++] = NativeFrame{pc, module, flags};
+    if (skip_until_eval_ && (flags & kFrameEvalLoop)) {
+      // Drop the interpreter's call machinery written so far; only now do we
+      // know that an eval-loop frame exists to keep instead.
+      out_[0] = out_[n_ - 1];
+      n_ = 1;
+      skip_until_eval_ = false;
+    }
+    return true;
+  }
+
+  void marker(StopReason reason) {
+    if (n_ < cap_) out_[n_++] = NativeFrame{static_cast<uintptr_t>(reason), -1, kFrameMarker};
+  }
+
+  bool room_for_frame_and_marker() const { return n_ + 2 <= cap_; }
+  size_t count() const { return n_; }
+
+ private:
+  NativeFrame* out_;
+  size_t cap_;
+  size_t n_ = 0;
+  bool skip_until_eval_;
+  bool skipping_own_;
+  int32_t own_;
+};
+
+// Stack reads allowed in [lo, hi): lo is the walk's starting rsp, below which
+// nothing of interest lives and the main thread's stack may not be mapped.
+struct StackBounds {
+  uintptr_t lo;
+  uintptr_t hi;
+  bool load(uintptr_t addr, uintptr_t* v) const {
+    if (addr < lo || addr > hi - sizeof(uintptr_t) || (addr & (sizeof(uintptr_t) - 1))) {
+      return false;
+    }
+    *v = *reinterpret_cast<const uintptr_t*>(addr);
+    return true;
+  }
+};
+
+// Common prologue of a walk: thread setup, cache generation, stack check.
+// Returns false when the walk cannot start (a marker has been written).
+bool begin_walk(ThreadState& ts, FrameSink& sink, uintptr_t sp, StackBounds* bounds) {
+  if (!ts.initialized) init_thread(ts);
+  uint64_t gen = ModuleRegistry::instance().generation();
+  if (gen != ts.generation) {
+    clear_cache(ts);
+    ts.generation = gen;
+  }
+  // On another stack (sigaltstack, a fiber) we cannot bound the reads.
+  if (sp < ts.stack_lo || sp >= ts.stack_hi) {
+    sink.marker(StopReason::kBadStackRead);
+    return false;
+  }
+  *bounds = StackBounds{sp, ts.stack_hi};
+  return true;
+}
+
+#if defined(__x86_64__)
+
+__attribute__((noinline)) size_t walk_x86_64(NativeFrame* out, size_t max,
+                                             const UnwindOptions& options, uintptr_t pc,
+                                             uintptr_t sp, uintptr_t bp) {
+  using cfi::CfaRule;
+  using cfi::RaRule;
+  using cfi::RbpRule;
+  ThreadState& ts = t_state;
+  FrameSink sink(out, max, options);
+  StackBounds stack;
+  if (!begin_walk(ts, sink, sp, &stack)) return sink.count();
+  CacheEntry* const cache = ts.cache;
+
+  bool exact = true;  // the first PC is where unwind_native is executing
+  bool bp_valid = true;
+  bool refreshed = false;
+  uint32_t next_flags = kFrameExactPc;
+  CacheEntry scratch;
+
+  for (size_t step = 0;; ++step) {
+    if (step == kMaxSteps) {
+      sink.marker(StopReason::kDepthLimit);
+      break;
+    }
+    const uintptr_t key = exact ? pc : pc - 1;
+    const CacheEntry* e = cache_probe(cache, key);
+    if (__builtin_expect(e == nullptr, 0)) {
+      e = cache_fill(ts, key, &refreshed, &scratch);
+      if (!e) {
+        if (sink.room_for_frame_and_marker()) sink.frame(pc, -1, next_flags);
+        sink.marker(StopReason::kUnknownPc);
+        break;
+      }
+    }
+    if (!sink.frame(pc, e->module, next_flags | e->frame_flags)) break;
+    const cfi::Recipe r = e->recipe;
+    next_flags = 0;
+
+    if (__builtin_expect((r.flags & cfi::kRecipeSimple) != 0, 1)) {
+      // CFA = rsp|rbp + k, ra at CFA + k, rbp kept or at CFA + k: nearly every
+      // frame of compiled code, handled without the general switches below.
+      const bool from_bp = r.cfa_rule == CfaRule::kRbpOffset;
+      if (from_bp && !bp_valid) {
+        sink.marker(StopReason::kUnsupportedRule);
+        break;
+      }
+      const uintptr_t cfa = (from_bp ? bp : sp) + r.cfa_off;
+      uintptr_t ra;
+      if (cfa <= sp || cfa > stack.hi || !stack.load(cfa + r.ra_off, &ra)) {
+        sink.marker(StopReason::kBadStackRead);
+        break;
+      }
+      if (r.rbp_rule == RbpRule::kAtCfa) {
+        if (!stack.load(cfa + r.rbp_off, &bp)) {
+          sink.marker(StopReason::kBadStackRead);
+          break;
+        }
+        bp_valid = true;
+      }
+      if (ra == 0) break;
+      pc = ra;
+      sp = cfa;
+      exact = false;
+      continue;
+    }
+
+    uintptr_t cfa = 0;
+    switch (r.cfa_rule) {
+      case CfaRule::kRspOffset: cfa = sp + r.cfa_off; break;
+      case CfaRule::kRbpOffset:
+        if (!bp_valid) {
+          sink.marker(StopReason::kUnsupportedRule);
+          return sink.count();
+        }
+        cfa = bp + r.cfa_off;
+        break;
+      case CfaRule::kDerefRsp:
+        if (!stack.load(sp + r.cfa_off, &cfa)) {
+          sink.marker(StopReason::kBadStackRead);
+          return sink.count();
+        }
+        break;
+      case CfaRule::kDerefRbp:
+        if (!bp_valid) {
+          sink.marker(StopReason::kUnsupportedRule);
+          return sink.count();
+        }
+        if (!stack.load(bp + r.cfa_off, &cfa)) {
+          sink.marker(StopReason::kBadStackRead);
+          return sink.count();
+        }
+        break;
+      case CfaRule::kPlt:
+        cfa = sp + r.cfa_off + ((pc & 15) >= r.plt_threshold ? 8 : 0);
+        break;
+      case CfaRule::kNoInfo: {
+        // Frame-pointer fallback: [rbp] = caller's rbp, [rbp + 8] = return address.
+        uintptr_t ra, nbp;
+        if (!bp_valid || bp < sp || !stack.load(bp + 8, &ra) || !stack.load(bp, &nbp)) {
+          sink.marker(StopReason::kNoUnwindInfo);
+          return sink.count();
+        }
+        if (ra == 0) return sink.count();
+        pc = ra;
+        sp = bp + 16;
+        bp = nbp;
+        exact = false;
+        next_flags = kFrameByFramePointer;
+        continue;
+      }
+      case CfaRule::kUnsupported:
+        sink.marker(StopReason::kUnsupportedRule);
+        return sink.count();
+    }
+
+    uintptr_t ra = 0;
+    bool ra_ok = true;
+    switch (r.ra_rule) {
+      case RaRule::kUndefined: return sink.count();  // outermost frame
+      case RaRule::kAtCfa: ra_ok = stack.load(cfa + r.ra_off, &ra); break;
+      case RaRule::kAtRsp: ra_ok = stack.load(sp + r.ra_off, &ra); break;
+      case RaRule::kAtRbp: ra_ok = bp_valid && stack.load(bp + r.ra_off, &ra); break;
+    }
+    if (!ra_ok) {
+      sink.marker(StopReason::kBadStackRead);
+      return sink.count();
+    }
+
+    uintptr_t nbp = bp;
+    bool nbp_valid = bp_valid;
+    bool bp_ok = true;
+    switch (r.rbp_rule) {
+      case RbpRule::kSame: break;
+      case RbpRule::kAtCfa: bp_ok = stack.load(cfa + r.rbp_off, &nbp); break;
+      case RbpRule::kAtRsp: bp_ok = stack.load(sp + r.rbp_off, &nbp); break;
+      case RbpRule::kAtRbp: bp_ok = bp_valid && stack.load(bp + r.rbp_off, &nbp); break;
+      case RbpRule::kValCfa: nbp = cfa + r.rbp_off; break;
+      case RbpRule::kLost: nbp_valid = false; break;
+    }
+    if (!bp_ok) {
+      sink.marker(StopReason::kBadStackRead);
+      return sink.count();
+    }
+    // The CFA is the caller's rsp; it must move up or the stack is corrupt.
+    if (cfa <= sp || cfa > stack.hi) {
+      sink.marker(StopReason::kBadStackRead);
+      return sink.count();
+    }
+    if (ra == 0) return sink.count();
+    pc = ra;
+    sp = cfa;
+    bp = nbp;
+    bp_valid = nbp_valid;
+    exact = (r.flags & cfi::kRecipeSignalFrame) != 0;
+    if (exact) next_flags = kFrameExactPc;
+  }
+  return sink.count();
+}
+
+#elif defined(__aarch64__)
+
+// Removes a pointer-authentication code from a return address (XPACLRI, which
+// is in the hint space and so a no-op on cores without PAC).
+inline uintptr_t strip_pac(uintptr_t lr) {
+  register uintptr_t x30 asm("x30") = lr;
+  asm("hint #7" : "+r"(x30));
+  return x30;
+}
+
+__attribute__((noinline)) size_t walk_aarch64(NativeFrame* out, size_t max,
+                                              const UnwindOptions& options, uintptr_t pc,
+                                              uintptr_t sp, uintptr_t fp) {
+  ThreadState& ts = t_state;
+  FrameSink sink(out, max, options);
+  StackBounds stack;
+  if (!begin_walk(ts, sink, sp, &stack)) return sink.count();
+  CacheEntry* const cache = ts.cache;
+
+  bool exact = true;
+  bool refreshed = false;
+  uint32_t next_flags = kFrameExactPc;
+  CacheEntry scratch;
+  for (size_t step = 0;; ++step) {
+    if (step == kMaxSteps) {
+      sink.marker(StopReason::kDepthLimit);
+      break;
+    }
+    const uintptr_t key = exact ? pc : pc - 1;
+    const CacheEntry* e = cache_probe(cache, key);
+    if (!e) {
+      e = cache_fill(ts, key, &refreshed, &scratch);
+      if (!e) {
+        if (sink.room_for_frame_and_marker()) sink.frame(pc, -1, next_flags);
+        sink.marker(StopReason::kUnknownPc);
+        break;
+      }
+    }
+    if (!sink.frame(pc, e->module, next_flags | e->frame_flags)) break;
+    if (fp == 0) break;  // outermost: the entry code clears x29
+    // Frame record: [fp] = caller's fp, [fp + 8] = return address.
+    uintptr_t next_fp, lr;
+    if (fp < sp || !stack.load(fp, &next_fp) || !stack.load(fp + 8, &lr)) {
+      sink.marker(StopReason::kBadStackRead);
+      break;
+    }
+    const uintptr_t ra = strip_pac(lr);
+    if (ra == 0) break;
+    if (next_fp != 0 && next_fp <= fp) {
+      sink.marker(StopReason::kBadStackRead);
+      break;
+    }
+    pc = ra;
+    sp = fp + 16;
+    fp = next_fp;
+    exact = false;
+    next_flags = kFrameByFramePointer;
+  }
+  return sink.count();
+}
+
+#endif
+
+}  // namespace
+#endif  // x86-64 or aarch64
+
+#if defined(__x86_64__)
+
+__attribute__((noinline)) size_t unwind_native(NativeFrame* out, size_t max,
+                                               const UnwindOptions& options) {
+  if (!out || max == 0) return 0;
+  uintptr_t pc, sp, bp;
+  // One asm block, so the three values describe the same instruction and the
+  // CFI row for `pc` applies to this `sp`.
+  asm volatile(
+      "leaq 0(%%rip), %0\n\t"
+      "movq %%rsp, %1\n\t"
+      "movq %%rbp, %2"
+      : "=r"(pc), "=r"(sp), "=r"(bp));
+  return walk_x86_64(out, max, options, pc, sp, bp);
+}
+
+#elif defined(__aarch64__)
+
+__attribute__((noinline)) size_t unwind_native(NativeFrame* out, size_t max,
+                                               const UnwindOptions& options) {
+  if (!out || max == 0) return 0;
+  uintptr_t pc, sp, fp;
+  asm volatile(
+      "adr %0, .\n\t"
+      "mov %1, sp\n\t"
+      "mov %2, x29"
+      : "=r"(pc), "=r"(sp), "=r"(fp));
+  return walk_aarch64(out, max, options, pc, sp, fp);
+}
+
+#else
+
+size_t unwind_native(NativeFrame* out, size_t max, const UnwindOptions&) {
+  if (!out || max == 0) return 0;
+  out[0] = NativeFrame{static_cast<uintptr_t>(StopReason::kNotSupported), -1, kFrameMarker};
+  return 1;
+}
+
+#endif
+
+}  // namespace tbpipe

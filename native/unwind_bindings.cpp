@@ -1,0 +1,219 @@
+// Test and diagnostic entry points of the native unwinder and module registry.
+//
+// None of these is on a capture hot path; they exist so that tests can check
+// the unwinder against real binaries, and so that bench/ can time it against
+// glibc's backtrace(). Registered into tbpipe._native by bindings.cpp.
+
+#include <pybind11/pybind11.h>
+
+#include <execinfo.h>
+#include <time.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cfi.h"
+#include "frames.h"
+#include "modules.h"
+#include "unwind.h"
+
+namespace py = pybind11;
+
+// A C entry point for test libraries: lets native code (a signal handler, a
+// thread with no Python on it) run a walk and keep the result in plain arrays.
+// `options`: bit 0 = skip_own_module, bit 1 = skip_until_eval.
+extern "C" __attribute__((visibility("default"))) size_t tbpipe_unwind_into(
+    uintptr_t* pcs, int32_t* modules, uint32_t* flags, size_t max, int options) {
+  tbpipe::NativeFrame frames[tbpipe::kMaxNativeFrames];
+  tbpipe::UnwindOptions opt;
+  opt.skip_own_module = (options & 1) != 0;
+  opt.skip_until_eval = (options & 2) != 0;
+  size_t n = tbpipe::unwind_native(frames, max < tbpipe::kMaxNativeFrames ? max : tbpipe::kMaxNativeFrames, opt);
+  for (size_t i = 0; i < n; ++i) {
+    pcs[i] = frames[i].pc;
+    modules[i] = frames[i].module;
+    flags[i] = frames[i].flags;
+  }
+  return n;
+}
+
+namespace tbpipe {
+namespace {
+
+py::list frames_to_list(const NativeFrame* frames, size_t n) {
+  py::list out;
+  for (size_t i = 0; i < n; ++i) {
+    out.append(py::make_tuple(py::int_(frames[i].pc), frames[i].module, frames[i].flags));
+  }
+  return out;
+}
+
+py::list ranges_to_list(const std::vector<AddressRange>& ranges) {
+  py::list out;
+  for (const AddressRange& r : ranges) out.append(py::make_tuple(py::int_(r.lo), py::int_(r.hi)));
+  return out;
+}
+
+py::dict module_to_dict(const Module& m) {
+  py::dict d;
+  d["index"] = m.index;
+  d["path"] = m.path;
+  d["build_id"] = m.build_id;
+  d["load_bias"] = py::int_(m.load_bias);
+  d["exec_ranges"] = ranges_to_list(m.exec_ranges);
+  d["eval_ranges"] = ranges_to_list(m.eval_ranges);
+  d["image"] = py::make_tuple(py::int_(m.image.lo), py::int_(m.image.hi));
+  d["has_eh_frame_hdr"] = m.eh_frame_hdr != nullptr;
+  return d;
+}
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+const char* ra_rule_name(cfi::RaRule r) {
+  switch (r) {
+    case cfi::RaRule::kAtCfa: return "cfa+k";
+    case cfi::RaRule::kAtRsp: return "rsp+k";
+    case cfi::RaRule::kAtRbp: return "rbp+k";
+    case cfi::RaRule::kUndefined: return "undefined";
+  }
+  return "?";
+}
+
+const char* rbp_rule_name(cfi::RbpRule r) {
+  switch (r) {
+    case cfi::RbpRule::kSame: return "same";
+    case cfi::RbpRule::kAtCfa: return "cfa+k";
+    case cfi::RbpRule::kAtRsp: return "rsp+k";
+    case cfi::RbpRule::kAtRbp: return "rbp+k";
+    case cfi::RbpRule::kValCfa: return "val cfa+k";
+    case cfi::RbpRule::kLost: return "lost";
+  }
+  return "?";
+}
+
+}  // namespace
+
+void register_unwind_bindings(py::module_& m) {
+  m.def(
+      "_unwind_pcs",
+      [](bool skip_own_module, bool skip_until_eval) {
+        NativeFrame frames[kMaxNativeFrames];
+        UnwindOptions opt;
+        opt.skip_own_module = skip_own_module;
+        opt.skip_until_eval = skip_until_eval;
+        size_t n = unwind_native(frames, kMaxNativeFrames, opt);
+        return frames_to_list(frames, n);
+      },
+      py::arg("skip_own_module") = true, py::arg("skip_until_eval") = false,
+      "The caller's native stack as [(pc, module_index, flags)], innermost first. "
+      "A final frame with the marker flag holds a stop reason in pc.");
+
+  m.def(
+      "_modules",
+      [] {
+        ModuleRegistry& reg = ModuleRegistry::instance();
+        py::list out;
+        for (size_t i = 0; i < reg.size(); ++i) {
+          if (const Module* mod = reg.module(static_cast<int32_t>(i))) out.append(module_to_dict(*mod));
+        }
+        return out;
+      },
+      "Every module the registry has seen, by index (dlclose'd ones included).");
+
+  m.def(
+      "_refresh_modules", [] { return ModuleRegistry::instance().refresh(); },
+      "Rescan loaded objects; True when something changed.");
+
+  m.def(
+      "_module_generation", [] { return ModuleRegistry::instance().generation(); },
+      "Registry generation: bumped by each refresh that changed the module set.");
+
+  m.def(
+      "_module_for_pc", [](uintptr_t pc) { return ModuleRegistry::instance().lookup(pc); },
+      py::arg("pc"), "Module index whose executable ranges contain pc, or -1 (no refresh).");
+
+  m.def(
+      "_recipe_for_pc",
+      [](uintptr_t pc) {
+        py::dict d;
+        ModuleRegistry& reg = ModuleRegistry::instance();
+        const Module* mod = reg.module(reg.lookup(pc));
+        if (!mod) return py::object(py::none());
+        cfi::Recipe r = cfi::compile_recipe(*mod, pc);
+        d["cfa_rule"] = cfi::cfa_rule_name(r.cfa_rule);
+        d["cfa_off"] = r.cfa_off;
+        d["ra_rule"] = ra_rule_name(r.ra_rule);
+        d["ra_off"] = r.ra_off;
+        d["rbp_rule"] = rbp_rule_name(r.rbp_rule);
+        d["rbp_off"] = r.rbp_off;
+        d["signal_frame"] = (r.flags & cfi::kRecipeSignalFrame) != 0;
+        d["plt_threshold"] = r.plt_threshold;
+        return py::object(d);
+      },
+      py::arg("pc"),
+      "The compiled CFI recipe for a lookup PC (use pc - 1 for return addresses), or None.");
+
+  m.def(
+      "_glibc_backtrace_pcs",
+      [] {
+        void* pcs[kMaxNativeFrames];
+        int n = backtrace(pcs, static_cast<int>(kMaxNativeFrames));
+        py::list out;
+        for (int i = 0; i < n; ++i) out.append(py::int_(reinterpret_cast<uintptr_t>(pcs[i])));
+        return out;
+      },
+      "glibc backtrace() from inside the extension, for comparison.");
+
+  m.def(
+      "_time_unwind",
+      [](size_t iterations, bool skip_own_module) {
+        NativeFrame frames[kMaxNativeFrames];
+        UnwindOptions opt;
+        opt.skip_own_module = skip_own_module;
+        size_t n = unwind_native(frames, kMaxNativeFrames, opt);  // warm up
+        uint64_t t0 = now_ns();
+        for (size_t i = 0; i < iterations; ++i) n = unwind_native(frames, kMaxNativeFrames, opt);
+        uint64_t t1 = now_ns();
+        return py::make_tuple(iterations ? double(t1 - t0) / double(iterations) : 0.0, n);
+      },
+      py::arg("iterations"), py::arg("skip_own_module") = false,
+      "(ns per unwind_native call, frames per walk), timed in C++.");
+
+  m.def(
+      "_time_glibc_backtrace",
+      [](size_t iterations) {
+        void* pcs[kMaxNativeFrames];
+        int n = backtrace(pcs, static_cast<int>(kMaxNativeFrames));
+        uint64_t t0 = now_ns();
+        for (size_t i = 0; i < iterations; ++i) n = backtrace(pcs, static_cast<int>(kMaxNativeFrames));
+        uint64_t t1 = now_ns();
+        return py::make_tuple(iterations ? double(t1 - t0) / double(iterations) : 0.0, n);
+      },
+      py::arg("iterations"), "(ns per glibc backtrace() call, frames per call), timed in C++.");
+
+  m.def(
+      "_unwind_c_entry",
+      [] { return py::int_(reinterpret_cast<uintptr_t>(&tbpipe_unwind_into)); },
+      "Address of tbpipe_unwind_into(pcs, modules, flags, max, options) for native test code.");
+
+  m.attr("_FRAME_EVAL_LOOP") = static_cast<uint32_t>(kFrameEvalLoop);
+  m.attr("_FRAME_BY_FRAME_POINTER") = static_cast<uint32_t>(kFrameByFramePointer);
+  m.attr("_FRAME_EXACT_PC") = static_cast<uint32_t>(kFrameExactPc);
+  m.attr("_FRAME_MARKER") = static_cast<uint32_t>(kFrameMarker);
+  py::dict reasons;
+  reasons["complete"] = static_cast<uint32_t>(StopReason::kComplete);
+  reasons["unknown_pc"] = static_cast<uint32_t>(StopReason::kUnknownPc);
+  reasons["no_unwind_info"] = static_cast<uint32_t>(StopReason::kNoUnwindInfo);
+  reasons["unsupported_rule"] = static_cast<uint32_t>(StopReason::kUnsupportedRule);
+  reasons["bad_stack_read"] = static_cast<uint32_t>(StopReason::kBadStackRead);
+  reasons["depth_limit"] = static_cast<uint32_t>(StopReason::kDepthLimit);
+  reasons["not_supported"] = static_cast<uint32_t>(StopReason::kNotSupported);
+  m.attr("_STOP_REASONS") = reasons;
+  m.attr("_MAX_NATIVE_FRAMES") = kMaxNativeFrames;
+}
+
+}  // namespace tbpipe

@@ -1,0 +1,1 @@
+"""One module per `tbpipe` subcommand; each stays a thin layer over the library API."""

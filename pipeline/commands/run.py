@@ -1,0 +1,62 @@
+"""`tbpipe run [--out DIR] [--label K=V]... [--source NAME]... -- CMD ARGS...`"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+import tbpipe.capture
+
+from tbpipe.capture.autostart_session import environment_for_run
+from tbpipe.capture.sources import resolve_sources
+from tbpipe.pipeline.errors import UsageError
+
+AUTOSTART_DIR = Path(tbpipe.capture.__file__).resolve().parent / "autostart"
+
+
+def parse_labels(pairs: list[str]) -> dict[str, str]:
+    labels = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"label {pair!r} is not of the form KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
+def run_captured(command: list[str], out_dir: Path, labels: dict[str, str], sources: list[str]) -> int:
+    """Runs `command` with every Python process in it recording into `out_dir`; returns its exit status."""
+    if not command:
+        raise UsageError("nothing to run: give the command after --, e.g. tbpipe run -- python train.py")
+    resolve_sources(sources)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not os.access(out_dir, os.W_OK):
+        raise UsageError(f"output folder {out_dir} is not writable")
+    env = dict(os.environ)
+    env.update(environment_for_run(str(out_dir.resolve()), labels, sources))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(AUTOSTART_DIR), env.get("PYTHONPATH", "")) if p)
+    try:
+        return subprocess.call(command, env=env)
+    except FileNotFoundError:
+        raise UsageError(f"command not found: {command[0]}") from None
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "run",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )
+    def run(
+        ctx: typer.Context,
+        out: Path = typer.Option(Path("runs"), "--out", "-o", help="Folder that receives one run folder per process."),
+        label: Optional[List[str]] = typer.Option(None, "--label", "-l", help="KEY=VALUE, repeatable."),
+        source: Optional[List[str]] = typer.Option(None, "--source", "-s", help="Event source to switch on, repeatable."),
+    ) -> None:
+        """Capture a whole program (and its Python child processes), one run folder per process."""
+        status = run_captured(list(ctx.args), out, parse_labels(label or []), list(source or []))
+        raise typer.Exit(status)

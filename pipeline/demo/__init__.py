@@ -1,0 +1,1 @@
+"""A small workload for `make run`: Python calling C calling back into Python."""

@@ -1,0 +1,33 @@
+"""The raw run format written by tbpipe.capture and read by tbpipe.pipeline.
+
+Defined once here and imported everywhere; `schemas/README.md` documents it for
+people who read the files with other tools.
+"""
+
+from tbpipe.schemas.raw import (
+    FORMAT_NAME,
+    MANIFEST_FILE,
+    RAW_SCHEMA_VERSION,
+    RUN_TABLES,
+    SCHEMA_KEY,
+    VERSION_KEY,
+    code_schema,
+    events_schema,
+    modules_schema,
+    stacks_schema,
+    table_file_name,
+)
+
+__all__ = [
+    "FORMAT_NAME",
+    "MANIFEST_FILE",
+    "RAW_SCHEMA_VERSION",
+    "RUN_TABLES",
+    "SCHEMA_KEY",
+    "VERSION_KEY",
+    "code_schema",
+    "events_schema",
+    "modules_schema",
+    "stacks_schema",
+    "table_file_name",
+]

@@ -1,0 +1,144 @@
+"""Arrow schemas of a raw run directory, version 1.
+
+A run directory `<out>/<run_id>/` holds `manifest.json` and, per flush of the
+capture library's background thread, one zstd Parquet file per table that had
+new rows: `events-000001.parquet`, `stacks-000001.parquet`, ... Every file is
+complete on its own (a killed process leaves all earlier files readable).
+Each file's key-value metadata names its table and the schema version.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+FORMAT_NAME = "tbpipe-raw"
+RAW_SCHEMA_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+SCHEMA_KEY = b"tbpipe.table"
+VERSION_KEY = b"tbpipe.schema_version"
+
+
+def _with_metadata(table: str, fields: list[pa.Field]) -> pa.Schema:
+    return pa.schema(
+        fields,
+        metadata={SCHEMA_KEY: table.encode(), VERSION_KEY: str(RAW_SCHEMA_VERSION).encode()},
+    )
+
+
+def events_schema() -> pa.Schema:
+    """One row per recorded event."""
+    return _with_metadata(
+        "events",
+        [
+            pa.field("ts", pa.timestamp("ns", tz="UTC"), nullable=False),
+            pa.field("thread_id", pa.int64(), nullable=False),  # OS thread id (gettid)
+            pa.field("kind", pa.string(), nullable=False),  # kernel_launch, op, alloc, user, ...
+            pa.field("name", pa.string(), nullable=False),
+            pa.field("stack_id", pa.uint64()),  # stacks.stack_id; null when no stack was taken
+            pa.field("attrs", pa.string()),  # JSON object, null when none
+        ],
+    )
+
+
+NATIVE_FRAME = pa.struct(
+    [
+        pa.field("module", pa.int32(), nullable=False),  # modules.module_index, -1 for a marker
+        pa.field("offset", pa.uint64(), nullable=False),  # pc - load bias (ELF vaddr); marker: stop reason
+        pa.field("flags", pa.uint32(), nullable=False),  # NATIVE_FRAME_* bits
+    ]
+)
+
+PYTHON_FRAME = pa.struct(
+    [
+        pa.field("code_id", pa.uint64(), nullable=False),  # code.code_id
+        pa.field("offset", pa.int32(), nullable=False),  # instruction byte offset (-1: not started)
+        pa.field("line", pa.int32(), nullable=False),  # resolved at flush; -1 when unknown
+        pa.field("flags", pa.uint32(), nullable=False),  # PYTHON_FRAME_* bits
+    ]
+)
+
+# Bits of NATIVE_FRAME.flags
+NATIVE_FRAME_EVAL_LOOP = 1  # runs a group of Python frames (CPython eval loop)
+NATIVE_FRAME_BY_FRAME_POINTER = 2  # found by the frame-pointer fallback
+NATIVE_FRAME_EXACT_PC = 4  # not a return address: symbolize at offset, not offset - 1
+NATIVE_FRAME_MARKER = 128  # the walk stopped here; offset holds the stop reason
+
+# Bits of PYTHON_FRAME.flags
+PYTHON_FRAME_ENTRY = 1  # outermost Python frame of its eval-loop group
+PYTHON_FRAME_LINE_RESOLVED = 2  # captured without the GIL; `offset` holds the line too
+
+# Bits of stacks.status
+STACK_NATIVE_TRUNCATED = 1
+STACK_PYTHON_TRUNCATED = 2
+STACK_NO_NATIVE = 4
+STACK_NO_PYTHON = 8
+
+# Values of a marker frame's offset
+STOP_REASONS = {
+    0: "complete",
+    1: "PC outside every loaded module",
+    2: "no unwind info for this PC",
+    3: "unsupported CFI rule",
+    4: "stack read out of bounds",
+    5: "depth limit reached",
+    6: "no native unwinder on this platform",
+}
+
+
+def stacks_schema() -> pa.Schema:
+    """Each distinct raw stack once; frames innermost first, not yet interleaved."""
+    return _with_metadata(
+        "stacks",
+        [
+            pa.field("stack_id", pa.uint64(), nullable=False),  # content hash
+            pa.field("thread_id", pa.int64(), nullable=False),  # thread that first recorded it
+            pa.field("status", pa.uint32(), nullable=False),  # STACK_* bits
+            pa.field("native", pa.list_(NATIVE_FRAME), nullable=False),
+            pa.field("python", pa.list_(PYTHON_FRAME), nullable=False),
+        ],
+    )
+
+
+ADDRESS_RANGE = pa.struct([pa.field("lo", pa.uint64()), pa.field("hi", pa.uint64())])
+
+
+def modules_schema() -> pa.Schema:
+    """Loaded ELF objects referenced by the run's stacks."""
+    return _with_metadata(
+        "modules",
+        [
+            pa.field("module_index", pa.int32(), nullable=False),
+            pa.field("path", pa.string(), nullable=False),
+            pa.field("build_id", pa.string()),  # lowercase hex, null when the object has none
+            pa.field("load_bias", pa.uint64(), nullable=False),
+            # Ranges as ELF virtual addresses (runtime address - load bias).
+            pa.field("exec_ranges", pa.list_(ADDRESS_RANGE), nullable=False),
+            pa.field("eval_ranges", pa.list_(ADDRESS_RANGE), nullable=False),
+        ],
+    )
+
+
+def code_schema() -> pa.Schema:
+    """Python code objects referenced by the run's stacks."""
+    return _with_metadata(
+        "code",
+        [
+            pa.field("code_id", pa.uint64(), nullable=False),
+            pa.field("filename", pa.string(), nullable=False),
+            pa.field("qualname", pa.string(), nullable=False),
+            pa.field("first_line", pa.int32(), nullable=False),
+        ],
+    )
+
+
+RUN_TABLES = {
+    "events": events_schema,
+    "stacks": stacks_schema,
+    "modules": modules_schema,
+    "code": code_schema,
+}
+
+
+def table_file_name(table: str, sequence: int) -> str:
+    """File name of one flush's part of `table` (sequence numbers start at 1)."""
+    return f"{table}-{sequence:06d}.parquet"
