@@ -41,7 +41,7 @@ def _validate_labels(labels: Mapping[str, Any] | None) -> dict[str, str]:
     return checked
 
 
-def _prepare_out_dir(out_dir: Path) -> Path:
+def prepare_out_dir(out_dir: Path) -> Path:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -99,7 +99,7 @@ class Session:
                     f"a tbpipe session is already active in this process (run {_active.run_id}); "
                     "sessions do not nest"
                 )
-            out_dir = _prepare_out_dir(self.out_dir)
+            out_dir = prepare_out_dir(self.out_dir)
             self.run_id = new_run_id()
             self.run_dir = out_dir / self.run_id
             try:

@@ -33,7 +33,7 @@ def _column(raw_bytes: bytes, arrow_type: pa.DataType) -> pa.Array:
 
 
 def _zero_to_null(values: pa.Array) -> pa.Array:
-    return pc.if_else(pc.equal(values, 0), pa.scalar(None, values.type), values)
+    return pc.if_else(pc.equal(values, pa.scalar(0, values.type)), pa.scalar(None, values.type), values)
 
 
 def _list_offsets(ends: pa.Array) -> pa.Array:

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -187,6 +188,32 @@ PYBIND11_MODULE(_native, m) {
 
   m.def("gather", &gather, py::arg("python") = true, py::arg("native") = true,
         "Combined raw stack of the calling thread, without tbpipe's own frames.");
+  m.def("_gather_with_gil_released",
+        [](bool python, bool native) {
+          // What a C callback that released the GIL sees (CUPTI, a C++ extension).
+          py::gil_scoped_release released;
+          return gather(python, native);
+        },
+        py::arg("python") = true, py::arg("native") = true,
+        "Test hook: gather() called with the GIL released.");
+  m.def("_gather_on_native_thread",
+        []() {
+          // A thread the interpreter has never seen: no thread state, no Python frames.
+          std::unique_ptr<RawTraceback> result;
+          py::gil_scoped_release released;
+          std::thread worker([&result]() {
+            RawStack& stack = thread_scratch_stack();
+            UnwindOptions options;
+            gather_stack(&stack, true, true, options);
+            result = std::make_unique<RawTraceback>();
+            result->native.assign(stack.native, stack.native + stack.native_count);
+            result->python.assign(stack.python, stack.python + stack.python_count);
+            result->status = stack.status;
+          });
+          worker.join();
+          return result;
+        },
+        "Test hook: gather() on a new native thread that has no Python thread state.");
 
   m.attr("record") = py::reinterpret_steal<py::object>(
       PyCFunction_NewEx(&record_method, nullptr, nullptr));

@@ -154,6 +154,10 @@ struct BufferData {
 struct Recorder::ThreadBuffer {
   std::atomic_flag busy = ATOMIC_FLAG_INIT;
   int64_t thread_id = 0;
+  // Per-thread counters (written by the owner only): a shared atomic would
+  // bounce one cache line between every recording thread.
+  std::atomic<uint64_t> recorded{0};
+  std::atomic<uint64_t> dropped{0};
   std::atomic<bool> exited{false};
   // The producer appends to `front`; a drain swaps it with `back` under the
   // spin flag (O(1)) and copies `back` out afterwards, so the producer never
@@ -164,6 +168,8 @@ struct Recorder::ThreadBuffer {
 struct Recorder::Impl {
   std::mutex mutex;  // guards `buffers` and serializes drains
   std::vector<Recorder::ThreadBuffer*> buffers;
+  uint64_t exited_recorded = 0;  // counters of buffers already freed
+  uint64_t exited_dropped = 0;
   SeenStacks seen;
   std::atomic<uint64_t> fork_generation{0};
 };
@@ -232,8 +238,14 @@ void Recorder::start(bool python, bool native, uint64_t max_buffered_events) {
   want_python_ = python;
   want_native_ = native;
   max_buffered_events_ = max_buffered_events;
-  recorded_.store(0);
-  dropped_.store(0);
+  {
+    std::lock_guard<std::mutex> guard(impl_->mutex);
+    impl_->exited_recorded = impl_->exited_dropped = 0;
+    for (ThreadBuffer* buffer : impl_->buffers) {
+      buffer->recorded.store(0, std::memory_order_relaxed);
+      buffer->dropped.store(0, std::memory_order_relaxed);
+    }
+  }
   stacks_.store(0);
   active_.store(true, std::memory_order_release);
 }
@@ -256,7 +268,7 @@ bool Recorder::record(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
   BufferData& data = buffer->front;
   if (data.events.size() >= max_buffered_events_) {
     // The flusher is not keeping up: drop rather than grow without bound.
-    dropped_.fetch_add(1, std::memory_order_relaxed);
+    buffer->dropped.store(buffer->dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     Py_XDECREF(attrs);
     return false;
   }
@@ -287,7 +299,7 @@ bool Recorder::record(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
     data.attrs.push_back(attrs);
   }
   data.events.push_back(EventRecord{ts, stack_id, kind_id, name_id, attrs_index, 0});
-  recorded_.fetch_add(1, std::memory_order_relaxed);
+  buffer->recorded.store(buffer->recorded.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   return true;
 }
 
@@ -328,19 +340,27 @@ void Recorder::drain(Drained* out) {
     append(out->python_flags, data.python_flags);
     data.clear();
     if (exited) {
+      impl_->exited_recorded += buffer->recorded.load(std::memory_order_relaxed);
+      impl_->exited_dropped += buffer->dropped.load(std::memory_order_relaxed);
       delete buffer;
     } else {
       keep.push_back(buffer);
     }
   }
   impl_->buffers.swap(keep);
-  out->dropped = dropped_.load(std::memory_order_relaxed);
+  out->dropped = impl_->exited_dropped;
+  for (ThreadBuffer* buffer : impl_->buffers) out->dropped += buffer->dropped.load(std::memory_order_relaxed);
 }
 
 RecorderCounters Recorder::counters() const {
+  std::lock_guard<std::mutex> guard(impl_->mutex);
   RecorderCounters counters;
-  counters.recorded = recorded_.load(std::memory_order_relaxed);
-  counters.dropped = dropped_.load(std::memory_order_relaxed);
+  counters.recorded = impl_->exited_recorded;
+  counters.dropped = impl_->exited_dropped;
+  for (ThreadBuffer* buffer : impl_->buffers) {
+    counters.recorded += buffer->recorded.load(std::memory_order_relaxed);
+    counters.dropped += buffer->dropped.load(std::memory_order_relaxed);
+  }
   counters.stacks = stacks_.load(std::memory_order_relaxed);
   return counters;
 }

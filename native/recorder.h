@@ -60,7 +60,7 @@ class Recorder {
  public:
   static Recorder& instance();
 
-  bool active() const { return active_.load(std::memory_order_relaxed); }
+  bool active() const { return active_.load(std::memory_order_acquire); }
   // Starts recording afresh: forgets which stacks were seen and discards
   // anything buffered from an earlier session.
   void start(bool python, bool native, uint64_t max_buffered_events);
@@ -88,8 +88,6 @@ class Recorder {
   bool want_python_ = true;
   bool want_native_ = true;
   uint64_t max_buffered_events_ = 1u << 22;
-  std::atomic<uint64_t> recorded_{0};
-  std::atomic<uint64_t> dropped_{0};
   std::atomic<uint64_t> stacks_{0};
   struct Impl;
   Impl* impl_;

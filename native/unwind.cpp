@@ -92,8 +92,9 @@ void init_thread(ThreadState& ts) {
 }
 
 inline CacheEntry* cache_set(CacheEntry* cache, uintptr_t key) {
-  uint64_t h = static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull;
-  return cache + (h >> (64 - kCacheSetBits)) * kCacheWays;
+  // Two cheap ops: the index computation is on the walk's critical path.
+  uintptr_t h = key ^ (key >> kCacheSetBits) ^ (key >> (2 * kCacheSetBits));
+  return cache + (h & (kCacheSets - 1)) * kCacheWays;
 }
 
 // `cache` is passed in rather than read from t_state: in a shared object every
@@ -476,7 +477,10 @@ __attribute__((noinline)) size_t unwind_native(NativeFrame* out, size_t max,
       "movq %%rsp, %1\n\t"
       "movq %%rbp, %2"
       : "=r"(pc), "=r"(sp), "=r"(bp));
-  return walk_x86_64(out, max, options, pc, sp, bp);
+  size_t n = walk_x86_64(out, max, options, pc, sp, bp);
+  // Not a tail call: the walk reads this frame, which must stay in place.
+  asm volatile("" : "+r"(n));
+  return n;
 }
 
 #elif defined(__aarch64__)
@@ -484,13 +488,18 @@ __attribute__((noinline)) size_t unwind_native(NativeFrame* out, size_t max,
 __attribute__((noinline)) size_t unwind_native(NativeFrame* out, size_t max,
                                                const UnwindOptions& options) {
   if (!out || max == 0) return 0;
-  uintptr_t pc, sp, fp;
+  uintptr_t pc, sp;
   asm volatile(
       "adr %0, .\n\t"
-      "mov %1, sp\n\t"
-      "mov %2, x29"
-      : "=r"(pc), "=r"(sp), "=r"(fp));
-  return walk_aarch64(out, max, options, pc, sp, fp);
+      "mov %1, sp"
+      : "=r"(pc), "=r"(sp));
+  // Taking the frame address makes GCC/Clang build this function's frame
+  // record, [fp] = caller's fp, [fp + 8] = return address into the caller.
+  const uintptr_t fp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+  size_t n = walk_aarch64(out, max, options, pc, sp, fp);
+  // Not a tail call: the walk reads this frame record, which must stay in place.
+  asm volatile("" : "+r"(n));
+  return n;
 }
 
 #else

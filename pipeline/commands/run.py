@@ -13,6 +13,7 @@ import typer
 import tbpipe.capture
 
 from tbpipe.capture.autostart_session import environment_for_run
+from tbpipe.capture.session import prepare_out_dir
 from tbpipe.capture.sources import resolve_sources
 from tbpipe.pipeline.errors import UsageError
 
@@ -34,9 +35,7 @@ def run_captured(command: list[str], out_dir: Path, labels: dict[str, str], sour
     if not command:
         raise UsageError("nothing to run: give the command after --, e.g. tbpipe run -- python train.py")
     resolve_sources(sources)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if not os.access(out_dir, os.W_OK):
-        raise UsageError(f"output folder {out_dir} is not writable")
+    prepare_out_dir(out_dir)
     env = dict(os.environ)
     env.update(environment_for_run(str(out_dir.resolve()), labels, sources))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(AUTOSTART_DIR), env.get("PYTHONPATH", "")) if p)

@@ -104,6 +104,7 @@ class ModuleStatus:
     module_path: str | None = None
     looked_in: list[str] = field(default_factory=list)
     source_key: str | None = None  # identity of the debug file the stored results come from
+    debug_identity: list | None = None  # [path, size, mtime_ns, inode, device] of debug_file
     segments: list[tuple[int, int, int]] = field(default_factory=list)  # PT_LOAD (vaddr, memsz, flags)
     upgraded_from: Quality | None = None  # set when better debug info replaced older results
     checked_at: float = 0.0
@@ -123,6 +124,7 @@ class ModuleStatus:
             "module_path": self.module_path,
             "looked_in": list(self.looked_in),
             "source_key": self.source_key,
+            "debug_identity": list(self.debug_identity) if self.debug_identity else None,
             "segments": [list(s) for s in self.segments],
             "upgraded_from": self.upgraded_from.value if self.upgraded_from else None,
             "checked_at": self.checked_at,
@@ -139,6 +141,7 @@ class ModuleStatus:
             module_path=data.get("module_path"),
             looked_in=[str(x) for x in data.get("looked_in") or []],
             source_key=data.get("source_key"),
+            debug_identity=list(data["debug_identity"]) if data.get("debug_identity") else None,
             segments=[(int(a), int(b), int(c)) for a, b, c in data.get("segments") or []],
             upgraded_from=Quality(data["upgraded_from"]) if data.get("upgraded_from") else None,
             checked_at=float(data.get("checked_at") or 0.0),

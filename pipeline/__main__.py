@@ -1,0 +1,3 @@
+from tbpipe.pipeline.cli import main
+
+main()

@@ -1,0 +1,205 @@
+"""Finding debug info for a build-ID, and saying where we looked.
+
+Order (the first file with DWARF wins; without any, the first with symbol tables):
+
+1. the user's `--debug-dir` folders (indexed recursively by build-ID, see `dirindex`),
+2. `<root>/.build-id/ab/cdef….debug` under each debug root (default /usr/lib/debug),
+3. the debuginfod client cache: `$DEBUGINFOD_CACHE_PATH`, else `$XDG_CACHE_HOME` or
+   `~/.cache` + `/debuginfod_client/<id>/debuginfo`,
+4. the module's own file, when its build-ID matches,
+5. the module's `.gnu_debuglink` file (CRC32-checked) beside it, in `.debug/` beside it and under
+   each debug root.
+
+A candidate whose build-ID differs from the one asked for is never used (a debuglink file without
+a build-ID note is accepted on its CRC alone).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from tbpipe.pipeline.symbols.dirindex import DebugDirIndex
+from tbpipe.pipeline.symbols.elf import ElfFacts, file_crc32, inspect_elf
+from tbpipe.pipeline.symbols.model import ElfFileError, Quality, short_build_id
+
+DEFAULT_DEBUG_ROOTS = ("/usr/lib/debug",)
+
+
+@dataclass
+class Candidate:
+    path: str
+    via: str  # debug-dir, build-id-dir, debuginfod-cache, module, debuglink
+    facts: ElfFacts
+
+    @property
+    def quality(self) -> Quality:
+        if self.facts.has_dwarf:
+            return Quality.DWARF
+        if self.facts.has_symbols:
+            return Quality.SYMBOLS
+        return Quality.NONE
+
+
+@dataclass
+class Located:
+    """The outcome of a search: the chosen file (if any) and every place looked at."""
+
+    build_id: str
+    chosen: Candidate | None
+    looked_in: list[str] = field(default_factory=list)
+    module: ElfFacts | None = None  # the module's own file when it exists and matches
+
+    @property
+    def quality(self) -> Quality:
+        return self.chosen.quality if self.chosen else Quality.NONE
+
+    def reason(self) -> str:
+        short = short_build_id(self.build_id)
+        places = "; ".join(self.looked_in) or "nowhere"
+        if self.chosen is None:
+            return f"no debug info for build-ID {short} (looked in: {places})"
+        if self.quality is Quality.DWARF:
+            return f"DWARF from {self.chosen.path} (via {self.chosen.via})"
+        if self.quality is Quality.SYMBOLS:
+            return f"symbols only for build-ID {short}: no DWARF found (looked in: {places})"
+        return f"no debug info for build-ID {short} (looked in: {places})"
+
+
+def debuginfod_cache_dir(environ: dict | None = None) -> str:
+    env = os.environ if environ is None else environ
+    configured = env.get("DEBUGINFOD_CACHE_PATH")
+    if configured:
+        return configured
+    xdg = env.get("XDG_CACHE_HOME")
+    base = xdg if xdg else os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "debuginfod_client")
+
+
+class DebugInfoLocator:
+    """Searches the places above for one build-ID at a time."""
+
+    def __init__(
+        self,
+        debug_dirs: Sequence[str | os.PathLike] = (),
+        debug_roots: Sequence[str | os.PathLike] | None = None,
+        index_path_for: Callable[[str], object] | None = None,
+        environ: dict | None = None,
+    ):
+        self.debug_dirs = [os.path.abspath(os.fspath(d)) for d in debug_dirs]
+        self.debug_roots = [os.fspath(r) for r in (DEFAULT_DEBUG_ROOTS if debug_roots is None else debug_roots)]
+        self._index_path_for = index_path_for
+        self._environ = environ
+        self._indexes: list[DebugDirIndex] | None = None
+
+    def indexes(self) -> list[DebugDirIndex]:
+        """The debug-dir indexes, refreshed once per locator (files may have changed)."""
+        if self._indexes is None:
+            indexes = []
+            for directory in self.debug_dirs:
+                index_path = self._index_path_for(directory) if self._index_path_for else None
+                index = DebugDirIndex(directory, index_path)
+                index.refresh()
+                indexes.append(index)
+            self._indexes = indexes
+        return self._indexes
+
+    def locate(self, build_id: str, module_path: str | None = None) -> Located:
+        located = Located(build_id=build_id, chosen=None)
+        best_symbols: Candidate | None = None
+        for candidate in self._candidates(build_id, module_path, located):
+            if candidate.quality is Quality.DWARF:
+                located.chosen = candidate
+                return located
+            if candidate.quality is Quality.SYMBOLS and best_symbols is None:
+                best_symbols = candidate
+        located.chosen = best_symbols
+        return located
+
+    # ---- the search, in order; each step appends what it saw to located.looked_in
+
+    def _candidates(self, build_id: str, module_path: str | None, located: Located):
+        looked = located.looked_in
+        if self.debug_dirs:
+            hits = []
+            for index in self.indexes():
+                hits.extend(index.lookup(build_id))
+            if not hits:
+                looked.append(f"--debug-dir {', '.join(self.debug_dirs)}: no file with this build-ID")
+            for hit in hits:
+                candidate = self._check(hit.path, "debug-dir", build_id, looked)
+                if candidate and candidate.quality is not Quality.NONE:
+                    yield candidate
+
+        for root in self.debug_roots:
+            path = os.path.join(root, ".build-id", build_id[:2], build_id[2:] + ".debug")
+            candidate = self._check(path, "build-id-dir", build_id, looked)
+            if candidate and candidate.quality is not Quality.NONE:
+                yield candidate
+
+        cache = debuginfod_cache_dir(self._environ)
+        candidate = self._check(os.path.join(cache, build_id, "debuginfo"), "debuginfod-cache", build_id, looked)
+        if candidate and candidate.quality is not Quality.NONE:
+            yield candidate
+
+        module: ElfFacts | None = None
+        if module_path:
+            candidate = self._check(module_path, "module", build_id, looked, label="module file")
+            if candidate:
+                # Even a module with no symbols at all still leads to its debuglink.
+                module = candidate.facts
+                located.module = module
+                if candidate.quality is not Quality.NONE:
+                    yield candidate
+        if module is not None and module.debuglink:
+            name, crc = module.debuglink
+            directory = os.path.dirname(os.path.abspath(module_path))
+            places = [os.path.join(directory, name), os.path.join(directory, ".debug", name)]
+            places += [os.path.join(root, directory.lstrip("/"), name) for root in self.debug_roots]
+            for path in places:
+                if os.path.abspath(path) == os.path.abspath(module_path):
+                    continue
+                candidate = self._check(path, "debuglink", build_id, looked, crc=crc)
+                if candidate and candidate.quality is not Quality.NONE:
+                    yield candidate
+
+    @staticmethod
+    def _check(
+        path: str, via: str, build_id: str, looked: list[str], *, crc: int | None = None, label: str | None = None
+    ) -> Candidate | None:
+        shown = f"{label} {path}" if label else path
+        if not os.path.lexists(path):
+            looked.append(f"{shown}: no such file")
+            return None
+        try:
+            facts = inspect_elf(path)
+        except ElfFileError as error:
+            looked.append(str(error) if str(error).startswith(path) else f"{shown}: {error}")
+            return None
+        if crc is not None:
+            try:
+                actual = file_crc32(path)
+            except OSError as error:
+                looked.append(f"{shown}: unreadable ({error.strerror or error})")
+                return None
+            if actual != crc:
+                looked.append(f"{shown}: CRC32 {actual:08x} does not match the debuglink's {crc:08x}")
+                return None
+            if facts.build_id is not None and facts.build_id != build_id:
+                looked.append(f"{shown}: build-ID mismatch (file has {short_build_id(facts.build_id)})")
+                return None
+        else:
+            if facts.build_id is None:
+                looked.append(f"{shown}: has no build-ID note")
+                return None
+            if facts.build_id != build_id:
+                looked.append(f"{shown}: build-ID mismatch (file has {short_build_id(facts.build_id)})")
+                return None
+        candidate = Candidate(path=path, via=via, facts=facts)
+        quality = candidate.quality
+        looked.append(
+            f"{shown}: "
+            + {Quality.DWARF: "DWARF", Quality.SYMBOLS: "symbols only", Quality.NONE: "no symbols or DWARF"}[quality]
+        )
+        return candidate

@@ -1,0 +1,409 @@
+"""ELF inspection with pyelftools: build-ID notes, `.gnu_debuglink`, program headers, symbol tables,
+and the DWARF sections (decompressed, zlib or zstd) that the line-table fallback reads.
+
+Everything here treats files as untrusted: a missing, truncated or corrupt file raises
+`ElfFileError` with a one-line message, never anything else.
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+import os
+import struct
+import zlib
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Iterator
+
+from tbpipe.pipeline.symbols.model import ElfFileError
+
+ELF_MAGIC = b"\x7fELF"
+
+# Section flag / compression constants from the ELF gABI.
+_SHF_COMPRESSED = 0x800
+_ELFCOMPRESS_ZLIB = 1
+_ELFCOMPRESS_ZSTD = 2
+_PF_X = 1
+
+# Symbol types/bindings we name functions by (STT_FUNC, STT_GNU_IFUNC; LOCAL/GLOBAL/WEAK).
+_STT_FUNC = 2
+_STT_GNU_IFUNC = 10
+_STB_LOCAL, _STB_GLOBAL, _STB_WEAK = 0, 1, 2
+
+
+@dataclass
+class ElfFacts:
+    """What the locator needs to know about one ELF file."""
+
+    path: str
+    build_id: str | None
+    has_dwarf: bool  # a non-empty .debug_info (possibly compressed)
+    has_symtab: bool  # .symtab with function symbols
+    has_dynsym: bool  # .dynsym with function symbols
+    debuglink: tuple[str, int] | None  # (.gnu_debuglink file name, CRC32)
+    segments: list[tuple[int, int, int]] = field(default_factory=list)  # PT_LOAD (vaddr, memsz, p_flags)
+    size: int = 0
+    mtime_ns: int = 0
+    inode: int = 0
+    device: int = 0
+
+    @property
+    def has_symbols(self) -> bool:
+        return self.has_symtab or self.has_dynsym
+
+    @property
+    def identity(self) -> tuple[str, int, int, int, int]:
+        """Changes whenever the file is replaced or rewritten."""
+        return (self.path, self.size, self.mtime_ns, self.inode, self.device)
+
+
+def _open_elf(path: str) -> tuple[BinaryIO, Any]:
+    # Imported lazily: pyelftools costs ~50 ms to import and warm paths never need it.
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        stream = open(path, "rb")
+    except FileNotFoundError:
+        raise ElfFileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ElfFileError(f"{path}: is a directory") from None
+    except PermissionError:
+        raise ElfFileError(f"{path}: permission denied") from None
+    except OSError as error:  # ELOOP from symlink loops, EIO, ...
+        raise ElfFileError(f"{path}: cannot open ({error.strerror or error})") from None
+    try:
+        magic = stream.read(4)
+        if magic != ELF_MAGIC:
+            raise ElfFileError(f"{path}: not an ELF file" if magic else f"{path}: empty file")
+        stream.seek(0)
+        return stream, ELFFile(stream)
+    except ElfFileError:
+        stream.close()
+        raise
+    except Exception as error:  # pyelftools raises many types on corrupt input
+        stream.close()
+        raise ElfFileError(f"{path}: corrupt or truncated ELF ({_brief(error)})") from None
+
+
+def _brief(error: BaseException) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text[:160]
+
+
+def _iter_build_id_notes(elf: Any) -> Iterator[str]:
+    for section in elf.iter_sections():
+        if section["sh_type"] == "SHT_NOTE":
+            for note in section.iter_notes():
+                if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
+                    yield str(note["n_desc"]).lower()
+    # Files without section headers (stripped hard, or memory dumps) still have PT_NOTE.
+    for segment in elf.iter_segments():
+        if segment["p_type"] == "PT_NOTE":
+            for note in segment.iter_notes():
+                if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
+                    yield str(note["n_desc"]).lower()
+
+
+def _has_function_symbols(section: Any) -> bool:
+    if section is None or section["sh_type"] == "SHT_NOBITS" or section["sh_size"] == 0:
+        return False
+    try:
+        for symbol in section.iter_symbols():
+            if symbol["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC") and symbol["st_shndx"] != "SHN_UNDEF":
+                return True
+    except Exception:
+        return False
+    return False
+
+
+def _has_dwarf(elf: Any) -> bool:
+    for name in (".debug_info", ".zdebug_info"):
+        section = elf.get_section_by_name(name)
+        if section is not None and section["sh_type"] != "SHT_NOBITS" and section["sh_size"] > 0:
+            return True
+    return False
+
+
+def _debuglink(elf: Any) -> tuple[str, int] | None:
+    section = elf.get_section_by_name(".gnu_debuglink")
+    if section is None or section["sh_type"] == "SHT_NOBITS":
+        return None
+    data = section.data()
+    end = data.find(b"\0")
+    if end <= 0:
+        return None
+    # The CRC follows the NUL-terminated name, padded to a 4-byte boundary.
+    crc_at = (end + 4) & ~3
+    if crc_at + 4 > len(data):
+        return None
+    fmt = "<I" if elf.little_endian else ">I"
+    (crc,) = struct.unpack_from(fmt, data, crc_at)
+    name = os.fsdecode(data[:end])
+    if "/" in name or name in (".", ".."):
+        return None  # a debuglink is a bare file name; anything else would escape the search dirs
+    return name, crc
+
+
+def inspect_elf(path: str) -> ElfFacts:
+    """Build-ID, debug sections, symbol tables, debuglink and PT_LOAD segments of `path`."""
+    stream, elf = _open_elf(path)
+    try:
+        st = os.fstat(stream.fileno())
+        try:
+            build_ids = list(_iter_build_id_notes(elf))
+            segments = [
+                (int(seg["p_vaddr"]), int(seg["p_memsz"]), int(seg["p_flags"]))
+                for seg in elf.iter_segments()
+                if seg["p_type"] == "PT_LOAD"
+            ]
+            return ElfFacts(
+                path=path,
+                build_id=build_ids[0] if build_ids else None,
+                has_dwarf=_has_dwarf(elf),
+                has_symtab=_has_function_symbols(elf.get_section_by_name(".symtab")),
+                has_dynsym=_has_function_symbols(elf.get_section_by_name(".dynsym")),
+                debuglink=_debuglink(elf),
+                segments=segments,
+                size=st.st_size,
+                mtime_ns=st.st_mtime_ns,
+                inode=st.st_ino,
+                device=st.st_dev,
+            )
+        except ElfFileError:
+            raise
+        except Exception as error:
+            raise ElfFileError(f"{path}: corrupt or truncated ELF ({_brief(error)})") from None
+    finally:
+        stream.close()
+
+
+def read_build_id(path: str) -> str | None:
+    """Only the build-ID (None when the file has no note); `ElfFileError` on a bad file."""
+    stream, elf = _open_elf(path)
+    try:
+        try:
+            return next(_iter_build_id_notes(elf), None)
+        except Exception as error:
+            raise ElfFileError(f"{path}: corrupt or truncated ELF ({_brief(error)})") from None
+    finally:
+        stream.close()
+
+
+def file_crc32(path: str) -> int:
+    """CRC32 of the whole file, as `.gnu_debuglink` records it; `OSError` passes through."""
+    crc = 0
+    with open(path, "rb") as stream:
+        while chunk := stream.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return crc & 0xFFFFFFFF
+
+
+# --------------------------------------------------------------------------------------------
+# Symbol tables
+
+
+class SymbolTable:
+    """Function symbols of one file, for naming the outermost frame of an address.
+
+    Entries are read straight from the .symtab/.dynsym bytes (pyelftools locates the sections;
+    decoding 10^5..10^6 symbols through its per-symbol objects would take seconds). Aliases at
+    the same (start, size) collapse to one name: GLOBAL over WEAK over LOCAL, then table order.
+    """
+
+    def __init__(self, starts: list[int], ends: list[int], names: list[int], strtabs: list[bytes], which: list[int]):
+        self._starts = starts
+        self._ends = ends
+        self._name_offsets = names
+        self._strtabs = strtabs
+        self._which = which
+        self._cache: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def _name(self, index: int) -> str:
+        name = self._cache.get(index)
+        if name is None:
+            table = self._strtabs[self._which[index]]
+            offset = self._name_offsets[index]
+            end = table.find(b"\0", offset)
+            raw = table[offset : end if end >= 0 else len(table)]
+            name = self._cache[index] = raw.decode("utf-8", "replace")
+        return name
+
+    def lookup(self, address: int) -> tuple[str, int] | None:
+        """(name, start) of the function symbol containing `address`, or None."""
+        index = bisect_right(self._starts, address) - 1
+        # Function symbols rarely overlap; a few steps back covers a large symbol that
+        # encloses a smaller one (hand-written assembly does this).
+        for candidate in range(index, max(index - 8, -1), -1):
+            if self._starts[candidate] <= address < self._ends[candidate]:
+                return self._name(candidate), self._starts[candidate]
+        return None
+
+
+def read_symbol_table(path: str) -> SymbolTable | None:
+    """Function symbols from .symtab and .dynsym of `path`, or None when it has neither."""
+    stream, elf = _open_elf(path)
+    try:
+        try:
+            return _read_symbol_table(stream, elf)
+        except Exception as error:
+            raise ElfFileError(f"{path}: corrupt symbol table ({_brief(error)})") from None
+    finally:
+        stream.close()
+
+
+def _read_symbol_table(stream: BinaryIO, elf: Any) -> SymbolTable | None:
+    is64 = elf.elfclass == 64
+    endian = "<" if elf.little_endian else ">"
+    # Elf64_Sym: name, info, other, shndx, value, size; Elf32_Sym: name, value, size, info, other, shndx.
+    entry = struct.Struct(endian + ("IBBHQQ" if is64 else "IIIBBH"))
+    best: dict[tuple[int, int], tuple[int, int, int, int]] = {}  # (start, size) -> (rank, order, table, name)
+    strtabs: list[bytes] = []
+    order = 0
+    file_size = os.fstat(stream.fileno()).st_size
+    for section_name in (".symtab", ".dynsym"):
+        section = elf.get_section_by_name(section_name)
+        if section is None or section["sh_type"] == "SHT_NOBITS" or section["sh_size"] == 0:
+            continue
+        link = elf.get_section(section["sh_link"])
+        if link is None or link["sh_type"] == "SHT_NOBITS":
+            continue
+        if section["sh_offset"] + section["sh_size"] > file_size or link["sh_offset"] + link["sh_size"] > file_size:
+            raise ValueError(f"{section_name} extends past the end of the file")
+        stream.seek(link["sh_offset"])
+        strtabs.append(stream.read(link["sh_size"]))
+        table_index = len(strtabs) - 1
+        stream.seek(section["sh_offset"])
+        raw = stream.read(section["sh_size"] - section["sh_size"] % entry.size)
+        for fields in entry.iter_unpack(raw):
+            if is64:
+                name, info, _other, shndx, value, size = fields
+            else:
+                name, value, size, info, _other, shndx = fields
+            kind = info & 0xF
+            if (kind != _STT_FUNC and kind != _STT_GNU_IFUNC) or shndx == 0 or size == 0 or name == 0:
+                continue
+            bind = info >> 4
+            rank = 0 if bind == _STB_GLOBAL else 1 if bind == _STB_WEAK else 2
+            key = (value, size)
+            order += 1
+            previous = best.get(key)
+            if previous is None or rank < previous[0]:
+                best[key] = (rank, order, table_index, name)
+    if not best:
+        return None
+    items = sorted(best.items())
+    starts = [start for (start, _size), _ in items]
+    ends = [start + size for (start, size), _ in items]
+    names = [value[3] for _, value in items]
+    which = [value[2] for _, value in items]
+    return SymbolTable(starts, ends, names, strtabs, which)
+
+
+# --------------------------------------------------------------------------------------------
+# DWARF sections for the line-table fallback
+
+
+_DWARF_SECTIONS = (
+    ".debug_info",
+    ".debug_abbrev",
+    ".debug_str",
+    ".debug_line",
+    ".debug_line_str",
+    ".debug_aranges",
+    ".debug_ranges",
+    ".debug_rnglists",
+    ".debug_addr",
+    ".debug_str_offsets",
+)
+
+
+def _section_bytes(stream: BinaryIO, elf: Any, section: Any) -> bytes:
+    stream.seek(section["sh_offset"])
+    raw = stream.read(section["sh_size"])
+    if len(raw) != section["sh_size"]:
+        raise ValueError(f"section {section.name} is truncated")
+    if section["sh_flags"] & _SHF_COMPRESSED:
+        endian = "<" if elf.little_endian else ">"
+        if elf.elfclass == 64:
+            ch_type, _reserved, ch_size, _align = struct.unpack_from(endian + "IIQQ", raw)
+            payload = raw[24:]
+        else:
+            ch_type, ch_size, _align = struct.unpack_from(endian + "III", raw)
+            payload = raw[12:]
+        if ch_type == _ELFCOMPRESS_ZLIB:
+            data = zlib.decompress(payload)
+        elif ch_type == _ELFCOMPRESS_ZSTD:
+            import zstandard
+
+            data = zstandard.ZstdDecompressor().decompress(payload, max_output_size=ch_size)
+        else:
+            raise ValueError(f"section {section.name}: unknown compression type {ch_type}")
+        if len(data) != ch_size:
+            raise ValueError(f"section {section.name}: decompressed to {len(data)} bytes, header says {ch_size}")
+        return data
+    if section.name.startswith(".zdebug") and raw[:4] == b"ZLIB":
+        return zlib.decompress(raw[12:])  # legacy GNU compression: "ZLIB" + 8-byte big-endian size
+    return raw
+
+
+def load_dwarf(path: str) -> Any:
+    """A pyelftools DWARFInfo over the line-table-related sections, decompressed (zlib or zstd).
+
+    pyelftools itself reads zlib-compressed sections but not zstd ones (binutils >= 2.40 and
+    recent distributions write zstd), so the sections are read and decompressed here.
+    """
+    from elftools.dwarf.dwarfinfo import DebugSectionDescriptor, DwarfConfig, DWARFInfo
+
+    stream, elf = _open_elf(path)
+    try:
+        try:
+            sections: dict[str, Any] = {}
+            for name in _DWARF_SECTIONS:
+                section = elf.get_section_by_name(name) or elf.get_section_by_name(".z" + name[1:])
+                if section is None or section["sh_type"] == "SHT_NOBITS":
+                    sections[name] = None
+                    continue
+                data = _section_bytes(stream, elf, section)
+                sections[name] = DebugSectionDescriptor(
+                    stream=io.BytesIO(data), name=name, global_offset=0, size=len(data), address=0
+                )
+            if sections[".debug_info"] is None or sections[".debug_line"] is None:
+                raise ElfFileError(f"{path}: no DWARF line tables")
+            arguments = {
+                "debug_info_sec": sections[".debug_info"],
+                "debug_aranges_sec": sections[".debug_aranges"],
+                "debug_abbrev_sec": sections[".debug_abbrev"],
+                "debug_str_sec": sections[".debug_str"],
+                "debug_ranges_sec": sections[".debug_ranges"],
+                "debug_line_sec": sections[".debug_line"],
+                "debug_addr_sec": sections[".debug_addr"],
+                "debug_str_offsets_sec": sections[".debug_str_offsets"],
+                "debug_line_str_sec": sections[".debug_line_str"],
+                "debug_rnglists_sec": sections[".debug_rnglists"],
+            }
+            # The constructor grew parameters across pyelftools releases; pass None for the
+            # sections this reader never needs, whatever this release calls them.
+            for name in inspect.signature(DWARFInfo.__init__).parameters:
+                if name.endswith("_sec"):
+                    arguments.setdefault(name, None)
+            config = DwarfConfig(
+                little_endian=elf.little_endian,
+                default_address_size=elf.elfclass // 8,
+                machine_arch=elf.get_machine_arch(),
+            )
+            return DWARFInfo(config=config, **arguments)
+        except ElfFileError:
+            raise
+        except Exception as error:
+            raise ElfFileError(f"{path}: unreadable DWARF ({_brief(error)})") from None
+    finally:
+        stream.close()
+
+
+def executable_ranges(segments: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
+    """(start, end) of the executable PT_LOAD segments."""
+    return [(vaddr, vaddr + memsz) for vaddr, memsz, flags in segments if flags & _PF_X]

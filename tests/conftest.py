@@ -1,0 +1,35 @@
+"""Shared helpers for the suite: reading run folders back, running child Pythons."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tbpipe.pipeline.rawrun import find_run_dirs, read_run
+
+
+def run_python(code: str, *, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter (the one running the tests)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def read_runs(out_dir: Path):
+    return [read_run(d) for d in find_run_dirs([out_dir])]
+
+
+def manifest(run_dir: Path) -> dict:
+    return json.loads((run_dir / "manifest.json").read_text())
+
+
+@pytest.fixture
+def out_dir(tmp_path: Path) -> Path:
+    return tmp_path / "runs"

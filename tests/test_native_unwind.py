@@ -1,0 +1,505 @@
+"""Native unwinder and module registry, checked against real binaries.
+
+The test libraries in tests/native_testlib/ are built here with the system g++
+into pytest's temporary directory and loaded with ctypes. Their innermost
+function records glibc backtrace() and then calls back into Python, which walks
+with tbpipe._native._unwind_pcs(); the frames inside the test libraries must be
+exactly the ones backtrace() saw. Build-IDs are checked against `readelf -n`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tbpipe import _native as native
+
+TESTLIB_SRC = Path(__file__).parent / "native_testlib"
+X86_64 = platform.machine() in ("x86_64", "AMD64")
+
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF/glibc only"),
+    pytest.mark.skipif(shutil.which("g++") is None, reason="needs the system g++"),
+]
+x86_64_only = pytest.mark.skipif(not X86_64, reason="DWARF CFI walk is x86-64 only")
+
+CALLBACK = ctypes.CFUNCTYPE(None)
+INT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int)
+
+VARIANTS = {
+    "O2": ["-O2", "-fomit-frame-pointer"],
+    "O0": ["-O0", "-fno-omit-frame-pointer"],
+}
+
+
+# --------------------------------------------------------------------------
+# Building and loading the test libraries
+
+
+def _gxx(args: list[str]) -> None:
+    proc = subprocess.run(["g++", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"g++ {' '.join(args)} failed:\n{proc.stderr}")
+
+
+def _build_chain(out_dir: Path, variant: str) -> Path:
+    """libtbpipe_chain_<variant>.so and the libtbpipe_leaf_<variant>.so it needs.
+
+    Each variant gets its own file names: the loader matches DT_NEEDED entries
+    by name, so two variants sharing a leaf name would share one leaf.
+    """
+    flags = VARIANTS[variant]
+    common = ["-shared", "-fPIC", "-g", "-Wl,--build-id", *flags]
+    leaf = out_dir / f"libtbpipe_leaf_{variant}.so"
+    chain = out_dir / f"libtbpipe_chain_{variant}.so"
+    _gxx([*common, "-o", str(leaf), str(TESTLIB_SRC / "leaf.cpp")])
+    _gxx([*common, "-pthread", "-o", str(chain), str(TESTLIB_SRC / "chain.cpp"),
+          f"-L{out_dir}", f"-l:{leaf.name}", "-Wl,-rpath,$ORIGIN"])
+    return chain
+
+
+def _build_late(out_dir: Path, name: str, variant: int) -> Path:
+    lib = out_dir / name
+    _gxx(["-shared", "-fPIC", "-O2", "-Wl,--build-id", f"-DLATE_VARIANT={variant}",
+          "-o", str(lib), str(TESTLIB_SRC / "late.cpp")])
+    return lib
+
+
+class ChainLib:
+    """A loaded chain library with its symbols' runtime ranges."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.leaf_path = path.with_name(path.name.replace("chain", "leaf"))
+        self.dll = ctypes.CDLL(str(path))
+        self.dll.chain_run.argtypes = [ctypes.c_int, CALLBACK]
+        self.dll.chain_run.restype = ctypes.c_int
+        self.dll.chain_thread_run.argtypes = [ctypes.c_int, CALLBACK]
+        self.dll.chain_thread_run.restype = ctypes.c_int
+        self.dll.chain_signal_run.argtypes = [ctypes.c_int, ctypes.c_size_t]
+        self.dll.chain_signal_run.restype = ctypes.c_int
+        for name in ("chain_nocfi_call", "chain_bad_cfa_call", "chain_r10_cfa_call"):
+            getattr(self.dll, name).argtypes = [CALLBACK]
+            getattr(self.dll, name).restype = None
+        self._symbols = _symbol_table(path)
+
+    def backtrace(self) -> list[int]:
+        n = ctypes.c_int.in_dll(self.dll, "chain_bt_n").value
+        return [p or 0 for p in (ctypes.c_void_p * 1024).in_dll(self.dll, "chain_bt")[:n]]
+
+    def symbol_range(self, name: str) -> tuple[int, int]:
+        value, size = self._symbols[name]
+        bias = _module_by_path(self.path)["load_bias"]
+        return bias + value, bias + value + size
+
+    def in_symbol(self, pc: int, name: str) -> bool:
+        lo, hi = self.symbol_range(name)
+        return lo <= pc < hi
+
+
+def _symbol_table(path: Path) -> dict[str, tuple[int, int]]:
+    out = subprocess.run(["nm", "-S", "--defined-only", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    table = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 4:
+            table[parts[3]] = (int(parts[0], 16), int(parts[1], 16))
+    return table
+
+
+@pytest.fixture(scope="session")
+def build_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("native_testlib")
+
+
+@pytest.fixture(scope="session", params=sorted(VARIANTS))
+def chain(request, build_dir) -> ChainLib:
+    return ChainLib(_build_chain(build_dir, request.param))
+
+
+@pytest.fixture(scope="session")
+def chain_o2(build_dir) -> ChainLib:
+    return ChainLib(_build_chain(build_dir, "O2"))
+
+
+# --------------------------------------------------------------------------
+# Reading walks
+
+
+MARKER = native._FRAME_MARKER
+EVAL = native._FRAME_EVAL_LOOP
+EXACT = native._FRAME_EXACT_PC
+BY_FP = native._FRAME_BY_FRAME_POINTER
+STOP = native._STOP_REASONS
+
+
+def _modules_by_index() -> dict[int, dict]:
+    return {m["index"]: m for m in native._modules()}
+
+
+def _module_by_path(path: Path) -> dict:
+    real = os.path.realpath(path)
+    matches = [m for m in native._modules() if m["path"] and os.path.realpath(m["path"]) == real]
+    assert matches, f"{path} not in the module registry"
+    return matches[-1]
+
+
+def _indices_of(*paths: Path) -> set[int]:
+    reals = {os.path.realpath(p) for p in paths}
+    return {m["index"] for m in native._modules() if m["path"] and os.path.realpath(m["path"]) in reals}
+
+
+def _in_modules(pc: int, indices: set[int]) -> bool:
+    mods = _modules_by_index()
+    return any(lo <= pc < hi for i in indices for lo, hi in mods[i]["exec_ranges"])
+
+
+def _stop_reason(frames) -> str | None:
+    if frames and frames[-1][2] & MARKER:
+        names = {v: k for k, v in STOP.items()}
+        return names[frames[-1][0]]
+    return None
+
+
+def _real_frames(frames):
+    return [f for f in frames if not f[2] & MARKER]
+
+
+def _readelf_build_id(path: Path | str) -> str:
+    out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True,
+                         check=True).stdout
+    match = re.search(r"Build ID:\s*([0-9a-fA-F]+)", out)
+    assert match, f"no build-ID note in {path}"
+    return match.group(1).lower()
+
+
+def _walk_via(call) -> list[tuple[int, int, int]]:
+    """Runs call(cb) where cb is a ctypes callback that walks the stack."""
+    walks = []
+
+    @CALLBACK
+    def cb():
+        walks.append(native._unwind_pcs())
+
+    call(cb)
+    assert len(walks) == 1
+    return walks[0]
+
+
+def _assert_outermost(frames) -> None:
+    """The walk reached the thread's first frame: no marker, ends in libc or the
+    program itself (_start / clone3)."""
+    assert _stop_reason(frames) is None, f"walk stopped early: {_stop_reason(frames)}"
+    last = frames[-1]
+    path = _modules_by_index()[last[1]]["path"]
+    assert "libc.so" in path or os.path.realpath(path) == os.path.realpath(sys.executable) or \
+        path == os.path.realpath("/proc/self/exe"), path
+
+
+def _assert_matches_backtrace(lib: ChainLib, frames, bt: list[int]) -> list[int]:
+    """Our frames inside the test libraries equal backtrace()'s, in order.
+
+    backtrace() ran in chain_innermost, our walk in a callback it made later:
+    both first entries are in chain_innermost (different call sites); every
+    caller return address after it must be identical.
+    """
+    test_libs = _indices_of(lib.path, lib.leaf_path)
+    ours = [pc for pc, mod, flags in frames if mod in test_libs]
+    theirs = [pc for pc in bt if _in_modules(pc, test_libs)]
+    assert len(theirs) >= 4, theirs
+    assert lib.in_symbol(ours[0], "chain_innermost")
+    assert lib.in_symbol(theirs[0], "chain_innermost")
+    assert [hex(p) for p in ours[1:]] == [hex(p) for p in theirs[1:]]
+    return ours
+
+
+# --------------------------------------------------------------------------
+# Module registry
+
+
+def test_main_program_and_vdso_are_registered():
+    mods = native._modules()
+    main = mods[0]
+    assert os.path.realpath(main["path"]) == os.path.realpath(sys.executable)
+    assert main["build_id"] == _readelf_build_id(main["path"])
+    assert any(m["path"] == "linux-vdso.so.1" for m in mods)
+    for m in mods:
+        assert m["index"] == mods.index(m)
+        for lo, hi in m["exec_ranges"]:
+            assert m["image"][0] <= lo < hi <= m["image"][1]
+
+
+def test_libc_build_id_matches_readelf():
+    libc = [m for m in native._modules() if re.search(r"/libc\.so\.6$", m["path"])]
+    assert libc, "libc.so.6 not registered"
+    for m in libc:
+        assert m["build_id"] == _readelf_build_id(m["path"])
+    system_libc = Path("/lib/x86_64-linux-gnu/libc.so.6")
+    if system_libc.exists() and X86_64:
+        assert any(os.path.realpath(m["path"]) == os.path.realpath(system_libc) for m in libc)
+        assert libc[0]["build_id"] == _readelf_build_id(system_libc)
+
+
+def test_eval_ranges_cover_the_eval_loop():
+    addr = ctypes.cast(ctypes.pythonapi._PyEval_EvalFrameDefault, ctypes.c_void_p).value
+    index = native._module_for_pc(addr)
+    assert index >= 0
+    mod = _modules_by_index()[index]
+    assert any(lo <= addr < hi for lo, hi in mod["eval_ranges"])
+    # Only that module has eval ranges, and they lie in its executable ranges.
+    for m in native._modules():
+        if m["index"] != index:
+            assert m["eval_ranges"] == []
+    for lo, hi in mod["eval_ranges"]:
+        assert any(elo <= lo and hi <= ehi for elo, ehi in mod["exec_ranges"])
+
+
+# --------------------------------------------------------------------------
+# Walks from Python
+
+
+def test_walk_from_python_reaches_outermost_frame():
+    frames = native._unwind_pcs()
+    _assert_outermost(frames)
+    assert any(flags & EVAL for _, _, flags in frames)
+    own = native._module_for_pc(native._unwind_c_entry())
+    assert all(mod != own for _, mod, _ in frames[:1])
+    unskipped = native._unwind_pcs(skip_own_module=False)
+    assert unskipped[0][1] == own
+    assert unskipped[0][2] & EXACT
+    assert len(unskipped) > len(frames)
+
+
+def test_skip_until_eval_starts_at_the_eval_loop():
+    frames = native._unwind_pcs(skip_until_eval=True)
+    assert frames[0][2] & EVAL
+    full = native._unwind_pcs()
+    # Same outer part of the stack (the call sites inside this test differ).
+    assert [f[0] for f in frames[-3:]] == [f[0] for f in full[-3:]]
+
+
+def test_no_refresh_on_each_gather():
+    native._unwind_pcs()
+    generation = native._module_generation()
+    for _ in range(50):
+        native._unwind_pcs()
+    assert native._module_generation() == generation
+
+
+def test_walk_on_python_thread_reaches_outermost_frame():
+    results = []
+    thread = threading.Thread(target=lambda: results.append(native._unwind_pcs()))
+    thread.start()
+    thread.join()
+    frames = results[0]
+    _assert_outermost(frames)
+    assert any(flags & EVAL for _, _, flags in frames)
+
+
+# --------------------------------------------------------------------------
+# Walks through the test libraries
+
+
+@x86_64_only
+def test_chain_matches_glibc_backtrace(chain):
+    frames = _walk_via(lambda cb: chain.dll.chain_run(3, cb))
+    ours = _assert_matches_backtrace(chain, frames, chain.backtrace())
+    # 3 x (rec_a, rec_b, leaf_bounce, rec_c) + rec_a + realigned + innermost + chain_run
+    assert len(ours) == 16
+    leaf = _indices_of(chain.leaf_path)
+    assert sum(1 for _, mod, _ in frames if mod in leaf) == 3
+
+    # Past the libraries: ctypes/libffi, the interpreter, up to _start.
+    test_libs = _indices_of(chain.path, chain.leaf_path)
+    last_lib = max(i for i, f in enumerate(frames) if f[1] in test_libs)
+    outer = frames[last_lib + 1:]
+    assert any(f[2] & EVAL for f in outer)
+    assert any(f[2] & EVAL for f in frames[:last_lib])  # the Python callback
+    _assert_outermost(frames)
+    for pc, mod, flags in _real_frames(frames):
+        assert mod == native._module_for_pc(pc if flags & EXACT else pc - 1)
+
+
+@x86_64_only
+def test_realigned_frame_uses_the_deref_cfa_rule(chain_o2):
+    frames = _walk_via(lambda cb: chain_o2.dll.chain_run(0, cb))
+    realigned = [pc for pc, _, _ in frames if chain_o2.in_symbol(pc, "chain_realigned")]
+    assert len(realigned) == 1
+    recipe = native._recipe_for_pc(realigned[0] - 1)
+    assert recipe["cfa_rule"] == "*(rbp+k)", recipe
+    assert recipe["rbp_rule"] == "rbp+k", recipe
+
+
+@x86_64_only
+def test_plt_entries_compile_to_the_plt_rule(chain_o2):
+    sections = subprocess.run(["readelf", "-SW", str(chain_o2.path)], capture_output=True,
+                              text=True, check=True).stdout
+    match = re.search(r"\]\s+\.plt\s+PROGBITS\s+([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)", sections)
+    if not match or int(match.group(2), 16) < 32:
+        pytest.skip("no lazy .plt in this toolchain's output")
+    plt = _module_by_path(chain_o2.path)["load_bias"] + int(match.group(1), 16)
+    entry = plt + 16  # first PLT entry after PLT0
+    recipes = [native._recipe_for_pc(entry + k) for k in range(16)]
+    if recipes[0]["cfa_rule"] != "plt":
+        pytest.skip(f"linker's .plt CFI is not the expression form: {recipes[0]}")
+    threshold = recipes[0]["plt_threshold"]
+    assert 6 <= threshold <= 15
+    assert all(r["cfa_rule"] == "plt" and r["cfa_off"] == 8 for r in recipes)
+
+
+@x86_64_only
+def test_native_thread_reaches_outermost_frame(chain_o2):
+    frames = _walk_via(lambda cb: chain_o2.dll.chain_thread_run(2, cb))
+    _assert_matches_backtrace(chain_o2, frames, chain_o2.backtrace())
+    _assert_outermost(frames)
+    assert any(flags & EVAL for _, _, flags in frames)
+    # No Python frames below the thread's entry: the last eval frame is above
+    # the chain library.
+    test_libs = _indices_of(chain_o2.path, chain_o2.leaf_path)
+    first_lib = min(i for i, f in enumerate(frames) if f[1] in test_libs)
+    assert not any(f[2] & EVAL for f in frames[first_lib:])
+
+
+@x86_64_only
+def test_walk_through_signal_frame(chain_o2):
+    n = chain_o2.dll.chain_signal_run(2, native._unwind_c_entry())
+    assert n > 0
+    pcs = (ctypes.c_size_t * 512).in_dll(chain_o2.dll, "sig_pcs")
+    mods = (ctypes.c_int32 * 512).in_dll(chain_o2.dll, "sig_modules")
+    flags = (ctypes.c_uint32 * 512).in_dll(chain_o2.dll, "sig_flags")
+    frames = [(pcs[i], mods[i], flags[i]) for i in range(n)]
+    bt_n = ctypes.c_int.in_dll(chain_o2.dll, "sig_bt_n").value
+    bt = [p or 0 for p in (ctypes.c_void_p * 1024).in_dll(chain_o2.dll, "sig_bt")[:bt_n]]
+
+    _assert_outermost(frames)
+    # The frame interrupted by the signal has an exact PC, and the frame before
+    # it is the signal trampoline (CIE augmentation 'S').
+    exact = [i for i, f in enumerate(frames) if f[2] & EXACT and i > 0]
+    assert len(exact) == 1, frames
+    trampoline = frames[exact[0] - 1]
+    assert native._recipe_for_pc(trampoline[0] - 1)["signal_frame"]
+
+    # Both lists start in the handler; after it, the chain frames must agree.
+    test_libs = _indices_of(chain_o2.path, chain_o2.leaf_path)
+    ours = [pc for pc, mod, _ in frames if mod in test_libs]
+    theirs = [pc for pc in bt if _in_modules(pc, test_libs)]
+    assert chain_o2.in_symbol(ours[0], "chain_signal_handler")
+    assert chain_o2.in_symbol(theirs[0], "chain_signal_handler")
+    assert [hex(p) for p in ours[1:]] == [hex(p) for p in theirs[1:]]
+    assert chain_o2.in_symbol(ours[1], "chain_innermost")
+
+
+@x86_64_only
+def test_depth_limit_marker(chain_o2):
+    frames = _walk_via(lambda cb: chain_o2.dll.chain_run(200, cb))
+    assert len(frames) == native._MAX_NATIVE_FRAMES
+    assert _stop_reason(frames) == "depth_limit"
+
+
+@x86_64_only
+def test_frame_pointer_fallback_without_cfi(chain_o2):
+    frames = _walk_via(chain_o2.dll.chain_nocfi_call)
+    at = [i for i, f in enumerate(frames) if chain_o2.in_symbol(f[0], "chain_nocfi_call")]
+    assert len(at) == 1
+    assert native._recipe_for_pc(frames[at[0]][0] - 1)["cfa_rule"] == "no-info"
+    caller = frames[at[0] + 1]
+    assert caller[2] & BY_FP
+    assert native._recipe_for_pc(caller[0] - 1) is not None  # back in known code (libffi)
+    _assert_outermost(frames)
+
+
+@x86_64_only
+def test_cfa_outside_the_stack_stops_with_bad_stack_read(chain_o2):
+    frames = _walk_via(chain_o2.dll.chain_bad_cfa_call)
+    assert _stop_reason(frames) == "bad_stack_read"
+    assert chain_o2.in_symbol(frames[-2][0], "chain_bad_cfa_call")
+
+
+@x86_64_only
+def test_cfa_in_untracked_register_stops_with_unsupported_rule(chain_o2):
+    frames = _walk_via(chain_o2.dll.chain_r10_cfa_call)
+    assert _stop_reason(frames) == "unsupported_rule"
+    assert chain_o2.in_symbol(frames[-2][0], "chain_r10_cfa_call")
+
+
+@x86_64_only
+def test_pc_outside_every_module_stops_with_unknown_pc():
+    # A call from anonymous executable memory, as JIT-compiled code would make.
+    try:
+        page = mmap.mmap(-1, mmap.PAGESIZE,
+                         prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    except (OSError, ValueError, AttributeError) as exc:
+        pytest.skip(f"cannot map executable memory: {exc}")
+    # sub $8,%rsp; call *%rdi; add $8,%rsp; ret
+    page.write(bytes.fromhex("4883ec08ffd74883c408c3"))
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(page))
+    jit = ctypes.CFUNCTYPE(None, CALLBACK)(addr)
+    native._refresh_modules()
+    generation = native._module_generation()
+    frames = _walk_via(jit)
+    assert _stop_reason(frames) == "unknown_pc"
+    assert frames[-2][1] == -1 and addr <= frames[-2][0] < addr + 16
+    assert native._module_generation() == generation  # the refresh found nothing new
+    del jit
+
+
+# --------------------------------------------------------------------------
+# Libraries loaded after the first walk
+
+
+@x86_64_only
+def test_library_loaded_after_first_walk_is_found(build_dir):
+    native._unwind_pcs()
+    lib_path = _build_late(build_dir, "libtbpipe_late_found.so", 1)
+    generation = native._module_generation()
+    dll = ctypes.CDLL(str(lib_path))
+    dll.late_call.argtypes = [CALLBACK]
+    frames = _walk_via(dll.late_call)
+
+    index = _module_by_path(lib_path)["index"]
+    in_late = [f for f in frames if f[1] == index]
+    assert len(in_late) == 1
+    mod = _modules_by_index()[index]
+    assert mod["build_id"] == _readelf_build_id(lib_path)
+    assert native._module_generation() > generation
+    _assert_outermost(frames)
+
+
+@x86_64_only
+def test_reloaded_address_gets_a_new_module_index(build_dir):
+    import _ctypes
+
+    first = _build_late(build_dir, "libtbpipe_late_a.so", 2)
+    second = _build_late(build_dir, "libtbpipe_late_b.so", 3)
+    assert _readelf_build_id(first) != _readelf_build_id(second)
+
+    dll = ctypes.CDLL(str(first))
+    dll.late_call.argtypes = [CALLBACK]
+    _walk_via(dll.late_call)
+    index_a = _module_by_path(first)["index"]
+    _ctypes.dlclose(dll._handle)
+    del dll
+
+    dll = ctypes.CDLL(str(second))
+    dll.late_call.argtypes = [CALLBACK]
+    # A PC inside a stale module's range does not trigger a refresh by itself;
+    # whoever loads code explicitly asks for one.
+    native._refresh_modules()
+    frames = _walk_via(dll.late_call)
+    index_b = _module_by_path(second)["index"]
+    assert index_b != index_a
+    assert [f for f in frames if f[1] == index_b]
+    assert not [f for f in frames if f[1] == index_a]
+    assert _modules_by_index()[index_b]["build_id"] == _readelf_build_id(second)
+    assert _modules_by_index()[index_a]["build_id"] == _readelf_build_id(first)

@@ -1,0 +1,227 @@
+"""Sessions, the run format on disk, and misuse."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+
+from conftest import read_runs, run_python
+from tbpipe import capture
+from tbpipe.capture import SessionError, SourceError
+from tbpipe.schemas import raw
+
+
+def launch(kind: str, name: str, **attrs) -> None:
+    capture.record(kind, name, **attrs)
+
+
+def test_record_without_session_is_a_noop(out_dir: Path) -> None:
+    assert capture.active_session() is None
+    assert capture.record("user", "nothing") is None
+    assert not out_dir.exists()
+
+
+def test_session_writes_a_complete_run(out_dir: Path) -> None:
+    with capture.session(out_dir, labels={"suite": "unit", "commit": "abc"}) as session:
+        for i in range(100):
+            launch("kernel_launch", "gemm", grid=i)
+        launch("user", "marker")
+    (run,) = read_runs(out_dir)
+    assert run.run_id == session.run_id
+    assert run.complete
+    assert run.manifest["labels"] == {"suite": "unit", "commit": "abc"}
+    assert run.manifest["pid"] == os.getpid()
+    assert run.manifest["counters"]["events_recorded"] == 101
+    events = run.tables["events"]
+    assert events.num_rows == 101
+    gemm = events.filter(pc.equal(events["name"], "gemm"))
+    assert gemm.num_rows == 100
+    assert sorted(json.loads(a)["grid"] for a in gemm["attrs"].to_pylist()) == list(range(100))
+    # The hundred launches share one stack; the marker has its own.
+    assert set(gemm["stack_id"].to_pylist()) <= set(run.tables["stacks"]["stack_id"].to_pylist())
+    assert len(set(gemm["stack_id"].to_pylist())) == 1
+    assert run.tables["stacks"].num_rows == 2
+    # Every referenced code object and module is described.
+    code_ids = {f["code_id"] for s in run.tables["stacks"]["python"].to_pylist() for f in s}
+    assert code_ids <= set(run.tables["code"]["code_id"].to_pylist())
+    modules = {f["module"] for s in run.tables["stacks"]["native"].to_pylist() for f in s} - {-1}
+    assert modules <= set(run.tables["modules"]["module_index"].to_pylist())
+    names = set(run.tables["code"]["qualname"].to_pylist())
+    assert {"launch", "test_session_writes_a_complete_run"} <= names
+
+
+def test_python_lines_are_resolved_at_flush(out_dir: Path) -> None:
+    with capture.session(out_dir):
+        capture.record("user", "here"); line = _line()  # noqa: E702 - same line on purpose
+    (run,) = read_runs(out_dir)
+    (stack,) = run.tables["stacks"]["python"].to_pylist()
+    assert stack[0]["line"] == line
+    code = {r["code_id"]: r for r in run.tables["code"].to_pylist()}
+    assert code[stack[0]["code_id"]]["qualname"] == "test_python_lines_are_resolved_at_flush"
+    assert code[stack[0]["code_id"]]["filename"] == __file__
+
+
+def _line() -> int:
+    import inspect
+
+    return inspect.currentframe().f_back.f_lineno
+
+
+def test_files_carry_schema_name_and_version(out_dir: Path) -> None:
+    import pyarrow.parquet as pq
+
+    with capture.session(out_dir):
+        launch("user", "x")
+    run_dir = next(out_dir.iterdir())
+    for table in ("events", "stacks", "code", "modules"):
+        (part,) = sorted(run_dir.glob(f"{table}-*.parquet"))
+        metadata = pq.read_schema(part).metadata
+        assert metadata[raw.SCHEMA_KEY] == table.encode()
+        assert metadata[raw.VERSION_KEY] == str(raw.RAW_SCHEMA_VERSION).encode()
+        assert pq.ParquetFile(part).metadata.row_group(0).column(0).compression == "ZSTD"
+
+
+def test_many_threads_lose_nothing(out_dir: Path) -> None:
+    threads, per_thread = 8, 3000
+    barrier = threading.Barrier(threads)
+
+    def worker(index: int) -> None:
+        barrier.wait()
+        for i in range(per_thread):
+            capture.record("user", f"t{index}", i=i)
+
+    with capture.session(out_dir, flush_interval_s=0.05):
+        pool = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+    (run,) = read_runs(out_dir)
+    events = run.tables["events"]
+    assert events.num_rows == threads * per_thread
+    assert run.manifest["counters"]["events_dropped"] == 0
+    for n in range(threads):
+        mine = events.filter(pc.equal(events["name"], f"t{n}"))
+        assert sorted(json.loads(a)["i"] for a in mine["attrs"].to_pylist()) == list(range(per_thread))
+        assert len(set(mine["thread_id"].to_pylist())) == 1
+    assert len(set(events["thread_id"].to_pylist())) == threads
+    # More than one flush happened while the threads ran.
+    assert len(run.manifest["files"]["events"]) >= 1
+
+
+def test_session_inside_session_is_refused(out_dir: Path) -> None:
+    with capture.session(out_dir):
+        with pytest.raises(SessionError, match="already active"):
+            capture.session(out_dir).start()
+    # The outer session closed normally and a new one can start.
+    with capture.session(out_dir):
+        pass
+    assert all(r.complete for r in read_runs(out_dir))
+
+
+def test_unwritable_out_dir_is_refused(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    with pytest.raises(SessionError, match="file"):
+        capture.session(blocked / "runs").start()
+    assert capture.active_session() is None
+
+
+def test_read_only_out_dir_is_refused() -> None:
+    # /proc refuses new folders even to root, who ignores permission bits.
+    with pytest.raises(SessionError, match="/proc"):
+        capture.session("/proc/tbpipe-runs").start()
+
+
+def test_unknown_source_is_refused(out_dir: Path) -> None:
+    with pytest.raises(SourceError, match="unknown event source 'no-such-source'"):
+        capture.session(out_dir, sources=["no-such-source"])
+
+
+def test_bad_labels_are_refused(out_dir: Path) -> None:
+    with pytest.raises(SessionError, match="label key"):
+        capture.session(out_dir, labels={"a=b": "c"})
+
+
+def test_native_frames_off_still_records_python(out_dir: Path) -> None:
+    with capture.session(out_dir, native=False):
+        launch("user", "py-only")
+    (run,) = read_runs(out_dir)
+    (stack,) = run.tables["stacks"].to_pylist()
+    assert stack["native"] == []
+    assert stack["status"] & raw.STACK_NO_NATIVE
+    assert len(stack["python"]) >= 2
+
+
+def test_sigkilled_process_keeps_flushed_events(tmp_path: Path) -> None:
+    out_dir = tmp_path / "runs"
+    code = f"""
+import os, signal, time
+from tbpipe import capture
+s = capture.session({str(out_dir)!r}, flush_interval_s=0.2).start()
+for i in range(500):
+    capture.record("user", "before", i=i)
+time.sleep(1.0)           # several flushes happen
+print("flushed", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    result = run_python(code, cwd=tmp_path)
+    assert result.returncode == -9, result.stderr
+    (run,) = read_runs(out_dir)
+    assert not run.complete
+    assert run.tables["events"].num_rows == 500
+    assert run.tables["stacks"].num_rows >= 1
+    assert not list(run.path.glob(".*.tmp")), "no half-written file is left visible"
+
+
+def test_fork_child_continues_into_its_own_run(tmp_path: Path) -> None:
+    out_dir = tmp_path / "runs"
+    code = f"""
+import os
+from tbpipe import capture
+with capture.session({str(out_dir)!r}, flush_interval_s=0.1) as s:
+    capture.record("user", "parent-before")
+    pid = os.fork()
+    if pid == 0:
+        capture.record("user", "child")
+        capture.active_session().close()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, status
+    capture.record("user", "parent-after")
+"""
+    result = run_python(code, cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    runs = {r.manifest["pid"]: r for r in read_runs(out_dir)}
+    assert len(runs) == 2
+    parent = next(r for r in runs.values() if r.manifest["parent_run_id"] is None)
+    child = next(r for r in runs.values() if r.manifest["parent_run_id"] is not None)
+    assert child.manifest["parent_run_id"] == parent.run_id
+    assert sorted(parent.tables["events"]["name"].to_pylist()) == ["parent-after", "parent-before"]
+    assert child.tables["events"]["name"].to_pylist() == ["child"]
+    assert parent.complete and child.complete
+
+
+def test_fork_child_can_stop_recording(tmp_path: Path) -> None:
+    out_dir = tmp_path / "runs"
+    code = f"""
+import os
+from tbpipe import capture
+with capture.session({str(out_dir)!r}, on_fork="stop"):
+    pid = os.fork()
+    if pid == 0:
+        capture.record("user", "child")  # not recorded
+        assert capture.active_session() is None
+        os._exit(0)
+    os.waitpid(pid, 0)
+    capture.record("user", "parent")
+"""
+    result = run_python(code, cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    (run,) = read_runs(out_dir)
+    assert run.tables["events"]["name"].to_pylist() == ["parent"]
