@@ -102,7 +102,11 @@ class RunWriter:
         attrs_index = _column(drained["attrs_index"], pa.int32())
         attrs = drained["attrs"]
         if attrs:
-            texts = pa.array([json.dumps(a, default=str, sort_keys=True) for a in attrs], pa.string())
+            # Native sources hand over JSON text already; record() hands over dicts.
+            texts = pa.array(
+                [a if isinstance(a, str) else json.dumps(a, default=str, sort_keys=True) for a in attrs],
+                pa.string(),
+            )
             attrs_column = texts.take(pc.if_else(pc.less(attrs_index, 0), None, attrs_index))
         else:
             attrs_column = pa.nulls(len(attrs_index), pa.string())

@@ -196,6 +196,17 @@ PYBIND11_MODULE(_native, m) {
         },
         py::arg("python") = true, py::arg("native") = true,
         "Test hook: gather() called with the GIL released.");
+  m.def("_record_with_gil_released",
+        [](const std::string& kind, const std::string& name, const std::string& attrs_json) {
+          // The path native sources take: interned text, JSON attributes, no GIL.
+          py::gil_scoped_release released;
+          StringTable& strings = StringTable::instance();
+          Recorder::instance().record_native(strings.intern_utf8(kind.data(), kind.size()),
+                                             strings.intern_utf8(name.data(), name.size()),
+                                             attrs_json.data(), attrs_json.size(),
+                                             options_for_python_caller());
+        },
+        "Test hook: record an event the way native sources do, with the GIL released.");
   m.def("_gather_on_native_thread",
         []() {
           // A thread the interpreter has never seen: no thread state, no Python frames.

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <pthread.h>
 #include <tuple>
 
 namespace tbpipe {
@@ -50,10 +51,19 @@ struct WriterState {
   std::vector<const void*> retired;  // old snapshots, kept reachable on purpose
 };
 
+void remake_writer_lock_in_child();
+
 WriterState& writer_state() {
-  static WriterState* state = new WriterState();
+  static WriterState* state = [] {
+    // A fork while another thread refreshes would leave the child's copy of
+    // the mutex locked forever; the child remakes it (only one thread exists there).
+    pthread_atfork(nullptr, nullptr, remake_writer_lock_in_child);
+    return new WriterState();
+  }();
   return *state;
 }
+
+void remake_writer_lock_in_child() { new (&writer_state().mu) std::mutex(); }
 
 // What dl_iterate_phdr reports for one object, copied while the loader lock is
 // held so that nothing it points at can be unmapped under us.

@@ -28,6 +28,53 @@ int64_t now_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
 }
 
+// Millisecond clock for the per-stack windows: the coarse clock costs a few
+// nanoseconds (no syscall, no TSC read) and a window is a whole second.
+uint32_t coarse_now_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<uint32_t>(static_cast<uint64_t>(ts.tv_sec) * 1000u + ts.tv_nsec / 1000000);
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// One thread's count of events per stack in the current one-second window.
+// Two-way set associative and fixed in size: a stack evicted by a collision
+// starts a fresh window, so the limit can be exceeded a little, never missed
+// by much, and the table never allocates on the hot path after its creation.
+class StackWindows {
+ public:
+  static constexpr size_t kSlots = 2048;
+
+  bool admit(uint64_t stack_id, uint32_t limit, uint32_t now_ms) {
+    Slot* pair = &slots_[(splitmix64(stack_id) & (kSlots - 1)) & ~size_t{1}];
+    Slot* slot = pair[0].stack_id == stack_id ? &pair[0] : pair[1].stack_id == stack_id ? &pair[1] : nullptr;
+    if (slot == nullptr) {
+      slot = pair[0].window_ms <= pair[1].window_ms ? &pair[0] : &pair[1];  // evict the older window
+      *slot = Slot{stack_id, now_ms, 0};
+    } else if (now_ms - slot->window_ms >= 1000) {
+      slot->window_ms = now_ms;
+      slot->count = 0;
+    }
+    if (slot->count >= limit) return false;
+    ++slot->count;
+    return true;
+  }
+
+ private:
+  struct Slot {
+    uint64_t stack_id = 0;
+    uint32_t window_ms = 0;
+    uint32_t count = 0;
+  };
+  Slot slots_[kSlots];
+};
+
 // Set of stack hashes already written in this session. Inserts are lock-free
 // (CAS into an open-addressed table); growing takes a mutex and publishes a
 // new table. An insert that races with a grow may miss and report a stack as
@@ -124,7 +171,14 @@ void append(std::vector<T>& to, const std::vector<T>& from) {
 // What one thread has recorded since the last drain.
 struct BufferData {
   std::vector<EventRecord> events;
-  std::vector<PyObject*> attrs;
+  // Attributes: a Python dict (record() from Python, GIL held) or JSON text
+  // in `attr_text` (native sources, which may not hold the GIL).
+  struct Attr {
+    PyObject* object;
+    uint32_t text_begin, text_end;
+  };
+  std::vector<Attr> attrs;
+  std::string attr_text;
   std::vector<uint64_t> stack_ids;
   std::vector<uint32_t> stack_status;
   std::vector<uint32_t> native_ends, python_ends;
@@ -138,6 +192,7 @@ struct BufferData {
   void clear() {
     events.clear();
     attrs.clear();
+    attr_text.clear();
     stack_ids.clear();
     stack_status.clear();
     native_ends.clear();
@@ -158,7 +213,13 @@ struct Recorder::ThreadBuffer {
   // bounce one cache line between every recording thread.
   std::atomic<uint64_t> recorded{0};
   std::atomic<uint64_t> dropped{0};
+  std::atomic<uint64_t> sampled_out{0};
+  std::atomic<uint64_t> rate_limited{0};
   std::atomic<bool> exited{false};
+  // Overhead limits, touched by the owner thread only.
+  uint64_t random_state = 0;
+  uint32_t windows_generation = 0;
+  std::unique_ptr<StackWindows> windows;  // created on the first limited event
   // The producer appends to `front`; a drain swaps it with `back` under the
   // spin flag (O(1)) and copies `back` out afterwards, so the producer never
   // waits for a copy and keeps reusing the vectors' capacity.
@@ -170,6 +231,8 @@ struct Recorder::Impl {
   std::vector<Recorder::ThreadBuffer*> buffers;
   uint64_t exited_recorded = 0;  // counters of buffers already freed
   uint64_t exited_dropped = 0;
+  uint64_t exited_sampled_out = 0;
+  uint64_t exited_rate_limited = 0;
   SeenStacks seen;
   std::atomic<uint64_t> fork_generation{0};
 };
@@ -218,6 +281,9 @@ Recorder::ThreadBuffer* Recorder::this_thread_buffer() {
   // First event of this thread (or first since a fork): register a buffer.
   auto* buffer = new ThreadBuffer();
   buffer->thread_id = static_cast<int64_t>(syscall(SYS_gettid));
+  buffer->random_state = splitmix64(static_cast<uint64_t>(buffer->thread_id) ^
+                                    static_cast<uint64_t>(now_ns()) ^ reinterpret_cast<uintptr_t>(buffer)) |
+                         1;  // xorshift never leaves 0
   {
     std::lock_guard<std::mutex> guard(impl_->mutex);
     impl_->buffers.push_back(buffer);
@@ -241,25 +307,82 @@ void Recorder::start(bool python, bool native, uint64_t max_buffered_events) {
   {
     std::lock_guard<std::mutex> guard(impl_->mutex);
     impl_->exited_recorded = impl_->exited_dropped = 0;
+    impl_->exited_sampled_out = impl_->exited_rate_limited = 0;
     for (ThreadBuffer* buffer : impl_->buffers) {
       buffer->recorded.store(0, std::memory_order_relaxed);
       buffer->dropped.store(0, std::memory_order_relaxed);
+      buffer->sampled_out.store(0, std::memory_order_relaxed);
+      buffer->rate_limited.store(0, std::memory_order_relaxed);
     }
   }
+  limits_generation_.fetch_add(1, std::memory_order_relaxed);  // every stack starts a fresh window
   stacks_.store(0);
   active_.store(true, std::memory_order_release);
 }
 
 void Recorder::stop() { active_.store(false, std::memory_order_release); }
 
+void Recorder::set_overhead_limits(const OverheadLimits& limits) {
+  uint64_t threshold = UINT64_MAX;
+  if (limits.sample_rate < 1.0) {
+    const double rate = limits.sample_rate > 0.0 ? limits.sample_rate : 0.0;
+    threshold = static_cast<uint64_t>(rate * 18446744073709551616.0);  // rate * 2^64
+  }
+  sample_threshold_.store(threshold, std::memory_order_relaxed);
+  max_per_stack_per_s_.store(limits.max_per_stack_per_s, std::memory_order_relaxed);
+  limits_generation_.fetch_add(1, std::memory_order_relaxed);
+}
+
 bool Recorder::record(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
                       const UnwindOptions& options) {
+  return record_event(kind_id, name_id, attrs, nullptr, 0, options);
+}
+
+bool Recorder::record_native(uint32_t kind_id, uint32_t name_id, const char* attrs_json,
+                             size_t attrs_json_size, const UnwindOptions& options) {
+  return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options);
+}
+
+bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
+                            const char* attrs_json, size_t attrs_json_size,
+                            const UnwindOptions& options) {
   ThreadBuffer* buffer = this_thread_buffer();
+  const uint64_t threshold = sample_threshold_.load(std::memory_order_relaxed);
+  if (threshold != UINT64_MAX) {
+    // xorshift64*: a few cycles, and per thread, so no shared state.
+    uint64_t x = buffer->random_state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    buffer->random_state = x;
+    if (x * 0x2545F4914F6CDD1DULL >= threshold) {
+      buffer->sampled_out.store(buffer->sampled_out.load(std::memory_order_relaxed) + 1,
+                                std::memory_order_relaxed);
+      Py_XDECREF(attrs);
+      return false;
+    }
+  }
   RawStack& stack = thread_scratch_stack();
   uint64_t stack_id = 0;
   if (want_python_ || want_native_) {
     gather_stack(&stack, want_python_, want_native_, options);
     stack_id = hash_stack(stack);
+  }
+  const uint32_t per_stack_limit = max_per_stack_per_s_.load(std::memory_order_relaxed);
+  if (per_stack_limit != 0 && stack_id != 0) {
+    // Checked before the seen-set insert: a stack must never be marked written
+    // by an event that is then left out.
+    const uint32_t generation = limits_generation_.load(std::memory_order_relaxed);
+    if (!buffer->windows || buffer->windows_generation != generation) {
+      buffer->windows.reset(new StackWindows());
+      buffer->windows_generation = generation;
+    }
+    if (!buffer->windows->admit(stack_id, per_stack_limit, coarse_now_ms())) {
+      buffer->rate_limited.store(buffer->rate_limited.load(std::memory_order_relaxed) + 1,
+                                 std::memory_order_relaxed);
+      Py_XDECREF(attrs);
+      return false;
+    }
   }
   const bool new_stack = stack_id != 0 && insert_seen(stack_id);
   const int64_t ts = now_ns();
@@ -296,7 +419,12 @@ bool Recorder::record(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
   int32_t attrs_index = -1;
   if (attrs != nullptr) {
     attrs_index = static_cast<int32_t>(data.attrs.size());
-    data.attrs.push_back(attrs);
+    data.attrs.push_back(BufferData::Attr{attrs, 0, 0});
+  } else if (attrs_json != nullptr && attrs_json_size > 0) {
+    attrs_index = static_cast<int32_t>(data.attrs.size());
+    const uint32_t begin = static_cast<uint32_t>(data.attr_text.size());
+    data.attr_text.append(attrs_json, attrs_json_size);
+    data.attrs.push_back(BufferData::Attr{nullptr, begin, static_cast<uint32_t>(data.attr_text.size())});
   }
   data.events.push_back(EventRecord{ts, stack_id, kind_id, name_id, attrs_index, 0});
   buffer->recorded.store(buffer->recorded.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
@@ -324,7 +452,13 @@ void Recorder::drain(Drained* out) {
       out->name_id.push_back(event.name_id);
       out->attrs_index.push_back(event.attrs_index < 0 ? -1 : attrs_base + event.attrs_index);
     }
-    append(out->attrs, data.attrs);
+    for (const BufferData::Attr& attr : data.attrs) {
+      // JSON text becomes a str here, where the GIL is held.
+      out->attrs.push_back(attr.object != nullptr
+                               ? attr.object
+                               : PyUnicode_FromStringAndSize(data.attr_text.data() + attr.text_begin,
+                                                             attr.text_end - attr.text_begin));
+    }
     const uint32_t native_base = static_cast<uint32_t>(out->native_module.size());
     const uint32_t python_base = static_cast<uint32_t>(out->python_code.size());
     append(out->stack_ids, data.stack_ids);
@@ -342,6 +476,8 @@ void Recorder::drain(Drained* out) {
     if (exited) {
       impl_->exited_recorded += buffer->recorded.load(std::memory_order_relaxed);
       impl_->exited_dropped += buffer->dropped.load(std::memory_order_relaxed);
+      impl_->exited_sampled_out += buffer->sampled_out.load(std::memory_order_relaxed);
+      impl_->exited_rate_limited += buffer->rate_limited.load(std::memory_order_relaxed);
       delete buffer;
     } else {
       keep.push_back(buffer);
@@ -357,9 +493,13 @@ RecorderCounters Recorder::counters() const {
   RecorderCounters counters;
   counters.recorded = impl_->exited_recorded;
   counters.dropped = impl_->exited_dropped;
+  counters.sampled_out = impl_->exited_sampled_out;
+  counters.rate_limited = impl_->exited_rate_limited;
   for (ThreadBuffer* buffer : impl_->buffers) {
     counters.recorded += buffer->recorded.load(std::memory_order_relaxed);
     counters.dropped += buffer->dropped.load(std::memory_order_relaxed);
+    counters.sampled_out += buffer->sampled_out.load(std::memory_order_relaxed);
+    counters.rate_limited += buffer->rate_limited.load(std::memory_order_relaxed);
   }
   counters.stacks = stacks_.load(std::memory_order_relaxed);
   return counters;

@@ -35,7 +35,7 @@ struct Drained {
   std::vector<uint64_t> stack_id;
   std::vector<uint32_t> kind_id, name_id;
   std::vector<int32_t> attrs_index;          // into `attrs`, -1 when none
-  std::vector<PyObject*> attrs;              // new references: dicts or str (JSON)
+  std::vector<PyObject*> attrs;              // new references: dicts, or str holding JSON
   // stacks, flattened: stack i owns native[native_ends[i-1]:native_ends[i]]
   std::vector<uint64_t> stack_ids;
   std::vector<uint32_t> stack_status;
@@ -54,6 +54,16 @@ struct RecorderCounters {
   uint64_t recorded = 0;
   uint64_t dropped = 0;
   uint64_t stacks = 0;
+  uint64_t sampled_out = 0;   // left out by OverheadLimits::sample_rate
+  uint64_t rate_limited = 0;  // left out by OverheadLimits::max_per_stack_per_s
+};
+
+// Overhead control for busy event sources. Sampling is decided before the
+// stack is gathered (so it saves the gather); the per-stack limit needs the
+// stack id and so is checked after the gather, before anything is buffered.
+struct OverheadLimits {
+  double sample_rate = 1.0;          // probability that an event is recorded, in (0, 1]
+  uint32_t max_per_stack_per_s = 0;  // per thread and distinct stack; 0 = unlimited
 };
 
 class Recorder {
@@ -65,10 +75,16 @@ class Recorder {
   // anything buffered from an earlier session.
   void start(bool python, bool native, uint64_t max_buffered_events);
   void stop();
+  // Takes effect for events recorded after the call; start() keeps them.
+  void set_overhead_limits(const OverheadLimits& limits);
 
   // Records one event on the calling thread. `attrs` is a new reference (or
   // null) that the buffer takes over. Returns false when dropped.
   bool record(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const UnwindOptions& options);
+  // The same for native event sources, with or without the GIL: attributes
+  // come as a JSON object's text (or null / size 0 for none).
+  bool record_native(uint32_t kind_id, uint32_t name_id, const char* attrs_json,
+                     size_t attrs_json_size, const UnwindOptions& options);
 
   // Moves everything buffered out of every thread's buffer (the GIL must be
   // held: attribute objects change hands).
@@ -82,12 +98,18 @@ class Recorder {
  private:
   Recorder();
   ThreadBuffer* this_thread_buffer();
+  bool record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json,
+                    size_t attrs_json_size, const UnwindOptions& options);
   bool insert_seen(uint64_t stack_id);
 
   std::atomic<bool> active_{false};
   bool want_python_ = true;
   bool want_native_ = true;
   uint64_t max_buffered_events_ = 1u << 22;
+  // sample_rate as a threshold on a 64-bit random draw; UINT64_MAX = keep all.
+  std::atomic<uint64_t> sample_threshold_{UINT64_MAX};
+  std::atomic<uint32_t> max_per_stack_per_s_{0};
+  std::atomic<uint32_t> limits_generation_{0};  // bumped to reset per-thread windows
   std::atomic<uint64_t> stacks_{0};
   struct Impl;
   Impl* impl_;

@@ -22,8 +22,8 @@ struct UnwindOptions {
   bool skip_until_eval = false;
 };
 
-// Walks the calling thread's stack, innermost first, starting at the caller of
-// unwind_native. Writes at most `max` frames (the last one may be a marker with
+// Walks the calling thread's stack, innermost first, starting at unwind_native's
+// own frame (exact PC; left out by skip_own_module). Writes at most `max` frames (the last one may be a marker with
 // kFrameMarker set and pc = StopReason); a walk that reaches the outermost frame
 // writes no marker. Returns the number of frames written. No locks and no
 // allocation once the thread is warm (the first call sets up its cache and

@@ -21,14 +21,16 @@ namespace py = pybind11;
 
 // A C entry point for test libraries: lets native code (a signal handler, a
 // thread with no Python on it) run a walk and keep the result in plain arrays.
+// Reached through the address _unwind_c_entry() returns, so it is not exported.
 // `options`: bit 0 = skip_own_module, bit 1 = skip_until_eval.
-extern "C" __attribute__((visibility("default"))) size_t tbpipe_unwind_into(
+extern "C" size_t tbpipe_unwind_into(
     uintptr_t* pcs, int32_t* modules, uint32_t* flags, size_t max, int options) {
   tbpipe::NativeFrame frames[tbpipe::kMaxNativeFrames];
   tbpipe::UnwindOptions opt;
   opt.skip_own_module = (options & 1) != 0;
   opt.skip_until_eval = (options & 2) != 0;
-  size_t n = tbpipe::unwind_native(frames, max < tbpipe::kMaxNativeFrames ? max : tbpipe::kMaxNativeFrames, opt);
+  if (max > tbpipe::kMaxNativeFrames) max = tbpipe::kMaxNativeFrames;
+  size_t n = tbpipe::unwind_native(frames, max, opt);
   for (size_t i = 0; i < n; ++i) {
     pcs[i] = frames[i].pc;
     modules[i] = frames[i].module;
@@ -63,6 +65,8 @@ py::dict module_to_dict(const Module& m) {
   d["exec_ranges"] = ranges_to_list(m.exec_ranges);
   d["eval_ranges"] = ranges_to_list(m.eval_ranges);
   d["image"] = py::make_tuple(py::int_(m.image.lo), py::int_(m.image.hi));
+  d["readable_ranges"] = ranges_to_list(m.readable_ranges);
+  d["eh_frame_hdr"] = py::int_(reinterpret_cast<uintptr_t>(m.eh_frame_hdr));
   d["has_eh_frame_hdr"] = m.eh_frame_hdr != nullptr;
   return d;
 }
@@ -93,6 +97,19 @@ const char* rbp_rule_name(cfi::RbpRule r) {
     case cfi::RbpRule::kLost: return "lost";
   }
   return "?";
+}
+
+py::dict recipe_to_dict(const cfi::Recipe& r) {
+  py::dict d;
+  d["cfa_rule"] = cfi::cfa_rule_name(r.cfa_rule);
+  d["cfa_off"] = r.cfa_off;
+  d["ra_rule"] = ra_rule_name(r.ra_rule);
+  d["ra_off"] = r.ra_off;
+  d["rbp_rule"] = rbp_rule_name(r.rbp_rule);
+  d["rbp_off"] = r.rbp_off;
+  d["signal_frame"] = (r.flags & cfi::kRecipeSignalFrame) != 0;
+  d["plt_threshold"] = r.plt_threshold;
+  return d;
 }
 
 }  // namespace
@@ -139,23 +156,34 @@ void register_unwind_bindings(py::module_& m) {
   m.def(
       "_recipe_for_pc",
       [](uintptr_t pc) {
-        py::dict d;
         ModuleRegistry& reg = ModuleRegistry::instance();
         const Module* mod = reg.module(reg.lookup(pc));
         if (!mod) return py::object(py::none());
-        cfi::Recipe r = cfi::compile_recipe(*mod, pc);
-        d["cfa_rule"] = cfi::cfa_rule_name(r.cfa_rule);
-        d["cfa_off"] = r.cfa_off;
-        d["ra_rule"] = ra_rule_name(r.ra_rule);
-        d["ra_off"] = r.ra_off;
-        d["rbp_rule"] = rbp_rule_name(r.rbp_rule);
-        d["rbp_off"] = r.rbp_off;
-        d["signal_frame"] = (r.flags & cfi::kRecipeSignalFrame) != 0;
-        d["plt_threshold"] = r.plt_threshold;
-        return py::object(d);
+        return py::object(recipe_to_dict(cfi::compile_recipe(*mod, pc)));
       },
       py::arg("pc"),
       "The compiled CFI recipe for a lookup PC (use pc - 1 for return addresses), or None.");
+
+  m.def(
+      "_recipe_in_buffer",
+      [](py::bytes data, size_t hdr_offset, int64_t pc_offset) {
+        // A module made of one readable segment, a private copy of CFI bytes:
+        // lets tests feed the parser damaged tables without touching real ones.
+        std::string bytes = data;
+        Module fake;
+        const uintptr_t base = reinterpret_cast<uintptr_t>(bytes.data());
+        fake.image = AddressRange{base, base + bytes.size()};
+        fake.readable_ranges.push_back(fake.image);
+        if (hdr_offset < bytes.size()) {
+          fake.eh_frame_hdr = reinterpret_cast<const uint8_t*>(bytes.data()) + hdr_offset;
+          fake.eh_frame_hdr_size = bytes.size() - hdr_offset;
+        }
+        const uintptr_t pc = base + static_cast<uintptr_t>(pc_offset);
+        return recipe_to_dict(cfi::compile_recipe(fake, pc));
+      },
+      py::arg("data"), py::arg("hdr_offset"), py::arg("pc_offset"),
+      "Compile a recipe from a copy of CFI bytes (a segment holding .eh_frame_hdr and "
+      ".eh_frame); pc_offset is the PC relative to the copy's start.");
 
   m.def(
       "_glibc_backtrace_pcs",

@@ -27,6 +27,8 @@ def _register_commands() -> None:
 
     run_command.register(app)
     demo_command.register(app)
+    __import__("tbpipe.pipeline.commands.addr2line", fromlist=["register"]).register(app)
+    __import__("tbpipe.pipeline.commands.debuginfo", fromlist=["register"]).register(app)
 
 
 def main() -> None:

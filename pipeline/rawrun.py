@@ -1,17 +1,34 @@
-"""Reading raw run directories: find them, validate them against schemas/, load their tables."""
+"""Reading raw run directories: find them, validate them against schemas/, load their tables.
+
+Everything that can be wrong with a run directory ends up as one `DamagedRunError` naming the
+path and the problem: a manifest that is not JSON or lacks/garbles a field, a schema version
+this tbpipe does not read, listed files that are missing, Parquet parts that are truncated,
+unreadable or of another table/schema/version, and (for a run that closed cleanly) rows that
+refer to stacks, modules or code the run does not hold. A run that was killed mid-capture
+(`complete: false`) is not damaged for lacking what it never flushed: `RawRun.notes` says what
+is missing instead.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tbpipe.pipeline.errors import TbpipeError
+from tbpipe.pipeline.errors import TbpipeError, UsageError
 from tbpipe.schemas import FORMAT_NAME, MANIFEST_FILE, RAW_SCHEMA_VERSION, RUN_TABLES, SCHEMA_KEY, VERSION_KEY
+from tbpipe.schemas.raw import NATIVE_FRAME_MARKER
+
+_PART_NAME = re.compile(r"^(?P<table>[a-z_]+)-(?P<sequence>\d{6})\.parquet$")
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,199}$")
 
 
 class DamagedRunError(TbpipeError):
@@ -23,6 +40,8 @@ class RawRun:
     path: Path
     manifest: dict[str, Any]
     tables: dict[str, pa.Table]
+    # What an incomplete run lacks (rows referring to parts a killed process never wrote).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def run_id(self) -> str:
@@ -37,58 +56,211 @@ def find_run_dirs(roots: list[Path]) -> list[Path]:
     """Every folder under `roots` (recursively) that holds a manifest."""
     found = set()
     for root in roots:
+        if not root.exists():
+            raise UsageError(f"no such folder: {root}")
         if (root / MANIFEST_FILE).is_file():
             found.add(root)
-        found.update(p.parent for p in root.rglob(MANIFEST_FILE))
+        if root.is_dir():
+            for folder, _dirs, files in os.walk(root, followlinks=False):
+                if MANIFEST_FILE in files:
+                    found.add(Path(folder))
     return sorted(found)
 
 
+# ---------------------------------------------------------------------------------------- manifest
+
+def _fail(path: Path, problem: str) -> DamagedRunError:
+    return DamagedRunError(f"{path}: {problem}")
+
+
+def _check_type(path: Path, manifest: dict, key: str, types: tuple, required: bool) -> None:
+    if key not in manifest or manifest[key] is None:
+        if required:
+            raise _fail(path, f"manifest has no {key!r}")
+        return
+    value = manifest[key]
+    # bool is an int in Python; a count or pid that is true/false is garbage.
+    if isinstance(value, bool) and bool not in types:
+        raise _fail(path, f"manifest field {key!r} is {value!r}, not {' or '.join(t.__name__ for t in types)}")
+    if not isinstance(value, types):
+        raise _fail(path, f"manifest field {key!r} is {type(value).__name__}, not {' or '.join(t.__name__ for t in types)}")
+
+
+def _check_timestamp(path: Path, manifest: dict, key: str, required: bool) -> None:
+    _check_type(path, manifest, key, (str,), required)
+    value = manifest.get(key)
+    if value is None:
+        return
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise _fail(path, f"manifest field {key!r} is not an ISO-8601 time: {value[:60]!r}") from None
+    if parsed.tzinfo is None:
+        raise _fail(path, f"manifest field {key!r} has no time zone: {value[:60]!r}")
+
+
+def _check_str_map(path: Path, manifest: dict, key: str, key_pattern: re.Pattern | None = None) -> None:
+    _check_type(path, manifest, key, (dict,), False)
+    for k, v in (manifest.get(key) or {}).items():
+        if not isinstance(v, str) or (key_pattern is not None and not key_pattern.match(k)):
+            raise _fail(path, f"manifest field {key!r} has a bad entry {k!r}: {v!r}"[:300])
+
+
+def _check_files(path: Path, manifest: dict) -> None:
+    _check_type(path, manifest, "files", (dict,), False)
+    for table, names in (manifest.get("files") or {}).items():
+        if not isinstance(names, list):
+            raise _fail(path, f"manifest field 'files' lists {table!r} as {type(names).__name__}, not a list")
+        for name in names:
+            match = _PART_NAME.match(name) if isinstance(name, str) else None
+            if match is None or match.group("table") != table:
+                raise _fail(path, f"manifest lists a file {name!r} that is not a {table} part"[:300])
+
+
 def read_manifest(run_dir: Path) -> dict[str, Any]:
+    """The run's manifest, checked field by field; DamagedRunError on any garbage."""
     path = run_dir / MANIFEST_FILE
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise DamagedRunError(f"{path}: manifest unreadable: {error}") from None
+        manifest = json.loads(path.read_bytes())
+    except OSError as error:
+        raise _fail(path, f"manifest unreadable: {error.strerror or error}") from None
+    except ValueError as error:
+        raise _fail(path, f"manifest is not JSON: {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-        raise DamagedRunError(f"{path}: not a {FORMAT_NAME} manifest")
+        raise _fail(path, f"not a {FORMAT_NAME} manifest")
     if manifest.get("schema_version") != RAW_SCHEMA_VERSION:
-        raise DamagedRunError(
-            f"{path}: raw schema version {manifest.get('schema_version')!r}, this tbpipe reads {RAW_SCHEMA_VERSION}"
+        raise _fail(
+            path, f"raw schema version {manifest.get('schema_version')!r}, this tbpipe reads {RAW_SCHEMA_VERSION}"
         )
-    if not isinstance(manifest.get("run_id"), str):
-        raise DamagedRunError(f"{path}: manifest has no run_id")
+    run_id = manifest.get("run_id")
+    if not isinstance(run_id, str):
+        raise _fail(path, "manifest has no run_id")
+    if not _RUN_ID.match(run_id):
+        raise _fail(path, f"manifest has a malformed run_id {run_id[:80]!r}")
+    _check_type(path, manifest, "complete", (bool,), True)
+    _check_timestamp(path, manifest, "started_at", True)
+    _check_timestamp(path, manifest, "ended_at", False)
+    for key in ("parent_run_id", "host", "cwd", "python_version", "python_implementation", "torch_version", "tbpipe_version"):
+        _check_type(path, manifest, key, (str,), False)
+    _check_type(path, manifest, "pid", (int,), False)
+    for key in ("argv", "sources", "errors"):
+        _check_type(path, manifest, key, (list,), False)
+        if not all(isinstance(item, str) for item in manifest.get(key) or []):
+            raise _fail(path, f"manifest field {key!r} holds something other than strings")
+    _check_type(path, manifest, "capture", (dict,), False)
+    _check_str_map(path, manifest, "labels")
+    _check_str_map(path, manifest, "threads", re.compile(r"^\d{1,19}$"))
+    _check_type(path, manifest, "counters", (dict,), False)
+    for key, value in (manifest.get("counters") or {}).items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _fail(path, f"manifest counter {key!r} is {value!r}, not a number"[:300])
+    _check_files(path, manifest)
     return manifest
 
+
+# ---------------------------------------------------------------------------------------- parts
 
 def _read_part(path: Path, table: str) -> pa.Table:
     try:
         part = pq.read_table(path)
-    except (OSError, pa.ArrowException) as error:
-        raise DamagedRunError(f"{path}: unreadable Parquet: {error}") from None
+    except (OSError, pa.ArrowException, ValueError) as error:
+        raise _fail(path, f"unreadable Parquet ({_one_line(error)})") from None
     metadata = part.schema.metadata or {}
     if metadata.get(SCHEMA_KEY) != table.encode() or metadata.get(VERSION_KEY) != str(RAW_SCHEMA_VERSION).encode():
-        raise DamagedRunError(
-            f"{path}: expected table {table!r} schema version {RAW_SCHEMA_VERSION}, file says "
-            f"{metadata.get(SCHEMA_KEY)!r} version {metadata.get(VERSION_KEY)!r}"
+        raise _fail(
+            path,
+            f"expected table {table!r} schema version {RAW_SCHEMA_VERSION}, file says "
+            f"{_decoded(metadata.get(SCHEMA_KEY))} version {_decoded(metadata.get(VERSION_KEY))}",
         )
     expected = RUN_TABLES[table]()
     if not part.schema.remove_metadata().equals(expected.remove_metadata()):
-        raise DamagedRunError(f"{path}: columns do not match the {table!r} schema")
+        raise _fail(path, f"columns do not match the {table!r} schema: {_schema_difference(part.schema, expected)}")
     return part
 
 
-def read_run(run_dir: Path) -> RawRun:
-    """Loads a whole run; DamagedRunError names the first problem found."""
-    manifest = read_manifest(run_dir)
+def _decoded(value: bytes | None) -> str:
+    return repr(value.decode(errors="replace")) if value is not None else "nothing"
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else type(error).__name__
+
+
+def _schema_difference(actual: pa.Schema, expected: pa.Schema) -> str:
+    for field_ in expected:
+        index = actual.get_field_index(field_.name)
+        if index < 0:
+            return f"no column {field_.name!r}"
+        if not actual.field(index).equals(field_):
+            return f"column {field_.name!r} is {actual.field(index).type}, expected {field_.type}"
+    extra = [name for name in actual.names if name not in expected.names]
+    return f"unexpected columns {extra}" if extra else "columns in a different order"
+
+
+def part_files(run_dir: Path, manifest: dict[str, Any]) -> dict[str, list[Path]]:
+    """Per table, the part files to read: those listed (which must exist) and any written after
+    the last manifest update (a killed process leaves whole files behind)."""
     listed = manifest.get("files") or {}
-    tables = {}
-    for table, schema in RUN_TABLES.items():
+    out = {}
+    for table in RUN_TABLES:
         names = set(listed.get(table, []))
         missing = sorted(n for n in names if not (run_dir / n).is_file())
         if missing:
-            raise DamagedRunError(f"{run_dir}: files listed in the manifest are missing: {', '.join(missing)}")
-        # Parts written after the last manifest update (a killed process) are whole files too.
+            raise _fail(run_dir, f"files listed in the manifest are missing: {', '.join(missing)}")
         names.update(p.name for p in run_dir.glob(f"{table}-*.parquet"))
-        parts = [_read_part(run_dir / n, table) for n in sorted(names)]
-        tables[table] = pa.concat_tables(parts) if parts else schema().empty_table()
-    return RawRun(run_dir, manifest, tables)
+        out[table] = [run_dir / n for n in sorted(names)]
+    return out
+
+
+def parts_fingerprint(run_dir: Path, manifest: dict[str, Any]) -> str:
+    """Changes whenever the run's files or completeness change (an incomplete run still growing)."""
+    entries = [f"complete={bool(manifest.get('complete'))}"]
+    for table, paths in part_files(run_dir, manifest).items():
+        for path in paths:
+            try:
+                entries.append(f"{path.name}:{path.stat().st_size}")
+            except OSError as error:
+                raise _fail(path, f"unreadable: {error.strerror or error}") from None
+    return ";".join(entries)
+
+
+def reference_problems(tables: dict[str, pa.Table]) -> list[str]:
+    """Rows that refer to stacks, modules or code the run does not hold."""
+    problems = []
+    events, stacks = tables["events"], tables["stacks"]
+    stack_ids = events["stack_id"].drop_null()
+    dangling = len(stack_ids) - pc.sum(pc.is_in(stack_ids, value_set=stacks["stack_id"].combine_chunks())).as_py() if len(stack_ids) else 0
+    if dangling:
+        problems.append(f"{dangling} events refer to stacks the run does not hold")
+    native = pc.list_flatten(stacks["native"])
+    if len(native):
+        native = native.combine_chunks() if isinstance(native, pa.ChunkedArray) else native
+        described = pc.or_(
+            pc.is_in(native.field("module"), value_set=tables["modules"]["module_index"].combine_chunks()),
+            pc.not_equal(pc.bit_wise_and(native.field("flags"), pa.scalar(NATIVE_FRAME_MARKER, pa.uint32())), 0),
+        )
+        missing = len(native) - pc.sum(described).as_py()
+        if missing:
+            problems.append(f"{missing} native frames refer to modules the run does not describe")
+    python = pc.list_flatten(stacks["python"])
+    if len(python):
+        python = python.combine_chunks() if isinstance(python, pa.ChunkedArray) else python
+        known = pc.is_in(python.field("code_id"), value_set=tables["code"]["code_id"].combine_chunks())
+        missing = len(python) - pc.sum(known).as_py()
+        if missing:
+            problems.append(f"{missing} Python frames refer to code objects the run does not describe")
+    return problems
+
+
+def read_run(run_dir: Path, manifest: dict[str, Any] | None = None) -> RawRun:
+    """Loads a whole run; DamagedRunError names the first problem found."""
+    manifest = manifest if manifest is not None else read_manifest(run_dir)
+    tables = {}
+    for table, paths in part_files(run_dir, manifest).items():
+        parts = [_read_part(path, table) for path in paths]
+        tables[table] = pa.concat_tables(parts) if parts else RUN_TABLES[table]().empty_table()
+    problems = reference_problems(tables)
+    if problems and manifest.get("complete"):
+        raise _fail(run_dir, "; ".join(problems))
+    return RawRun(run_dir, manifest, tables, notes=problems)

@@ -13,6 +13,7 @@ import ctypes
 import mmap
 import os
 import platform
+import random
 import re
 import shutil
 import subprocess
@@ -27,14 +28,10 @@ from tbpipe import _native as native
 TESTLIB_SRC = Path(__file__).parent / "native_testlib"
 X86_64 = platform.machine() in ("x86_64", "AMD64")
 
-pytestmark = [
-    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF/glibc only"),
-    pytest.mark.skipif(shutil.which("g++") is None, reason="needs the system g++"),
-]
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF/glibc only")
 x86_64_only = pytest.mark.skipif(not X86_64, reason="DWARF CFI walk is x86-64 only")
 
 CALLBACK = ctypes.CFUNCTYPE(None)
-INT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int)
 
 VARIANTS = {
     "O2": ["-O2", "-fomit-frame-pointer"],
@@ -47,6 +44,8 @@ VARIANTS = {
 
 
 def _gxx(args: list[str]) -> None:
+    if shutil.which("g++") is None:
+        pytest.skip("needs the system g++ to build the test libraries")
     proc = subprocess.run(["g++", *args], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"g++ {' '.join(args)} failed:\n{proc.stderr}")
@@ -123,14 +122,28 @@ def build_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("native_testlib")
 
 
+@pytest.fixture(scope="session")
+def chain_libs(build_dir):
+    """Builds each variant once: rebuilding a loaded library's file in place
+    would change code under the running process."""
+    loaded: dict[str, ChainLib] = {}
+
+    def get(variant: str) -> ChainLib:
+        if variant not in loaded:
+            loaded[variant] = ChainLib(_build_chain(build_dir, variant))
+        return loaded[variant]
+
+    return get
+
+
 @pytest.fixture(scope="session", params=sorted(VARIANTS))
-def chain(request, build_dir) -> ChainLib:
-    return ChainLib(_build_chain(build_dir, request.param))
+def chain(request, chain_libs) -> ChainLib:
+    return chain_libs(request.param)
 
 
 @pytest.fixture(scope="session")
-def chain_o2(build_dir) -> ChainLib:
-    return ChainLib(_build_chain(build_dir, "O2"))
+def chain_o2(chain_libs) -> ChainLib:
+    return chain_libs("O2")
 
 
 # --------------------------------------------------------------------------
@@ -201,10 +214,8 @@ def _assert_outermost(frames) -> None:
     """The walk reached the thread's first frame: no marker, ends in libc or the
     program itself (_start / clone3)."""
     assert _stop_reason(frames) is None, f"walk stopped early: {_stop_reason(frames)}"
-    last = frames[-1]
-    path = _modules_by_index()[last[1]]["path"]
-    assert "libc.so" in path or os.path.realpath(path) == os.path.realpath(sys.executable) or \
-        path == os.path.realpath("/proc/self/exe"), path
+    path = _modules_by_index()[frames[-1][1]]["path"]
+    assert "/libc.so" in path or os.path.realpath(path) == os.path.realpath(sys.executable), path
 
 
 def _assert_matches_backtrace(lib: ChainLib, frames, bt: list[int]) -> list[int]:
@@ -234,8 +245,8 @@ def test_main_program_and_vdso_are_registered():
     assert os.path.realpath(main["path"]) == os.path.realpath(sys.executable)
     assert main["build_id"] == _readelf_build_id(main["path"])
     assert any(m["path"] == "linux-vdso.so.1" for m in mods)
-    for m in mods:
-        assert m["index"] == mods.index(m)
+    for position, m in enumerate(mods):
+        assert m["index"] == position
         for lo, hi in m["exec_ranges"]:
             assert m["image"][0] <= lo < hi <= m["image"][1]
 
@@ -266,6 +277,117 @@ def test_eval_ranges_cover_the_eval_loop():
 
 
 # --------------------------------------------------------------------------
+# Recipes against binutils' own CFI interpreter
+
+
+def _readelf_cfi_rows(path: str):
+    """Rows of `readelf -wF` (the CFA table binutils computes) for every FDE."""
+    # Exit status 1 only reports unrelated debug sections it could not read.
+    out = subprocess.run(["readelf", "-wF", path], capture_output=True, text=True).stdout
+    columns = None
+    fde_end = 0
+    for line in out.splitlines():
+        if " FDE " in line or " CIE " in line:
+            fde = re.search(r" FDE .*pc=[0-9a-f]+\.\.([0-9a-f]+)", line)
+            fde_end = int(fde.group(1), 16) if fde else 0
+            columns = None
+            continue
+        if line.startswith("   LOC"):
+            columns = line.split() if fde_end else None
+            continue
+        parts = line.split()
+        if columns and len(parts) == len(columns) and re.fullmatch(r"[0-9a-f]{16}", parts[0]):
+            # readelf also prints a row for an advance that reaches the FDE's
+            # end; that address belongs to the next FDE.
+            if int(parts[0], 16) < fde_end:
+                yield dict(zip(columns, parts))
+
+
+def _recipe_agrees(row: dict, recipe: dict) -> bool:
+    cfa, ra, rbp = row["CFA"], row["ra"], row.get("rbp", "s")
+    reg_cfa = re.fullmatch(r"(rsp|rbp)\+(-?\d+)", cfa)
+    if reg_cfa:
+        if (recipe["cfa_rule"], recipe["cfa_off"]) != (reg_cfa.group(1) + "+k", int(reg_cfa.group(2))):
+            return False
+    elif cfa == "exp":
+        return recipe["cfa_rule"] in ("*(rsp+k)", "*(rbp+k)", "plt", "unsupported")
+    else:  # CFA in another register: no recipe form
+        return recipe["cfa_rule"] == "unsupported"
+    if ra.startswith("c"):
+        ok = (recipe["ra_rule"], recipe["ra_off"]) == ("cfa+k", int(ra[1:]))
+    elif ra == "u":
+        ok = recipe["ra_rule"] == "undefined"
+    else:
+        ok = recipe["cfa_rule"] == "unsupported"
+    if rbp.startswith("c"):
+        ok &= (recipe["rbp_rule"], recipe["rbp_off"]) == ("cfa+k", int(rbp[1:]))
+    elif rbp == "s":
+        ok &= recipe["rbp_rule"] == "same"
+    elif rbp == "u":  # readelf prints "u" also for a register not saved yet
+        ok &= recipe["rbp_rule"] in ("same", "lost")
+    else:
+        ok &= recipe["rbp_rule"] in ("rsp+k", "rbp+k", "cfa+k", "val cfa+k", "lost")
+    return ok
+
+
+@x86_64_only
+def test_recipes_agree_with_readelf_on_every_cfi_row(chain):
+    native._refresh_modules()  # the chain library may not have been walked through yet
+    eval_module = next(m for m in native._modules() if m["eval_ranges"])
+    libc = next(m for m in native._modules() if m["path"].endswith("/libc.so.6"))
+    paths = [libc["path"], eval_module["path"], str(chain.path), str(chain.leaf_path)]
+    for path in paths:
+        bias = _module_by_path(Path(path))["load_bias"]
+        rows = mismatches = 0
+        for row in _readelf_cfi_rows(path):
+            recipe = native._recipe_for_pc(bias + int(row["LOC"], 16))
+            assert recipe is not None, (path, row)
+            rows += 1
+            if not _recipe_agrees(row, recipe):
+                mismatches += 1
+                print("mismatch", path, row, recipe)
+        assert rows > 0, path
+        assert mismatches == 0, f"{mismatches} of {rows} rows of {path} disagree with readelf"
+
+
+@x86_64_only
+def test_damaged_cfi_is_refused_without_faulting(chain_o2):
+    """The parser only reads inside the module's readable segments, whatever the
+    bytes say: feed it a copy of real CFI with bytes flipped, words overwritten
+    and the segment cut short (a fault here would kill the test process)."""
+    native._refresh_modules()
+    mod = _module_by_path(chain_o2.path)
+    hdr = mod["eh_frame_hdr"]
+    lo, hi = next((lo, hi) for lo, hi in mod["readable_ranges"] if lo <= hdr < hi)
+    data = ctypes.string_at(lo, hi - lo)
+    hdr_off = hdr - lo
+    funcs = [chain_o2.symbol_range(name) for name in
+             ("chain_innermost", "chain_realigned", "chain_rec_a", "chain_signal_run")]
+    pcs = [start + (end - start) // 2 for start, end in funcs]
+    for pc in pcs:  # an intact copy compiles exactly as the loaded library does
+        assert native._recipe_in_buffer(data, hdr_off, pc - lo) == native._recipe_for_pc(pc)
+
+    rng = random.Random(20240517)
+    cfi_end = min(len(data), hdr_off + 4096)  # .eh_frame_hdr, then .eh_frame
+    outcomes = set()
+    for trial in range(4000):
+        buf = bytearray(data)
+        if trial % 3 == 0:
+            for _ in range(rng.randint(1, 6)):
+                buf[rng.randrange(hdr_off, cfi_end)] = rng.randrange(256)
+        elif trial % 3 == 1:
+            at = rng.randrange(hdr_off, cfi_end - 4)
+            buf[at:at + 4] = rng.choice([0xFFFFFFFF, 0x7FFFFFFF, 0x80000000, 0, 1,
+                                         rng.randrange(1 << 32)]).to_bytes(4, "little")
+        else:
+            del buf[rng.randrange(hdr_off, cfi_end):]
+        pc = rng.choice(pcs)
+        recipe = native._recipe_in_buffer(bytes(buf), hdr_off, pc - lo)
+        outcomes.add(recipe["cfa_rule"])
+    assert {"no-info", "rsp+k"} <= outcomes
+
+
+# --------------------------------------------------------------------------
 # Walks from Python
 
 
@@ -274,7 +396,7 @@ def test_walk_from_python_reaches_outermost_frame():
     _assert_outermost(frames)
     assert any(flags & EVAL for _, _, flags in frames)
     own = native._module_for_pc(native._unwind_c_entry())
-    assert all(mod != own for _, mod, _ in frames[:1])
+    assert frames[0][1] != own
     unskipped = native._unwind_pcs(skip_own_module=False)
     assert unskipped[0][1] == own
     assert unskipped[0][2] & EXACT
@@ -503,3 +625,61 @@ def test_reloaded_address_gets_a_new_module_index(build_dir):
     assert not [f for f in frames if f[1] == index_a]
     assert _modules_by_index()[index_b]["build_id"] == _readelf_build_id(second)
     assert _modules_by_index()[index_a]["build_id"] == _readelf_build_id(first)
+
+
+# --------------------------------------------------------------------------
+# A python executable with the interpreter linked in statically
+
+
+def _static_python(out_dir: Path) -> Path:
+    import sysconfig
+
+    cfg = sysconfig.get_config_var
+    archive = Path(cfg("LIBPL") or "") / (cfg("LIBRARY") or "")
+    if not archive.name.endswith(".a") or not archive.is_file():
+        pytest.skip("this interpreter ships no static libpython archive")
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    exe = out_dir / "static_python"
+    libs = " ".join(cfg(k) or "" for k in ("LIBS", "MODLIBS", "LOCALMODLIBS", "SYSLIBS")).split()
+    cmd = [cc, "-O1", f"-I{sysconfig.get_paths()['include']}",
+           str(TESTLIB_SRC / "static_python.c"), str(archive), *libs, "-lm", "-lpthread",
+           "-Xlinker", "-export-dynamic", "-o", str(exe)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot link a static python here: {proc.stderr[-500:]}")
+    return exe
+
+
+def test_static_python_executable(build_dir):
+    import json
+    import site
+
+    exe = _static_python(build_dir)
+    # The child gets this process's import path, site dirs included so that
+    # .pth files (editable installs) are honoured.
+    site_dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    snippet = f"""
+import json, site, sys
+for d in {site_dirs!r}:
+    site.addsitedir(d)
+sys.path[:0] = {sys.path!r}
+from tbpipe import _native as n
+mods = n._modules()
+print(json.dumps({{"modules": mods, "frames": n._unwind_pcs()}}))
+"""
+    env = dict(os.environ, PYTHONHOME=sys.base_prefix)
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([str(exe), "-c", snippet], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    mods, frames = result["modules"], result["frames"]
+    main = mods[0]
+    assert os.path.realpath(main["path"]) == os.path.realpath(exe)
+    assert main["eval_ranges"], "eval loop not found in the static executable"
+    assert not any(m["eval_ranges"] for m in mods[1:])
+    assert not any("libpython" in m["path"] for m in mods)
+    assert any(flags & EVAL and mod == 0 for _, mod, flags in frames)
+    assert not frames[-1][2] & MARKER, frames[-1]

@@ -225,3 +225,24 @@ with capture.session({str(out_dir)!r}, on_fork="stop"):
     assert result.returncode == 0, result.stderr
     (run,) = read_runs(out_dir)
     assert run.tables["events"]["name"].to_pylist() == ["parent"]
+
+
+def test_native_record_path_without_gil(out_dir: Path) -> None:
+    from tbpipe import _native
+
+    def launch_site():
+        _native._record_with_gil_released("kernel_launch", "void gemm<float>(float*)", '{"grid": [2, 1, 1]}')
+
+    with capture.session(out_dir):
+        launch_site()
+        _native._record_with_gil_released("kernel_launch", "plain", "")
+    (run,) = read_runs(out_dir)
+    rows = run.tables["events"].drop_columns(["ts"]).to_pylist()
+    assert [(r["name"], r["attrs"]) for r in rows] == [
+        ("void gemm<float>(float*)", '{"grid": [2, 1, 1]}'),
+        ("plain", None),
+    ]
+    stacks = {s["stack_id"]: s for s in run.tables["stacks"].to_pylist()}
+    code = {c["code_id"]: c["qualname"] for c in run.tables["code"].to_pylist()}
+    first = stacks[rows[0]["stack_id"]]
+    assert code[first["python"][0]["code_id"]].endswith("launch_site")

@@ -153,6 +153,30 @@ class KnownTable:
     def __len__(self) -> int:
         return len(self.counts)
 
+    def sorted_index(self) -> tuple[Any, Any]:
+        """(sorted lookup addresses, entry of each) as numpy arrays, for vectorized lookups."""
+        import numpy as np
+
+        cached = getattr(self, "_sorted", None)
+        if cached is not None and cached[0] == len(self.counts):
+            return cached[1], cached[2]
+        keys = np.fromiter(self.position.keys(), dtype=np.uint64, count=len(self.position))
+        entries = np.fromiter(self.position.values(), dtype=np.int64, count=len(self.position))
+        order = np.argsort(keys, kind="stable")
+        self._sorted = (len(self.counts), keys[order], entries[order])
+        return self._sorted[1], self._sorted[2]
+
+    def entries_of(self, keys: Any) -> Any:
+        """Entry of each lookup address (numpy uint64 array); -1 where unknown."""
+        import numpy as np
+
+        sorted_keys, entries = self.sorted_index()
+        if not len(sorted_keys):
+            return np.full(len(keys), -1, dtype=np.int64)
+        at = np.searchsorted(sorted_keys, keys)
+        at = np.minimum(at, len(sorted_keys) - 1)
+        return np.where(sorted_keys[at] == keys, entries[at], -1)
+
     def add(self, chunk: ResultChunk) -> None:
         """Merge a chunk; an address already known keeps its first result."""
         if not len(chunk):

@@ -39,6 +39,7 @@ def _looks_mangled(name: str) -> bool:
 
 def demangle_many(names: Iterable[str]) -> dict[str, str]:
     """name -> demangled name for each of `names` (unchanged when not a mangled C++ name)."""
+    names = list(names)
     wanted = [n for n in set(names) if n not in _cache]
     mangled = [n for n in wanted if _looks_mangled(n)]
     for name in wanted:

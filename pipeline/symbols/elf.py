@@ -26,10 +26,9 @@ _ELFCOMPRESS_ZLIB = 1
 _ELFCOMPRESS_ZSTD = 2
 _PF_X = 1
 
-# Symbol types/bindings we name functions by (STT_FUNC, STT_GNU_IFUNC; LOCAL/GLOBAL/WEAK).
+# Symbol types functions are named by.
 _STT_FUNC = 2
 _STT_GNU_IFUNC = 10
-_STB_LOCAL, _STB_GLOBAL, _STB_WEAK = 0, 1, 2
 
 
 @dataclass
@@ -208,7 +207,9 @@ class SymbolTable:
 
     Entries are read straight from the .symtab/.dynsym bytes (pyelftools locates the sections;
     decoding 10^5..10^6 symbols through its per-symbol objects would take seconds). Aliases at
-    the same (start, size) collapse to one name: GLOBAL over WEAK over LOCAL, then table order.
+    the same (start, size) collapse to one name: .symtab over .dynsym, and within a table the
+    last one, which is the name llvm-symbolizer reports (binutils' choice depends on DWARF
+    names too). In glibc that is e.g. `getaddrinfo` rather than `__GI_getaddrinfo`.
     """
 
     def __init__(self, starts: list[int], ends: list[int], names: list[int], strtabs: list[bytes], which: list[int]):
@@ -260,9 +261,8 @@ def _read_symbol_table(stream: BinaryIO, elf: Any) -> SymbolTable | None:
     endian = "<" if elf.little_endian else ">"
     # Elf64_Sym: name, info, other, shndx, value, size; Elf32_Sym: name, value, size, info, other, shndx.
     entry = struct.Struct(endian + ("IBBHQQ" if is64 else "IIIBBH"))
-    best: dict[tuple[int, int], tuple[int, int, int, int]] = {}  # (start, size) -> (rank, order, table, name)
+    best: dict[tuple[int, int], tuple[int, int]] = {}  # (start, size) -> (table, name offset)
     strtabs: list[bytes] = []
-    order = 0
     file_size = os.fstat(stream.fileno()).st_size
     for section_name in (".symtab", ".dynsym"):
         section = elf.get_section_by_name(section_name)
@@ -286,20 +286,17 @@ def _read_symbol_table(stream: BinaryIO, elf: Any) -> SymbolTable | None:
             kind = info & 0xF
             if (kind != _STT_FUNC and kind != _STT_GNU_IFUNC) or shndx == 0 or size == 0 or name == 0:
                 continue
-            bind = info >> 4
-            rank = 0 if bind == _STB_GLOBAL else 1 if bind == _STB_WEAK else 2
             key = (value, size)
-            order += 1
             previous = best.get(key)
-            if previous is None or rank < previous[0]:
-                best[key] = (rank, order, table_index, name)
+            if previous is None or previous[0] == table_index:
+                best[key] = (table_index, name)
     if not best:
         return None
     items = sorted(best.items())
     starts = [start for (start, _size), _ in items]
     ends = [start + size for (start, size), _ in items]
-    names = [value[3] for _, value in items]
-    which = [value[2] for _, value in items]
+    names = [value[1] for _, value in items]
+    which = [value[0] for _, value in items]
     return SymbolTable(starts, ends, names, strtabs, which)
 
 
@@ -348,6 +345,21 @@ def _section_bytes(stream: BinaryIO, elf: Any, section: Any) -> bytes:
     if section.name.startswith(".zdebug") and raw[:4] == b"ZLIB":
         return zlib.decompress(raw[12:])  # legacy GNU compression: "ZLIB" + 8-byte big-endian size
     return raw
+
+
+def read_section(path: str, name: str) -> bytes | None:
+    """One section's bytes, decompressed; None when the file has no such section (or NOBITS)."""
+    stream, elf = _open_elf(path)
+    try:
+        try:
+            section = elf.get_section_by_name(name) or elf.get_section_by_name(".z" + name[1:])
+            if section is None or section["sh_type"] == "SHT_NOBITS":
+                return None
+            return _section_bytes(stream, elf, section)
+        except Exception as error:
+            raise ElfFileError(f"{path}: unreadable section {name} ({_brief(error)})") from None
+    finally:
+        stream.close()
 
 
 def load_dwarf(path: str) -> Any:

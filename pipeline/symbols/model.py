@@ -111,8 +111,7 @@ class ModuleStatus:
 
     def describe(self) -> str:
         """One line for humans: quality, file and reason."""
-        where = f" from {self.debug_file} (via {self.found_via})" if self.debug_file else ""
-        return f"{self.build_id}: {self.quality.value}{where}; {self.reason}"
+        return f"{self.build_id}: {self.quality.value}: {self.reason}"
 
     def to_json(self) -> dict:
         return {

@@ -4,25 +4,31 @@ line table for what SymCache leaves open.
 - The outermost (physical) frame is named from the ELF symbol table: SymCache names a function
   split by GCC into hot and `.cold` parts after whichever part starts lower, so an address in
   `foo` would come back as `foo.cold`. The symbol table says which part the address is in.
-- An address SymCache gives no line for (code without a DWARF function, padding between
-  functions) gets the exact row of the DWARF line table (`lines.LineTable`).
+- An address SymCache gives no line for (code without a DWARF function, alignment padding
+  between functions) gets the row of the DWARF line table (`lines.LineTable`).
 - Addresses outside every PT_LOAD segment, or in a module without usable debug info, come back
   unsymbolized with the reason.
 
-A resolved address is (lookup address, frames, reason) with raw (mangled) names; see `columns`.
+The output is a `ResultChunk` keyed by lookup address, with raw (mangled) names.
 """
 
 from __future__ import annotations
 
 import os
+from bisect import bisect_right
 
-from tbpipe.pipeline.symbols.columns import Resolved
+from tbpipe.pipeline.symbols.columns import ResultChunk
 from tbpipe.pipeline.symbols.elf import SymbolTable, read_symbol_table
 from tbpipe.pipeline.symbols.lines import LineTable
 from tbpipe.pipeline.symbols.model import ElfFileError, ModuleStatus, Quality, short_build_id
-from tbpipe.pipeline.symbols.symcache import SymCacheReader
+from tbpipe.pipeline.symbols.symcache import StringTable, SymCacheReader
 
 _MAX_ADDRESS = (1 << 64) - 1
+# Functions are aligned to at most 64 bytes by GCC/clang (-falign-functions); leave room for
+# page-aligned hand-written assembly without scanning far.
+_MAX_PADDING = 4096
+# inline flags of a chain of n frames: all but the outermost are inlined
+_INLINED = [[]] + [[1] * (n - 1) + [0] for n in range(1, 257)]
 
 
 def file_identity(path: str) -> tuple[str, int, int, int, int] | None:
@@ -34,21 +40,71 @@ def file_identity(path: str) -> tuple[str, int, int, int, int] | None:
     return (path, info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev)
 
 
+class _Builder:
+    """Accumulates entries of a ResultChunk whose ids index one StringTable."""
+
+    def __init__(self, strings: StringTable):
+        self.strings = strings
+        self.keys: list[int] = []
+        self.counts: list[int] = []
+        self.reasons: list[int] = []
+        self.functions: list[int] = []
+        self.files: list[int] = []
+        self.lines: list[int] = []
+        self.inlined: list[int] = []
+
+    def single(self, key: int, function: int, file: int, line: int, reason: str | None) -> None:
+        self.keys.append(key)
+        self.counts.append(1)
+        self.reasons.append(self.strings.intern(reason))
+        self.functions.append(function)
+        self.files.append(file)
+        self.lines.append(line)
+        self.inlined.append(0)
+
+    def nothing(self, key: int, reason: str) -> None:
+        self.keys.append(key)
+        self.counts.append(0)
+        self.reasons.append(self.strings.intern(reason))
+
+    def chunk(self) -> ResultChunk:
+        """The chunk, with only the strings it uses (the table is shared across calls)."""
+        used = sorted({*self.functions, *self.files, *self.reasons} - {-1})
+        remap = {old: new for new, old in enumerate(used)}
+        remap[-1] = -1
+        table = self.strings.strings
+        chunk = ResultChunk()
+        chunk.strings = [table[i] for i in used]
+        chunk.keys.extend(self.keys)
+        chunk.counts.extend(self.counts)
+        chunk.reasons.extend([remap[r] for r in self.reasons])
+        chunk.functions.extend([remap[f] for f in self.functions])
+        chunk.files.extend([remap[f] for f in self.files])
+        chunk.lines.extend(self.lines)
+        chunk.inlined.extend(self.inlined)
+        return chunk
+
+
 class ModuleResolver:
     """Resolves addresses of one build-ID in this process (the SymCache is already built)."""
 
     def __init__(self, status: ModuleStatus, symcache: bytes | None, debug_identity: tuple | None = None):
         self.status = status
-        self._reader = SymCacheReader(symcache) if symcache is not None else None
+        self.strings = StringTable()
+        self._reader = SymCacheReader(symcache, self.strings) if symcache is not None else None
         self._expected_identity = tuple(debug_identity) if debug_identity else None
         self._symtab: SymbolTable | None = None
         self._symtab_loaded = False
         self._lines: LineTable | None = None
         self._lines_loaded = False
         self._lines_problem: str | None = None
-        self._ranges = [(vaddr, vaddr + memsz) for vaddr, memsz, _flags in status.segments if memsz > 0]
-        # Entries whose answer depended on a file that was not there: not worth keeping.
-        self.incomplete: set[int] = set()
+        ranges = sorted((vaddr, vaddr + memsz) for vaddr, memsz, _flags in status.segments if memsz > 0)
+        self._range_starts = [start for start, _end in ranges]
+        self._ranges = ranges
+
+    def preload(self) -> None:
+        """Load the symbol table now (done lazily otherwise)."""
+        self.symtab()
 
     # ---- the files beside the SymCache, checked to be the ones the SymCache came from
 
@@ -92,79 +148,143 @@ class ModuleResolver:
             self._lines_problem = str(error)
             return None
 
+    def _padding_row(self, address: int) -> tuple[str | None, int] | None:
+        """The line-table row covering an address in the padding after a function.
+
+        The assembler emits rows only where instructions start, and alignment padding has
+        none: the row of a function's last instruction runs on until the next function's first
+        row, within the same line sequence. A sequence is one compile unit's contiguous
+        section contribution, which is exactly a .debug_aranges range, so the row is the one of
+        the closest lower address with code, if that address lies in the same CU range.
+        Decoding the CU's whole line program would give the same answer; for random
+        addresses it would mean decoding every CU of the library (seconds for libpython).
+        """
+        table = self.lines()
+        if table is None:
+            return None
+        try:
+            found = table.unit_range(address)
+        except ElfFileError as error:
+            self._lines, self._lines_problem = None, str(error)
+            return None
+        if found is None:
+            return None
+        strings = self.strings.strings
+        lowest = max(found[0], address - _MAX_PADDING)
+        probe = address - 1
+        while probe >= lowest:
+            batch = list(range(probe, max(lowest, probe - 15) - 1, -1))
+            counts, _functions, files, lines = self._reader.lookup_flat(batch)
+            pos = 0
+            for candidate, count in zip(batch, counts):
+                if count:
+                    if not lines[pos] and count == 1:
+                        return self._row(candidate)  # code without a DWARF function: its own row
+                    return (strings[files[pos]] if files[pos] >= 0 else None, lines[pos]) if lines[pos] else None
+            probe = batch[-1] - 1
+        return None
+
     # ---- resolution
 
     def _outside(self, address: int) -> bool:
         if not self._ranges:
             return False
-        return not any(start <= address < end for start, end in self._ranges)
+        index = bisect_right(self._range_starts, address) - 1
+        return index < 0 or address >= self._ranges[index][1]
 
-    def resolve(self, keys: list[int]) -> list[Resolved]:
-        """Frames for each lookup address (already pc-1 for return addresses)."""
+    def _symbol_id(self, address: int) -> int:
+        """String id of the function symbol containing `address`, -1 when none does."""
+        named = self._symtab.lookup(address) if self._symtab is not None else None
+        if named is None:
+            return -1
+        return self.strings.intern(named[0])
+
+    def resolve(self, keys: list[int]) -> tuple[ResultChunk, list[int]]:
+        """Frames for lookup addresses (already pc-1 for return addresses), and the addresses
+        whose answer depended on a file that is gone (not worth storing)."""
         status = self.status
-        module = status.module_path or status.debug_file or short_build_id(status.build_id)
-        out: list[Resolved] = []
+        out = _Builder(self.strings)
+        incomplete: list[int] = []
         todo: list[int] = []
         for key in keys:
             if key < 0 or key > _MAX_ADDRESS:
-                out.append((key, [], f"invalid address {key:#x}" if key >= 0 else "invalid address (negative)"))
-            elif self._outside(key):
-                out.append((key, [], f"address {key:#x} is outside every loadable segment of {module}"))
-            elif status.quality is Quality.NONE or self._reader is None:
-                out.append((key, [], status.reason))
+                raise ValueError(f"lookup address out of range: {key}")
+            if status.quality is Quality.NONE or self._reader is None:
+                out.nothing(key, status.reason)
             else:
-                out.append(None)
                 todo.append(key)
-        if not todo:
-            return out
-        looked_up = iter(self._resolve_known_module(todo))
-        return [entry if entry is not None else next(looked_up) for entry in out]
+        if todo:
+            self._resolve_looked_up(todo, out, incomplete)
+        return out.chunk(), incomplete
 
-    def _resolve_known_module(self, keys: list[int]) -> list[Resolved]:
+    def _resolve_looked_up(self, keys: list[int], out: _Builder, incomplete: list[int]) -> None:
         status = self.status
         short = short_build_id(status.build_id)
         dwarf = status.quality is Quality.DWARF
-        symtab = self.symtab()
-        results = []
-        for key, frames in zip(keys, self._reader.lookup_many(keys)):
-            reason = None
-            if frames:
-                if symtab is not None:
-                    named = symtab.lookup(key)
-                    if named is not None:
-                        name, line = named[0], frames[-1]
-                        frames[-1] = (name, line[1], line[2])
-                if dwarf and len(frames) == 1 and not frames[0][2]:
-                    row = self._row(key)
-                    if row is not None and row[1]:
-                        frames[0] = (frames[0][0], row[0], row[1])
-                    elif self._lines_problem:
-                        self.incomplete.add(key)
-                        reason = f"no line information (line table unavailable: {self._lines_problem})"
-                    else:
-                        reason = "no line information for this address"
-                elif not dwarf:
-                    reason = f"symbols only: no DWARF for build-ID {short}"
-                last = len(frames) - 1
-                results.append(
-                    (key, [(name, path, line, index < last) for index, (name, path, line) in enumerate(frames)], reason)
-                )
+        intern = self.strings.intern
+        symbols_only = None if dwarf else intern(f"symbols only: no DWARF for build-ID {short}")
+        no_line = intern("no line information for this address")
+        self.symtab()
+        has_symtab = self._symtab is not None
+        symbol_id = self._symbol_id
+
+        counts, functions, files, lines = self._reader.lookup_flat(keys)
+        empty: list[int] = []
+        without_line: list[tuple[int, int, int]] = []  # (entry, frame position, key)
+        out_keys, out_counts, out_reasons, out_inlined = out.keys, out.counts, out.reasons, out.inlined
+        pos = 0
+        for key, count in zip(keys, counts):
+            if not count:
+                empty.append(key)
                 continue
-            # Nothing in the SymCache: padding between functions, code with line rows only, or
-            # a symbol symbolic skipped.
-            named = symtab.lookup(key) if symtab is not None else None
-            row = self._row(key) if dwarf else None
+            last = pos + count - 1
+            if has_symtab:
+                named = symbol_id(key)
+                if named >= 0:
+                    functions[last] = named
+            if dwarf:
+                if count == 1 and not lines[pos]:
+                    without_line.append((len(out_keys), pos, key))
+                out_reasons.append(-1)
+            else:
+                out_reasons.append(symbols_only)
+            out_keys.append(key)
+            out_counts.append(count)
+            out_inlined.extend(_INLINED[count] if count < len(_INLINED) else [1] * (count - 1) + [0])
+            pos += count
+        out.functions.extend(functions)
+        out.files.extend(files)
+        out.lines.extend(lines)
+
+        base = len(out.functions) - len(functions)
+        for entry, position, key in without_line:
+            row = self._row(key)
             if row is not None and row[1]:
-                function = named[0] if named else None
-                why = None if named else "not inside any function (padding?); file:line from the line table"
-                results.append((key, [(function, row[0], row[1], False)], why))
-            elif named is not None:
+                out.files[base + position] = intern(row[0])
+                out.lines[base + position] = row[1]
+            elif self._lines_problem:
+                incomplete.append(key)
+                out_reasons[entry] = intern(f"no line information (line table unavailable: {self._lines_problem})")
+            else:
+                out_reasons[entry] = no_line
+
+        where = status.debug_file or status.module_path or short
+        module = status.module_path or status.debug_file or short
+        for key in empty:
+            if self._outside(key):
+                out.nothing(key, f"address {key:#x} is outside every loadable segment of {module}")
+                continue
+            # Padding between functions, or a symbol symbolic skipped.
+            named = symbol_id(key)
+            row = (self._row(key) if named >= 0 else self._padding_row(key)) if dwarf else None
+            if row is not None and row[1]:
+                why = None if named >= 0 else "not inside any function (alignment padding); file:line from the line table"
+                out.single(key, named, intern(row[0]), row[1], why)
+            elif named >= 0:
                 why = "no line information for this address" if dwarf else f"symbols only: no DWARF for build-ID {short}"
-                results.append((key, [(named[0], None, 0, False)], why))
+                out.single(key, named, -1, 0, why)
             else:
                 if dwarf and self._lines_problem:
-                    self.incomplete.add(key)
-                where = status.debug_file or status.module_path or short
+                    incomplete.append(key)
                 kind = "function or line-table row" if dwarf else "function symbol"
-                results.append((key, [], f"no {kind} covers {key:#x} in {where}"))
-        return results
+                out.nothing(key, f"no {kind} covers {key:#x} in {where}")

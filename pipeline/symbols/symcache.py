@@ -57,10 +57,27 @@ def _brief(error: BaseException) -> str:
     return (text.splitlines()[0] if text else type(error).__name__)[:160]
 
 
-class SymCacheReader:
-    """Address -> raw inline chain (innermost first) over one SymCache held in memory."""
+class StringTable:
+    """Strings by id, for the dictionary-encoded frame columns."""
 
-    def __init__(self, data: bytes):
+    def __init__(self) -> None:
+        self.strings: list[str] = []
+        self._ids: dict[str, int] = {}
+
+    def intern(self, text: str | None) -> int:
+        if text is None:
+            return -1
+        found = self._ids.get(text)
+        if found is None:
+            found = self._ids[text] = len(self.strings)
+            self.strings.append(text)
+        return found
+
+
+class SymCacheReader:
+    """Address -> inline chain (innermost first) over one SymCache held in memory."""
+
+    def __init__(self, data: bytes, strings: StringTable | None = None):
         from symbolic._lowlevel import ffi, lib
         from symbolic.symcache import SymCache
 
@@ -70,17 +87,17 @@ class SymCacheReader:
             raise ElfFileError(f"stored SymCache is unreadable ({_brief(error)})") from None
         self._ffi = ffi
         self._lib = lib
-        item_size = ffi.sizeof("SymbolicSourceLocation")
         # SymbolicSourceLocation: sym_addr, instr_addr, line, then three SymbolicStr
         # (data pointer, length, owned flag) for lang, symbol and full_path.
         self._layout = _layout(ffi)
-        if self._layout.size != item_size:
-            raise RuntimeError("symbolic's SymbolicSourceLocation layout changed; update symcache.py")
-        self._names: dict[int, str] = {}
-        self._paths: dict[bytes, str] = {}
+        self._path_offset = ffi.offsetof("SymbolicSourceLocation", "full_path")
+        self.strings = strings if strings is not None else StringTable()
+        self._name_ids: dict[int, int] = {}  # symbol pointer (into the SymCache) -> string id
+        self._path_ids: dict[bytes, int] = {}
 
-    def lookup_many(self, addresses: list[int]) -> list[list[RawFrame]]:
-        """For each address its raw frames (innermost first); [] where the SymCache has none."""
+    def lookup_flat(self, addresses: list[int]) -> tuple[list[int], list[int], list[int], list[int]]:
+        """(frame count per address, then per frame: function id, file id, line), frames of each
+        address innermost first and addresses in order; ids index `self.strings` (-1: none)."""
         ffi = self._ffi
         lookup = self._lib.symbolic_symcache_lookup
         free_result = self._lib.symbolic_lookup_result_free
@@ -91,42 +108,62 @@ class SymCacheReader:
         cast = ffi.cast
         iter_unpack = self._layout.iter_unpack
         size = self._layout.size
-        names = self._names
-        paths = self._paths
+        path_offset = self._path_offset
+        intern = self.strings.intern
+        name_ids = self._name_ids
+        path_ids = self._path_ids
         handle = self._cache._objptr
-        out: list[list[RawFrame]] = []
-        append = out.append
+        counts: list[int] = []
+        functions: list[int] = []
+        files: list[int] = []
+        lines: list[int] = []
+        add_count, add_function, add_file, add_line = counts.append, functions.append, files.append, lines.append
         for address in addresses:
             result = lookup(handle, address)
             count = result.len
-            if not count:
-                free_result(addressof(result))
-                append([])
-                continue
-            items = result.items
-            frames = []
-            for index, fields in enumerate(iter_unpack(buffer(items, count * size))):
-                line, symbol_ptr, symbol_len, path_ptr, path_len, path_owned = fields
-                name = names.get(symbol_ptr)
-                if name is None:
-                    name = unpack(cast("char *", symbol_ptr), symbol_len).decode("utf-8", "replace")
-                    if not name:
-                        name = None
-                    names[symbol_ptr] = name
-                if path_len:
-                    raw = unpack(cast("char *", path_ptr), path_len)
-                    path = paths.get(raw)
-                    if path is None:
-                        path = raw.decode("utf-8", "replace")
-                        if len(paths) < _MAX_DECODED_PATHS:
-                            paths[raw] = path
-                else:
-                    path = None
-                if path_owned:
-                    free_str(addressof(items[index], "full_path"))
-                frames.append((name, path, line))
+            add_count(count)
+            if count:
+                items = result.items
+                owned_at = int(cast("uintptr_t", items)) + path_offset
+                for line, symbol_ptr, symbol_len, path_ptr, path_len, path_owned in iter_unpack(
+                    buffer(items, count * size)
+                ):
+                    name_id = name_ids.get(symbol_ptr)
+                    if name_id is None:
+                        text = unpack(cast("char *", symbol_ptr), symbol_len).decode("utf-8", "replace")
+                        name_id = name_ids[symbol_ptr] = intern(text or None)
+                    if path_len:
+                        raw = unpack(cast("char *", path_ptr), path_len)
+                        path_id = path_ids.get(raw)
+                        if path_id is None:
+                            path_id = intern(raw.decode("utf-8", "replace"))
+                            if len(path_ids) < _MAX_DECODED_PATHS:
+                                path_ids[raw] = path_id
+                    else:
+                        path_id = -1
+                    if path_owned:
+                        free_str(cast("SymbolicStr *", owned_at))
+                    owned_at += size
+                    add_function(name_id)
+                    add_file(path_id)
+                    add_line(line)
             free_result(addressof(result))
-            append(frames)
+        return counts, functions, files, lines
+
+    def lookup_many(self, addresses: list[int]) -> list[list[RawFrame]]:
+        """For each address its frames as (function, file, line), innermost first."""
+        counts, functions, files, lines = self.lookup_flat(addresses)
+        strings = self.strings.strings
+        out = []
+        pos = 0
+        for count in counts:
+            out.append(
+                [
+                    (strings[f] if f >= 0 else None, strings[p] if p >= 0 else None, line)
+                    for f, p, line in zip(functions[pos : pos + count], files[pos : pos + count], lines[pos : pos + count])
+                ]
+            )
+            pos += count
         return out
 
 

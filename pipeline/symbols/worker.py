@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from array import array
 
-from tbpipe.pipeline.symbols.columns import ResultChunk
 from tbpipe.pipeline.symbols.model import ElfFileError, ModuleStatus, SymbolsError
 from tbpipe.pipeline.symbols.resolve import ModuleResolver
 from tbpipe.pipeline.symbols.store import SymbolStore
@@ -57,6 +56,5 @@ def resolve(cache_dir: str, status_json: dict, identity: list | None, keys: byte
     resolver = resolver_for(store, status, tuple(identity) if identity else None)
     batch = array("Q")
     batch.frombytes(keys)
-    resolved = resolver.resolve(batch.tolist())
-    incomplete = [key for key, _frames, _reason in resolved if key in resolver.incomplete]
-    return ResultChunk.from_resolved(resolved).to_bytes(), incomplete
+    chunk, incomplete = resolver.resolve(batch.tolist())
+    return chunk.to_bytes(), incomplete

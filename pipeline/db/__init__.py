@@ -1,0 +1,32 @@
+"""The DuckDB database that `tbpipe ingest` fills and `query`/`show`/`runs` read.
+
+    con = open_database("tbpipe.duckdb", read_only=True)
+    summary = ingest([Path("runs")], IngestOptions(db_path=Path("tbpipe.duckdb")))
+
+`schema` loads the packaged SQL (migrations, views, macros), `connection` opens the file and
+serializes writers, `ingest` loads run directories (one transaction per run), `stackhash` and
+`prepare` turn a raw run into Arrow tables without a Python loop per event or frame.
+"""
+
+from tbpipe.pipeline.db.connection import (
+    DatabaseBusyError,
+    DatabaseError,
+    default_db_path,
+    ingest_lock,
+    open_database,
+    resolve_db_path,
+)
+from tbpipe.pipeline.db.ingest import IngestOptions, IngestSummary, RunOutcome, ingest
+
+__all__ = [
+    "DatabaseBusyError",
+    "DatabaseError",
+    "IngestOptions",
+    "IngestSummary",
+    "RunOutcome",
+    "default_db_path",
+    "ingest",
+    "ingest_lock",
+    "open_database",
+    "resolve_db_path",
+]

@@ -1,0 +1,173 @@
+"""Opening the tbpipe database: where it is, the ingest lock, migrations on a read-write open.
+
+DuckDB lets one process write a database file, or several processes read it. Ingests serialize on
+a lock file beside the database (`<db>.lock`, holding the writer's pid), so a second ingest waits
+for the first instead of failing on DuckDB's own lock; a reader that holds the file makes a
+writer wait too, up to the same limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from tbpipe.pipeline.db import schema
+from tbpipe.pipeline.errors import TbpipeError
+
+DEFAULT_DB_NAME = "tbpipe.duckdb"
+DB_ENV = "TBPIPE_DB"
+_POLL_S = 0.1
+
+
+class DatabaseError(TbpipeError):
+    """The database cannot be opened or used: names the file and the reason."""
+
+
+class DatabaseBusyError(DatabaseError):
+    """Another process holds the database (an ingest writing it, or readers while we want to write)."""
+
+
+def default_db_path() -> Path:
+    """$TBPIPE_DB, else ./tbpipe.duckdb."""
+    return Path(os.environ.get(DB_ENV) or DEFAULT_DB_NAME)
+
+
+def resolve_db_path(path: Path | str | None) -> Path:
+    return Path(path) if path else default_db_path()
+
+
+def _tbpipe_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("tbpipe")
+    except Exception:  # an uninstalled checkout
+        return "unknown"
+
+
+@contextlib.contextmanager
+def ingest_lock(db_path: Path, wait_s: float, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Holds `<db>.lock` (flock) for the duration; waits up to `wait_s` for another ingest.
+
+    The kernel drops the lock when its holder dies, so a killed ingest never leaves it stuck.
+    """
+    lock_path = db_path.with_name(db_path.name + ".lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise DatabaseError(f"cannot create the ingest lock {lock_path}: {error.strerror or error}") from None
+    try:
+        deadline = time.monotonic() + wait_s
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = _lock_holder(fd)
+                if time.monotonic() >= deadline:
+                    raise DatabaseBusyError(
+                        f"{db_path}: another ingest{holder} is writing it; gave up after waiting {wait_s:g} s "
+                        "(--wait sets how long to wait)"
+                    ) from None
+                if not told and on_wait is not None:
+                    on_wait(f"waiting for another ingest{holder} to finish writing {db_path} ...")
+                    told = True
+                time.sleep(_POLL_S)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _lock_holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, 32, 0).decode().strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return f" (pid {text})" if text.isdigit() else ""
+
+
+def _connect(path: Path, read_only: bool, wait_s: float, on_wait: Callable[[str], None] | None):
+    import duckdb
+
+    deadline = time.monotonic() + wait_s
+    told = False
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only)
+        except duckdb.IOException as error:
+            message = str(error)
+            if "lock" not in message.lower():
+                raise DatabaseError(f"{path}: cannot open the database: {_first_line(message)}") from None
+            if time.monotonic() >= deadline:
+                holder = "is writing the database" if read_only else "has the database open"
+                raise DatabaseBusyError(f"{path}: another process {holder} ({_first_line(message)})") from None
+            if not told and on_wait is not None:
+                on_wait(f"waiting for another process to close {path} ...")
+                told = True
+            time.sleep(_POLL_S)
+        except duckdb.Error as error:
+            raise DatabaseError(f"{path}: cannot open the database: {_first_line(str(error))}") from None
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+def open_database(
+    path: Path | str | None = None,
+    *,
+    read_only: bool = False,
+    wait_s: float = 0.0,
+    on_wait: Callable[[str], None] | None = None,
+):
+    """A DuckDB connection to the tbpipe database at `path` (default: $TBPIPE_DB or ./tbpipe.duckdb).
+
+    Read-write: creates the file if needed, applies missing migrations and (re)installs changed
+    view modules. Read-only: the file must exist and be at this tbpipe's schema version.
+    """
+    import duckdb
+
+    db_path = resolve_db_path(path)
+    if read_only and not db_path.is_file():
+        raise DatabaseError(f"no database at {db_path}: create it with `tbpipe ingest RUNS_DIR --db {db_path}`")
+    if not read_only and db_path.parent and not db_path.parent.is_dir():
+        raise DatabaseError(f"cannot create the database {db_path}: folder {db_path.parent} does not exist")
+    con = _connect(db_path, read_only, wait_s, on_wait)
+    try:
+        if read_only:
+            _check_version(con, db_path)
+        else:
+            schema.apply_migrations(con, _tbpipe_version())
+            _check_version(con, db_path)
+            schema.install_modules(con)
+    except duckdb.Error as error:
+        con.close()
+        raise DatabaseError(f"{db_path}: {_first_line(str(error))}") from None
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _check_version(con, db_path: Path) -> None:
+    applied = schema.applied_versions(con)
+    latest = schema.latest_version()
+    if not applied:
+        raise DatabaseError(f"{db_path} is not a tbpipe database (it has no schema_versions table)")
+    current = max(applied)
+    if current > latest:
+        raise DatabaseError(
+            f"{db_path} has schema version {current}, newer than this tbpipe's {latest}: upgrade tbpipe to read it"
+        )
+    if current < latest:
+        raise DatabaseError(
+            f"{db_path} has schema version {current}, older than this tbpipe's {latest}: "
+            "run `tbpipe ingest` on it once to upgrade it"
+        )
