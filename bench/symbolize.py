@@ -11,6 +11,8 @@ runs, measured in this run, and ratios are against binutils `addr2line -afiC` fr
 - tbpipe cold:  `tbpipe addr2line -afiC` with an empty store (finds debug info, builds the
                 SymCache, resolves every address, stores the results)
 - tbpipe warm:  the same command again: the store knows every address
+- "python -m tbpipe.pipeline.commands.addr2line": the same two runs without loading the other
+                CLI commands (their imports are part of every `tbpipe` call)
 - tbpipe warm, new addresses: stored SymCache, addresses it has not seen (another seed)
 - bulk, known:  `Symbolizer.symbolize_arrow` / `symbolize_many` in this process on addresses the
                 store already knows (what an ingest of old modules costs), in addresses/s
@@ -96,7 +98,10 @@ def llvm_chains(path: Path) -> list[list[tuple[str | None, int | None]]]:
         if not line.strip():
             continue
         symbols = json.loads(line)["Symbol"]
-        chain = [(os.path.normpath(s["FileName"]) if s["Line"] and s["FileName"] else None, s["Line"] or None) for s in symbols]
+        chain = [
+            (os.path.normpath(s["FileName"]) if s["Line"] and s["FileName"] else None, s["Line"] or None)
+            for s in symbols
+        ]
         if chain == [(None, None)] and not symbols[0]["FunctionName"]:
             chain = []
         chains.append(chain)
@@ -123,7 +128,9 @@ def bench_module(name: str, module: str, count: int, args, tbpipe: list[str], wo
     fresh_file.write_text("".join(f"{a:#x}\n" for a in fresh))
     rows = []
 
-    binutils, binutils_rss = best_of(args.repeat, lambda: timed(["addr2line", "-afiC", "-e", module], address_file, workdir / "binutils.out"))
+    binutils, binutils_rss = best_of(
+        args.repeat, lambda: timed(["addr2line", "-afiC", "-e", module], address_file, workdir / "binutils.out")
+    )
     rows.append((name, "binutils addr2line -afiC", binutils, binutils_rss))
     llvm, llvm_rss = best_of(
         args.repeat, lambda: timed(["llvm-symbolizer", f"--obj={module}", "-afiC"], address_file, workdir / "llvm.out")
@@ -133,19 +140,30 @@ def bench_module(name: str, module: str, count: int, args, tbpipe: list[str], wo
     # DWARF from the debug file but function names from the module's .dynsym only.
     located = DebugInfoLocator().locate(read_build_id(module), module)
     oracle_input = located.chosen.path if located.chosen else module
-    timed(["llvm-symbolizer", f"--obj={oracle_input}", "--output-style=JSON", "-fiC"], address_file, workdir / "llvm.json")
+    timed(
+        ["llvm-symbolizer", f"--obj={oracle_input}", "--output-style=JSON", "-fiC"], address_file, workdir / "llvm.json"
+    )
 
     command = tbpipe + ["addr2line", "-afiC", "-e", module]
-    cold_runs = []
-    for attempt in range(args.repeat):
-        store = workdir / f"store-{name}-{attempt}"
-        shutil.rmtree(store, ignore_errors=True)
-        cold_runs.append(timed(command + ["--cache-dir", str(store)], address_file, workdir / "tbpipe.out"))
-    cold = min(r[0] for r in cold_runs), max(r[1] for r in cold_runs)
-    rows.append((name, "tbpipe addr2line: cold (empty store)", *cold))
-    store = workdir / f"store-{name}-0"
-    warm = best_of(args.repeat, lambda: timed(command + ["--cache-dir", str(store)], address_file, workdir / "tbpipe-warm.out"))
-    rows.append((name, "tbpipe addr2line: warm (known addresses)", *warm))
+    # The same command without the rest of the CLI: what tbpipe's own start-up costs on top.
+    alone = [sys.executable, "-m", "tbpipe.pipeline.commands.addr2line", "-afiC", "-e", module]
+    for label, argv in (("tbpipe addr2line", command), ("  same, python -m ...addr2line", alone)):
+        cold_runs = []
+        for attempt in range(args.repeat):
+            store = workdir / f"store-{name}-{label[:3]}-{attempt}"
+            shutil.rmtree(store, ignore_errors=True)
+            cold_runs.append(timed(argv + ["--cache-dir", str(store)], address_file, workdir / "tbpipe.out"))
+        cold = min(r[0] for r in cold_runs), max(r[1] for r in cold_runs)
+        rows.append((name, f"{label}: cold (empty store)", *cold))
+        store = workdir / f"store-{name}-{label[:3]}-0"
+        warm = best_of(
+            args.repeat,
+            lambda argv=argv, store=store: timed(
+                argv + ["--cache-dir", str(store)], address_file, workdir / "tbpipe-warm.out"
+            ),
+        )
+        rows.append((name, f"{label}: warm (known addresses)", *warm))
+    store = workdir / f"store-{name}-{'tbpipe addr2line'[:3]}-0"
     fresh_runs = []
     for attempt in range(args.repeat):
         # Each attempt needs addresses the store has not seen: a store with the SymCache only.
@@ -155,7 +173,14 @@ def bench_module(name: str, module: str, count: int, args, tbpipe: list[str], wo
         for segment in copy.rglob("known-*.seg"):
             segment.unlink()
         fresh_runs.append(timed(command + ["--cache-dir", str(copy)], fresh_file, workdir / "tbpipe-fresh.out"))
-    rows.append((name, "tbpipe addr2line: stored SymCache, new addresses", min(r[0] for r in fresh_runs), max(r[1] for r in fresh_runs)))
+    rows.append(
+        (
+            name,
+            "tbpipe addr2line: stored SymCache, new addresses",
+            min(r[0] for r in fresh_runs),
+            max(r[1] for r in fresh_runs),
+        )
+    )
 
     # The library paths, in this process, on the filled store.
     import numpy as np
@@ -169,7 +194,9 @@ def bench_module(name: str, module: str, count: int, args, tbpipe: list[str], wo
     first = time.perf_counter() - start
     best = min(_timed_call(lambda: symbolizer.symbolize_arrow({ref: (array, exact)})) for _ in range(args.repeat))
     rows.append((name, f"bulk known: symbolize_arrow (1st call {first:.3f} s)", best, 0, count / best))
-    best_list = min(_timed_call(lambda: symbolizer.symbolize_many({ref: (addresses, None)})) for _ in range(args.repeat))
+    best_list = min(
+        _timed_call(lambda: symbolizer.symbolize_many({ref: (addresses, None)})) for _ in range(args.repeat)
+    )
     rows.append((name, "bulk known: symbolize_many (frame lists)", best_list, 0, count / best_list))
     results = symbolizer.symbolize_many({ref: (addresses, None)})[ref]
     symbolizer.close()
@@ -265,8 +292,10 @@ def main() -> None:
             f"{rate / 1e6:.2f}M" if rate else "",
         )
     Console(width=150).print(table)
-    print(f"(tbpipe command: {' '.join(tbpipe)}; {os.cpu_count()} CPUs; peak RSS of this process "
-          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB)")
+    print(
+        f"(tbpipe command: {' '.join(tbpipe)}; {os.cpu_count()} CPUs; peak RSS of this process "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB)"
+    )
 
 
 if __name__ == "__main__":

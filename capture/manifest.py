@@ -64,7 +64,15 @@ def initial_manifest(
         "labels": dict(labels),
         "sources": list(sources),
         "capture": dict(capture_settings),
-        "counters": {"events_recorded": 0, "events_dropped": 0, "events_written": 0, "stacks_written": 0},
+        "counters": {
+            "events_recorded": 0,
+            "events_dropped": 0,  # the flusher fell behind: buffers were full
+            "events_sampled_out": 0,  # left out by the session's sample_rate
+            "events_rate_limited": 0,  # left out by max_events_per_stack_per_s
+            "events_written": 0,
+            "stacks_written": 0,
+        },
+        "source_status": {},  # per source: "recording", or one line saying why it records nothing
         "files": {},
         "threads": {},
         "errors": [],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -67,6 +68,8 @@ class Session:
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
         on_fork: str = "new_run",
         parent_run_id: str | None = None,
+        sample_rate: float = 1.0,
+        max_events_per_stack_per_s: int = 0,
     ):
         self.out_dir = Path(out_dir)
         self.labels = _validate_labels(labels)
@@ -76,6 +79,17 @@ class Session:
             raise SessionError(f"on_fork must be one of {', '.join(ON_FORK_CHOICES)}, not {on_fork!r}")
         if not flush_interval_s > 0:
             raise SessionError(f"flush interval must be positive, not {flush_interval_s!r}")
+        # Overhead control: a sampled event costs nothing past a random draw;
+        # the per-stack limit keeps at most N events per second of any one stack.
+        if not (isinstance(sample_rate, (int, float)) and 0 < sample_rate <= 1):
+            raise SessionError(f"sample rate must be in (0, 1], not {sample_rate!r}")
+        if not (isinstance(max_events_per_stack_per_s, int) and 0 <= max_events_per_stack_per_s < 2**32):
+            raise SessionError(
+                f"max events per stack per second must be a non-negative integer (0 = no limit), "
+                f"not {max_events_per_stack_per_s!r}"
+            )
+        self.sample_rate = float(sample_rate)
+        self.max_events_per_stack_per_s = max_events_per_stack_per_s
         self.python = python
         self.native = native
         self.flush_interval_s = flush_interval_s
@@ -111,17 +125,45 @@ class Session:
                 "native": self.native,
                 "flush_interval_s": self.flush_interval_s,
                 "on_fork": self.on_fork,
+                "sample_rate": self.sample_rate,
+                "max_events_per_stack_per_s": self.max_events_per_stack_per_s,
             }
             manifest = initial_manifest(self.run_id, self.labels, self.source_names, settings, self.parent_run_id)
             write_manifest(self.run_dir, manifest)
             self._writer = RunWriter(self.run_dir, manifest)
+            _native._set_overhead_limits(self.sample_rate, self.max_events_per_stack_per_s)
             _native.start(self.python, self.native)
             _active = self
-        for source in self._sources:
-            self._source_handles.append((source, source.start()))
+        self._start_sources()
         self._flusher = threading.Thread(target=self._flush_loop, name="tbpipe-flush", daemon=True)
         self._flusher.start()
         return self
+
+    def _start_sources(self) -> None:
+        """Starts every source; if one cannot start, undoes the whole session start and re-raises."""
+        global _active
+        try:
+            for source in self._sources:
+                self._source_handles.append((source, source.start()))
+        except BaseException:
+            for source, handle in reversed(self._source_handles):
+                try:
+                    source.stop(handle)
+                except Exception:
+                    pass
+            self._source_handles.clear()
+            self._closed = True
+            _native.stop()
+            with _active_lock:
+                if _active is self:
+                    _active = None
+            shutil.rmtree(self.run_dir, ignore_errors=True)  # ours, just made, nothing recorded in it
+            raise
+        # A source that runs but records nothing (no GPU, no CUPTI) says why in one line.
+        status = self._writer.manifest.setdefault("source_status", {})
+        for source, handle in self._source_handles:
+            status[source.name] = str(getattr(handle, "status", "recording"))
+        write_manifest(self.run_dir, self._writer.manifest)
 
     def close(self) -> None:
         """Stop recording, write what is left and mark the run complete."""
@@ -147,7 +189,12 @@ class Session:
         if self._writer is None:
             return
         drained = _native.drain()
-        self._writer.write(drained, _native.counters())
+        counters = _native.counters()
+        overhead = _native._overhead_counters()
+        totals = self._writer.manifest["counters"]
+        totals["events_sampled_out"] = overhead["sampled_out"]
+        totals["events_rate_limited"] = overhead["rate_limited"]
+        self._writer.write(drained, counters)
 
     def __enter__(self) -> Session:
         return self.start()
@@ -184,6 +231,8 @@ class Session:
             flush_interval_s=self.flush_interval_s,
             on_fork=self.on_fork,
             parent_run_id=self.run_id,
+            sample_rate=self.sample_rate,
+            max_events_per_stack_per_s=self.max_events_per_stack_per_s,
         )
         return child.start()
 

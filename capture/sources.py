@@ -3,10 +3,21 @@
 `record()` events need no source: they are always captured while a session is
 active. Sources add events from elsewhere (PyTorch ops, CUDA launches, ...);
 each registers itself here with a start and a stop function.
+
+`start()` returns a handle that is passed to `stop()`. A source that is
+running but can record nothing (no GPU, no CUPTI library) does not raise: its
+handle has a `status` attribute, one line saying why, which the session prints
+and writes into the manifest's `source_status`. A source that cannot work at all
+in this process (PyTorch not installed) raises SourceError, and the session does
+not start.
+
+The built-in sources live in their own modules, imported only when a session
+starts them, so importing tbpipe never imports torch or triton.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -42,3 +53,30 @@ def resolve_sources(names: list[str] | tuple[str, ...]) -> list[Source]:
             raise SourceError(f"unknown event source {name!r} (known sources: {known})")
         resolved.append(source)
     return resolved
+
+
+def _register_builtin(name: str, description: str, module: str) -> None:
+    def start() -> object:
+        return importlib.import_module(module).start()
+
+    def stop(handle: object) -> None:
+        importlib.import_module(module).stop(handle)
+
+    register_source(Source(name, description, start, stop))
+
+
+_register_builtin(
+    "torch-ops",
+    "an `op` event for every aten op PyTorch runs, forward and backward (a dispatch mode)",
+    "tbpipe.capture.torch_ops",
+)
+_register_builtin(
+    "cuda",
+    "a `kernel_launch` event for every CUDA kernel launch, `graph_launch` per CUDA graph launch (CUPTI callbacks)",
+    "tbpipe.capture.cuda",
+)
+_register_builtin(
+    "triton",
+    "a `triton_launch` event for every Triton kernel launch (Triton's launch-enter hook)",
+    "tbpipe.capture.triton_launches",
+)

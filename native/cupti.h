@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tbpipe {
@@ -179,5 +180,18 @@ CuptiStartResult cupti_start(const std::vector<std::string>& candidates);
 void cupti_stop();
 bool cupti_subscribed();
 CuptiCounters cupti_counters();
+
+// The launch callbacks this source enables, and the constants, sizes and
+// offsets of its own CUPTI declarations, named as in NVIDIA's headers: a test
+// compiles the same names against the real headers where they are installed.
+struct CuptiCallbackInfo {
+  int domain;
+  uint32_t cbid;
+  const char* api;
+  const char* cbid_name;
+  bool graph;
+};
+std::vector<CuptiCallbackInfo> cupti_launch_callbacks();
+std::vector<std::pair<std::string, uint64_t>> cupti_declared_abi();
 
 }  // namespace tbpipe

@@ -61,9 +61,17 @@ def find_run_dirs(roots: list[Path]) -> list[Path]:
         if (root / MANIFEST_FILE).is_file():
             found.add(root)
         if root.is_dir():
-            for folder, _dirs, files in os.walk(root, followlinks=False):
+            seen: set[str] = set()
+            for folder, dirs, files in os.walk(root, followlinks=True):
+                # Symlinked run folders are followed; a link back up the tree is not walked twice.
+                real = os.path.realpath(folder)
+                if real in seen:
+                    dirs[:] = []
+                    continue
+                seen.add(real)
                 if MANIFEST_FILE in files:
                     found.add(Path(folder))
+                    dirs[:] = []  # a run folder holds no other runs
     return sorted(found)
 
 
@@ -160,12 +168,8 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------- parts
 
-def _read_part(path: Path, table: str) -> pa.Table:
-    try:
-        part = pq.read_table(path)
-    except (OSError, pa.ArrowException, ValueError) as error:
-        raise _fail(path, f"unreadable Parquet ({_one_line(error)})") from None
-    metadata = part.schema.metadata or {}
+def _check_schema(path: Path, table: str, schema: pa.Schema) -> None:
+    metadata = schema.metadata or {}
     if metadata.get(SCHEMA_KEY) != table.encode() or metadata.get(VERSION_KEY) != str(RAW_SCHEMA_VERSION).encode():
         raise _fail(
             path,
@@ -173,9 +177,38 @@ def _read_part(path: Path, table: str) -> pa.Table:
             f"{_decoded(metadata.get(SCHEMA_KEY))} version {_decoded(metadata.get(VERSION_KEY))}",
         )
     expected = RUN_TABLES[table]()
-    if not part.schema.remove_metadata().equals(expected.remove_metadata()):
-        raise _fail(path, f"columns do not match the {table!r} schema: {_schema_difference(part.schema, expected)}")
+    if not schema.remove_metadata().equals(expected.remove_metadata()):
+        raise _fail(path, f"columns do not match the {table!r} schema: {_schema_difference(schema, expected)}")
+
+
+def check_part(path: Path, table: str) -> int:
+    """Checks a part's footer (readable, right table, schema and version) without reading its data;
+    returns its row count."""
+    try:
+        metadata = pq.read_metadata(path)
+        schema = metadata.schema.to_arrow_schema()
+    except (OSError, pa.ArrowException, ValueError) as error:
+        raise _fail(path, f"unreadable Parquet ({_one_line(error)})") from None
+    _check_schema(path, table, schema)
+    return metadata.num_rows
+
+
+def _read_part(path: Path, table: str) -> pa.Table:
+    try:
+        part = pq.read_table(path)
+    except (OSError, pa.ArrowException, ValueError) as error:
+        raise _fail(path, f"unreadable Parquet ({_one_line(error)})") from None
+    _check_schema(path, table, part.schema)
     return part
+
+
+def read_tables(files: dict[str, list[Path]], names: tuple[str, ...]) -> dict[str, pa.Table]:
+    """The named tables of a run, each its parts concatenated (an empty table when it has none)."""
+    tables = {}
+    for table in names:
+        parts = [_read_part(path, table) for path in files[table]]
+        tables[table] = pa.concat_tables(parts) if parts else RUN_TABLES[table]().empty_table()
+    return tables
 
 
 def _decoded(value: bytes | None) -> str:
@@ -226,28 +259,32 @@ def parts_fingerprint(run_dir: Path, manifest: dict[str, Any]) -> str:
 
 
 def reference_problems(tables: dict[str, pa.Table]) -> list[str]:
-    """Rows that refer to stacks, modules or code the run does not hold."""
+    """Rows that refer to stacks, modules or code the run does not hold (events only when loaded)."""
     problems = []
-    events, stacks = tables["events"], tables["stacks"]
-    stack_ids = events["stack_id"].drop_null()
-    dangling = len(stack_ids) - pc.sum(pc.is_in(stack_ids, value_set=stacks["stack_id"].combine_chunks())).as_py() if len(stack_ids) else 0
-    if dangling:
-        problems.append(f"{dangling} events refer to stacks the run does not hold")
+    stacks = tables["stacks"]
+    if "events" in tables:
+        stack_ids = tables["events"]["stack_id"].drop_null()
+        if len(stack_ids):
+            found = pc.sum(pc.is_in(stack_ids, value_set=stacks["stack_id"].combine_chunks())).as_py() or 0
+            if len(stack_ids) - found:
+                problems.append(f"{len(stack_ids) - found} events refer to stacks the run does not hold")
     native = pc.list_flatten(stacks["native"])
     if len(native):
         native = native.combine_chunks() if isinstance(native, pa.ChunkedArray) else native
         described = pc.or_(
-            pc.is_in(native.field("module"), value_set=tables["modules"]["module_index"].combine_chunks()),
-            pc.not_equal(pc.bit_wise_and(native.field("flags"), pa.scalar(NATIVE_FRAME_MARKER, pa.uint32())), 0),
+            pc.is_in(pc.struct_field(native, "module"), value_set=tables["modules"]["module_index"].combine_chunks()),
+            pc.not_equal(
+                pc.bit_wise_and(pc.struct_field(native, "flags"), pa.scalar(NATIVE_FRAME_MARKER, pa.uint32())), 0
+            ),
         )
-        missing = len(native) - pc.sum(described).as_py()
+        missing = len(native) - (pc.sum(described).as_py() or 0)
         if missing:
             problems.append(f"{missing} native frames refer to modules the run does not describe")
     python = pc.list_flatten(stacks["python"])
     if len(python):
         python = python.combine_chunks() if isinstance(python, pa.ChunkedArray) else python
-        known = pc.is_in(python.field("code_id"), value_set=tables["code"]["code_id"].combine_chunks())
-        missing = len(python) - pc.sum(known).as_py()
+        known = pc.is_in(pc.struct_field(python, "code_id"), value_set=tables["code"]["code_id"].combine_chunks())
+        missing = len(python) - (pc.sum(known).as_py() or 0)
         if missing:
             problems.append(f"{missing} Python frames refer to code objects the run does not describe")
     return problems
@@ -256,10 +293,7 @@ def reference_problems(tables: dict[str, pa.Table]) -> list[str]:
 def read_run(run_dir: Path, manifest: dict[str, Any] | None = None) -> RawRun:
     """Loads a whole run; DamagedRunError names the first problem found."""
     manifest = manifest if manifest is not None else read_manifest(run_dir)
-    tables = {}
-    for table, paths in part_files(run_dir, manifest).items():
-        parts = [_read_part(path, table) for path in paths]
-        tables[table] = pa.concat_tables(parts) if parts else RUN_TABLES[table]().empty_table()
+    tables = read_tables(part_files(run_dir, manifest), tuple(RUN_TABLES))
     problems = reference_problems(tables)
     if problems and manifest.get("complete"):
         raise _fail(run_dir, "; ".join(problems))

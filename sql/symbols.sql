@@ -1,5 +1,18 @@
 -- How well the native frames are symbolized, per module and per reason.
 
+-- A symbolizer reason without what differs per module or address, so that like reasons group
+-- together: "no debug info for build-ID 1a2b3c4d5e6f… (looked in: ...)" -> "no debug info for build-ID …".
+-- @arg reason  VARCHAR  `symbols.reason` / `stack_frames.reason`
+-- @returns VARCHAR
+CREATE OR REPLACE MACRO reason_category(reason) AS
+    regexp_replace(
+        regexp_replace(
+            regexp_replace(split_part(reason, ' (looked in:', 1), '0x[0-9a-f]+', '0x…', 'g'),
+            '\b[0-9a-f]{8,}…?', '…', 'g'
+        ),
+        ' (in|of) /[^ ]+$', ''
+    );
+
 -- Per module (build-ID): the debug info found and how many of its stored addresses resolve.
 -- @column build_id       `modules.build_id`
 -- @column path           where the module was last loaded from
@@ -19,14 +32,14 @@ FROM modules m
 LEFT JOIN symbols s ON s.build_id = m.build_id AND s.depth = 0
 GROUP BY m.build_id, m.path, m.quality, m.reason;
 
--- Native frames of all stacks that have no function name, grouped by why.
--- @column reason   why the frames are unsymbolized
--- @column frames   number of such frames (one per native address per stack)
--- @column modules  number of distinct modules they are in
+-- Native frames of all stacks that have no function name, grouped by why (`reason_category`).
+-- @column reason     why the frames are unsymbolized
+-- @column frames     number of such frames (one per native address per stack)
+-- @column modules    number of distinct modules they are in
 -- @column build_ids  those modules' build-IDs
 CREATE OR REPLACE VIEW unsymbolized_frames AS
 SELECT
-    coalesce(reason, 'not symbolized') AS reason,
+    reason_category(coalesce(reason, 'not symbolized')) AS reason,
     count(*) AS frames,
     count(DISTINCT build_id) AS modules,
     list(DISTINCT build_id ORDER BY build_id) AS build_ids

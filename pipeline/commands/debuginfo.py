@@ -52,7 +52,9 @@ def scan(
     console = Console(soft_wrap=True)
     table = Table("directory", "files", "ELF with build-ID", "read now", "problems")
     for report in reports:
-        table.add_row(report.directory, str(report.files), str(report.elf_files), str(report.opened), str(len(report.problems)))
+        table.add_row(
+            report.directory, str(report.files), str(report.elf_files), str(report.opened), str(len(report.problems))
+        )
     console.print(table)
     for report in reports:
         for problem in report.problems[:20]:
@@ -66,8 +68,12 @@ def find(
     build_id: Annotated[str, typer.Argument(help="The build-ID (hex).")],
     module: Annotated[Optional[Path], typer.Option("--module", help="Where the module was loaded from.")] = None,
     cache_dir: CacheDir = None,
-    debug_dir: Annotated[Optional[list[Path]], typer.Option("--debug-dir", help="Extra folder with debug files.")] = None,
-    debug_root: Annotated[Optional[list[Path]], typer.Option("--debug-root", help="Root with a .build-id/ tree.")] = None,
+    debug_dir: Annotated[
+        Optional[list[Path]], typer.Option("--debug-dir", help="Extra folder with debug files.")
+    ] = None,
+    debug_root: Annotated[
+        Optional[list[Path]], typer.Option("--debug-root", help="Root with a .build-id/ tree.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Say where the debug info of BUILD_ID was looked for and what was found."""

@@ -10,14 +10,14 @@ from typing import List, Optional
 
 import typer
 
-import tbpipe.capture
-
-from tbpipe.capture.autostart_session import environment_for_run
-from tbpipe.capture.session import prepare_out_dir
-from tbpipe.capture.sources import resolve_sources
 from tbpipe.pipeline.errors import UsageError
 
-AUTOSTART_DIR = Path(tbpipe.capture.__file__).resolve().parent / "autostart"
+
+def autostart_dir() -> Path:
+    """The folder whose sitecustomize.py starts recording in each captured process."""
+    import tbpipe.capture
+
+    return Path(tbpipe.capture.__file__).resolve().parent / "autostart"
 
 
 def parse_labels(pairs: list[str]) -> dict[str, str]:
@@ -32,13 +32,19 @@ def parse_labels(pairs: list[str]) -> dict[str, str]:
 
 def run_captured(command: list[str], out_dir: Path, labels: dict[str, str], sources: list[str]) -> int:
     """Runs `command` with every Python process in it recording into `out_dir`; returns its exit status."""
+    # Imported here: every other tbpipe command would otherwise pay for the
+    # capture library (the extension, pyarrow) at start-up.
+    from tbpipe.capture.autostart_session import environment_for_run
+    from tbpipe.capture.session import prepare_out_dir
+    from tbpipe.capture.sources import resolve_sources
+
     if not command:
         raise UsageError("nothing to run: give the command after --, e.g. tbpipe run -- python train.py")
     resolve_sources(sources)
     prepare_out_dir(out_dir)
     env = dict(os.environ)
     env.update(environment_for_run(str(out_dir.resolve()), labels, sources))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(AUTOSTART_DIR), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(autostart_dir()), env.get("PYTHONPATH", "")) if p)
     try:
         return subprocess.call(command, env=env)
     except FileNotFoundError:

@@ -1,7 +1,7 @@
 """The DuckDB database that `tbpipe ingest` fills and `query`/`show`/`runs` read.
 
     con = open_database("tbpipe.duckdb", read_only=True)
-    summary = ingest([Path("runs")], IngestOptions(db_path=Path("tbpipe.duckdb")))
+    summary = ingest_runs([Path("runs")], IngestOptions(db_path=Path("tbpipe.duckdb")))
 
 `schema` loads the packaged SQL (migrations, views, macros), `connection` opens the file and
 serializes writers, `ingest` loads run directories (one transaction per run), `stackhash` and
@@ -16,7 +16,7 @@ from tbpipe.pipeline.db.connection import (
     open_database,
     resolve_db_path,
 )
-from tbpipe.pipeline.db.ingest import IngestOptions, IngestSummary, RunOutcome, ingest
+from tbpipe.pipeline.db.ingest import IngestOptions, IngestSummary, RunOutcome, ingest_runs
 
 __all__ = [
     "DatabaseBusyError",
@@ -25,7 +25,7 @@ __all__ = [
     "IngestSummary",
     "RunOutcome",
     "default_db_path",
-    "ingest",
+    "ingest_runs",
     "ingest_lock",
     "open_database",
     "resolve_db_path",

@@ -171,3 +171,21 @@ def _check_version(con, db_path: Path) -> None:
             f"{db_path} has schema version {current}, older than this tbpipe's {latest}: "
             "run `tbpipe ingest` on it once to upgrade it"
         )
+
+
+def query_arrow(con, sql: str, params: list | None = None):
+    """The result of `sql` as a pyarrow Table, without the DB-API result's extra copy."""
+    relation = con.sql(sql, params=params) if params is not None else con.sql(sql)
+    fetch = getattr(relation, "to_arrow_table", None) or relation.arrow
+    return fetch()
+
+
+def query_rows(con, sql: str, params: list | None = None) -> list[tuple]:
+    """Every row of `sql` (fetched to the end: DuckDB 2 keeps a partly fetched result open)."""
+    return con.execute(sql, params).fetchall() if params is not None else con.execute(sql).fetchall()
+
+
+def query_value(con, sql: str, params: list | None = None):
+    """The first column of the first row of `sql`, or None."""
+    rows = query_rows(con, sql, params)
+    return rows[0][0] if rows else None

@@ -1,4 +1,4 @@
-"""A raw run, columnar and ready to load: frames flattened, stacks hashed, events pointed at stacks.
+"""A raw run's stacks, columnar and ready to load: frames flattened, stacks hashed.
 
 Everything here works on whole columns (pyarrow compute and numpy); nothing loops per event,
 stack or frame in Python. Strings are hashed by DuckDB (`md5_number_lower`), which is fixed by
@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tbpipe.pipeline.db import stackhash
-from tbpipe.pipeline.rawrun import RawRun
-from tbpipe.schemas.raw import NATIVE_FRAME_BY_FRAME_POINTER, PYTHON_FRAME_LINE_RESOLVED
+from tbpipe.pipeline.db.connection import query_arrow
+from tbpipe.schemas.raw import NATIVE_FRAME_BY_FRAME_POINTER, NATIVE_FRAME_EVAL_LOOP, PYTHON_FRAME_LINE_RESOLVED
 
 _BUILD_ID = r"^([0-9a-f]{2}){2,64}$"
 
@@ -33,7 +33,6 @@ class FrameColumns:
 
 @dataclass
 class PreparedRun:
-    run: RawRun
     modules: pa.Table  # module_index, build_id (module key), path, load_bias, exec_ranges
     code: pa.Table  # code_id, filename, qualname, first_line (distinct code ids)
     raw_ids: np.ndarray  # uint64, sorted distinct raw stack ids
@@ -43,11 +42,6 @@ class PreparedRun:
     hashes: np.ndarray  # uint64 per distinct raw stack: stackhash.stack_hashes
     native: FrameColumns
     python: FrameColumns
-    event_stack: np.ndarray  # int64 per event: index of its distinct raw stack, -1 for none
-
-    @property
-    def events(self) -> pa.Table:
-        return self.run.tables["events"]
 
 
 def _numpy(column: pa.ChunkedArray | pa.Array, dtype) -> np.ndarray:
@@ -65,9 +59,9 @@ def md5_lower(con, values: pa.Array) -> np.ndarray:
     table = pa.table({"pos": pa.array(np.arange(len(values), dtype=np.int64)), "text": values})
     con.register("prepare_strings", table)
     try:
-        result = con.execute(
+        result = query_arrow(con, 
             "SELECT md5_number_lower(text) AS h FROM prepare_strings ORDER BY pos"
-        ).fetch_arrow_table()
+        )
     finally:
         con.unregister("prepare_strings")
     return _numpy(result["h"], np.uint64)
@@ -96,9 +90,13 @@ def _lookup(sorted_keys: np.ndarray, order: np.ndarray, wanted: np.ndarray) -> n
     return np.where(found, order[pos_clipped], -1).astype(np.int64)
 
 
+def _is_identity(rows: np.ndarray, count: int) -> bool:
+    return len(rows) == count and bool(np.array_equal(rows, np.arange(count)))
+
+
 def _frames(lists: pa.ChunkedArray, rows: np.ndarray, ref_field: str, value_field: str) -> tuple[np.ndarray, ...]:
     """(parent, idx, ref values, values, flags) of the frames of `rows` of a list<struct> column."""
-    chosen = lists.take(pa.array(rows, pa.int64())) if len(rows) != len(lists) else lists
+    chosen = lists if _is_identity(rows, len(lists)) else lists.take(pa.array(rows, pa.int64()))
     chosen = chosen.combine_chunks() if isinstance(chosen, pa.ChunkedArray) else chosen
     lengths = _numpy(pc.list_value_length(chosen), np.int64)
     flat = pc.list_flatten(chosen)
@@ -115,9 +113,8 @@ def _frames(lists: pa.ChunkedArray, rows: np.ndarray, ref_field: str, value_fiel
     )
 
 
-def prepare_run(run: RawRun, con) -> PreparedRun:
-    """Hashes and flattens a raw run; `con` is any DuckDB connection (used for MD5 only)."""
-    tables = run.tables
+def prepare_run(tables: dict[str, pa.Table], con) -> PreparedRun:
+    """Hashes and flattens a run's stacks, modules and code; `con` is any DuckDB connection (for MD5)."""
     stacks = tables["stacks"]
 
     # Modules: key and hash per row, and a dense map from module_index to row.
@@ -140,7 +137,7 @@ def prepare_run(run: RawRun, con) -> PreparedRun:
     code_table = tables["code"]
     code_ids_all = _numpy(code_table["code_id"], np.uint64)
     code_ids, first_rows = np.unique(code_ids_all, return_index=True)
-    code = code_table.take(pa.array(first_rows, pa.int64())) if len(first_rows) != code_table.num_rows else code_table
+    code = code_table if _is_identity(first_rows, code_table.num_rows) else code_table.take(pa.array(first_rows, pa.int64()))
     code_text = pc.binary_join_element_wise(
         code["filename"], code["qualname"], pc.cast(code["first_line"], pa.string()), "\x1f"
     )
@@ -155,7 +152,10 @@ def prepare_run(run: RawRun, con) -> PreparedRun:
     n_offset = _numpy(n_offset, np.uint64)
     n_ref = _lookup(module_index[module_order], module_order, n_module)
     n_hash = np.where(n_ref >= 0, module_hash[np.maximum(n_ref, 0)] if len(module_hash) else stackhash.MISSING, stackhash.MISSING)
-    native_keys = stackhash.native_frame_keys(n_hash, n_offset, n_flags & ~np.uint32(NATIVE_FRAME_BY_FRAME_POINTER))
+    # An eval-loop frame is replaced by the Python frames it ran; where in the eval loop it was
+    # (which specialized instruction) is noise that must not split one stack into several.
+    hashed_offset = np.where((n_flags & NATIVE_FRAME_EVAL_LOOP) != 0, np.uint64(0), n_offset)
+    native_keys = stackhash.native_frame_keys(n_hash, hashed_offset, n_flags & ~np.uint32(NATIVE_FRAME_BY_FRAME_POINTER))
 
     p_parent, p_idx, p_len, p_code, p_line, p_flags = _frames(stacks["python"], stack_rows, "code_id", "line")
     p_line = _numpy(p_line, np.int32)
@@ -169,14 +169,7 @@ def prepare_run(run: RawRun, con) -> PreparedRun:
 
     hashes = stackhash.stack_hashes(native_keys, n_len, python_keys, p_len, status)
 
-    events = tables["events"]
-    event_raw = events["stack_id"]
-    has_stack = _numpy(pc.is_valid(event_raw), bool)
-    event_stack = _lookup(raw_ids, np.arange(len(raw_ids), dtype=np.int64), _numpy(pc.fill_null(event_raw, 0), np.uint64))
-    event_stack[~has_stack] = -1
-
     return PreparedRun(
-        run=run,
         modules=modules,
         code=code,
         raw_ids=raw_ids,
@@ -186,49 +179,4 @@ def prepare_run(run: RawRun, con) -> PreparedRun:
         hashes=hashes,
         native=FrameColumns(n_parent, n_idx, n_ref, n_offset, n_flags),
         python=FrameColumns(p_parent, p_idx, p_ref, p_line, p_flags),
-        event_stack=event_stack,
-    )
-
-
-def native_frames_table(prepared: PreparedRun, stack_ids: np.ndarray) -> pa.Table:
-    """`ingest_native` rows for the stacks whose entry in `stack_ids` (per distinct raw stack) is >= 0."""
-    frames = prepared.native
-    keep = stack_ids[frames.parent] >= 0 if len(frames.parent) else np.zeros(0, dtype=bool)
-    ref = frames.ref[keep]
-    described = ref >= 0
-    modules = prepared.modules
-    take = pa.array(np.where(described, ref, 0), pa.int64(), mask=~described)
-    build_id = modules["build_id"].take(take) if modules.num_rows else pa.nulls(len(ref), pa.string())
-    path = modules["path"].take(take) if modules.num_rows else pa.nulls(len(ref), pa.string())
-    return pa.table(
-        {
-            "stack_id": pa.array(stack_ids[frames.parent[keep]], pa.int64()),
-            "idx": pa.array(frames.idx[keep], pa.int32()),
-            "build_id": build_id,
-            "module": path,
-            "address": pa.array(frames.value[keep], pa.uint64()),
-            "flags": pa.array(frames.flags[keep], pa.uint32()),
-        }
-    )
-
-
-def python_frames_table(prepared: PreparedRun, stack_ids: np.ndarray) -> pa.Table:
-    """`ingest_python` rows for the stacks whose entry in `stack_ids` is >= 0."""
-    frames = prepared.python
-    keep = stack_ids[frames.parent] >= 0 if len(frames.parent) else np.zeros(0, dtype=bool)
-    ref = frames.ref[keep]
-    described = ref >= 0
-    code = prepared.code
-    take = pa.array(np.where(described, ref, 0), pa.int64(), mask=~described)
-    function = code["qualname"].take(take) if code.num_rows else pa.nulls(len(ref), pa.string())
-    file = code["filename"].take(take) if code.num_rows else pa.nulls(len(ref), pa.string())
-    return pa.table(
-        {
-            "stack_id": pa.array(stack_ids[frames.parent[keep]], pa.int64()),
-            "idx": pa.array(frames.idx[keep], pa.int32()),
-            "function": function,
-            "file": file,
-            "line": pa.array(frames.value[keep], pa.int32()),
-            "flags": pa.array(frames.flags[keep], pa.uint32()),
-        }
     )

@@ -6,7 +6,6 @@
   the order their `-- @requires NAME` lines ask for; objects a module no longer defines are dropped.
 - The comment block right above each CREATE (`-- description`, `-- @column NAME text`, `-- @arg`,
   `-- @returns`) becomes a DuckDB `COMMENT ON`, so the database documents itself.
-- `sql/ingest/*.sql` are statements the ingest runs; `ingest_statements()` hands them out.
 """
 
 from __future__ import annotations
@@ -183,12 +182,6 @@ def modules() -> list[SqlFile]:
     return ordered
 
 
-def ingest_statements(name: str) -> list[str]:
-    """The statements of `sql/ingest/<name>.sql`, in order."""
-    text = (_package() / "ingest" / f"{name}.sql").read_text(encoding="utf-8")
-    return [s.sql for s in SqlFile(name, text, ()).statements]
-
-
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
@@ -209,7 +202,7 @@ def comment_statements(obj: SqlObject) -> list[str]:
 def applied_versions(con: Any) -> set[int]:
     exists = con.execute(
         "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'schema_versions' AND NOT temporary"
-    ).fetchone()[0]
+    ).fetchall()[0][0]
     if not exists:
         return set()
     return {row[0] for row in con.execute("SELECT version FROM schema_versions").fetchall()}

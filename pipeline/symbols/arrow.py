@@ -15,7 +15,9 @@ from tbpipe.pipeline.symbols.columns import arrow_schema
 INVALID_RETURN_ADDRESS = "invalid address: a return address of 0"
 
 
-def results_to_arrow(prepared: Sequence[tuple[Any, Any, Any, Any, Any]], demangle: bool = True, dictionary: bool = True) -> Any:
+def results_to_arrow(
+    prepared: Sequence[tuple[Any, Any, Any, Any, Any]], demangle: bool = True, dictionary: bool = True
+) -> Any:
     """prepared: (state, known table, entry per address (-1 invalid), address, exact) per module."""
     import numpy as np
     import pyarrow as pa
@@ -68,7 +70,7 @@ def results_to_arrow(prepared: Sequence[tuple[Any, Any, Any, Any, Any]], demangl
                 strings[i] = demangled[strings[i]]
         values = pa.array(strings, type=pa.string())
 
-        def encoded(ids: Any) -> Any:
+        def encoded(ids: Any, values: Any = values) -> Any:
             ids = np.asarray(ids, dtype=np.int32)
             array = pa.DictionaryArray.from_arrays(pa.array(ids, mask=ids < 0), values)
             return array if dictionary else array.dictionary_decode()

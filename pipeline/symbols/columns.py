@@ -47,7 +47,7 @@ class ResultChunk:
         return len(self.keys)
 
     @classmethod
-    def from_resolved(cls, resolved: Sequence[Resolved]) -> "ResultChunk":
+    def from_resolved(cls, resolved: Sequence[Resolved]) -> ResultChunk:
         chunk = cls()
         ids: dict[str, int] = {}
         strings = chunk.strings
@@ -102,7 +102,7 @@ class ResultChunk:
         return b"".join(parts)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "ResultChunk":
+    def from_bytes(cls, data: bytes) -> ResultChunk:
         if not data.startswith(_SEGMENT_MAGIC):
             raise ValueError("not a symbol segment")
         newline = data.index(b"\n", len(_SEGMENT_MAGIC))
@@ -128,7 +128,9 @@ class ResultChunk:
                 column.byteswap()
             setattr(chunk, name, column)
             pos += size
-        text = data[pos : pos + int(header["string_bytes"])].decode("utf-8", "surrogatepass")
+        if len(data) != pos + int(header["string_bytes"]):
+            raise ValueError("truncated symbol segment")
+        text = data[pos:].decode("utf-8", "surrogatepass")
         chunk.strings = text.split("\0") if header["strings"] else []
         if len(chunk.strings) != int(header["strings"]) or sum(chunk.counts) != frames:
             raise ValueError("inconsistent symbol segment")
@@ -239,7 +241,9 @@ class KnownTable:
         out = []
         for j in range(start, start + self.counts[entry]):
             f, p = self.functions[j], self.files[j]
-            out.append((strings[f] if f >= 0 else None, strings[p] if p >= 0 else None, self.lines[j], bool(self.inlined[j])))
+            out.append(
+                (strings[f] if f >= 0 else None, strings[p] if p >= 0 else None, self.lines[j], bool(self.inlined[j]))
+            )
         return out
 
     def reason_of(self, entry: int) -> str | None:

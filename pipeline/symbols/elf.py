@@ -12,6 +12,7 @@ import io
 import os
 import struct
 import zlib
+from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterator
@@ -206,42 +207,85 @@ class SymbolTable:
     """Function symbols of one file, for naming the outermost frame of an address.
 
     Entries are read straight from the .symtab/.dynsym bytes (pyelftools locates the sections;
-    decoding 10^5..10^6 symbols through its per-symbol objects would take seconds). Aliases at
-    the same (start, size) collapse to one name: .symtab over .dynsym, and within a table the
-    last one, which is the name llvm-symbolizer reports (binutils' choice depends on DWARF
-    names too). In glibc that is e.g. `getaddrinfo` rather than `__GI_getaddrinfo`.
+    decoding 10^5..10^6 symbols through its per-symbol objects would take seconds) into compact
+    arrays; names are read from the file only when asked for (libtorch_cpu's .strtab alone is
+    76 MB). Aliases at the same (start, size) collapse to one name: .symtab over .dynsym, and
+    within a table the last one, which is the name llvm-symbolizer reports (binutils' choice
+    depends on DWARF names too). In glibc that is e.g. `getaddrinfo`, not `__GI_getaddrinfo`.
     """
 
-    def __init__(self, starts: list[int], ends: list[int], names: list[int], strtabs: list[bytes], which: list[int]):
+    def __init__(self, path: str, starts: array, ends: array, names: array, strtabs: list[tuple[int, int]]):
+        self._path = path
         self._starts = starts
         self._ends = ends
-        self._name_offsets = names
-        self._strtabs = strtabs
-        self._which = which
+        self._names = names  # name offset * 2 + table
+        self._strtabs = strtabs  # (file offset, size) per table
         self._cache: dict[int, str] = {}
+        self._stream: BinaryIO | None = None
+        self._last = -1  # index of the last symbol found
 
     def __len__(self) -> int:
         return len(self._starts)
 
+    def _read_name(self, table: int, offset: int) -> str:
+        base, size = self._strtabs[table]
+        if self._stream is None:
+            self._stream = open(self._path, "rb")
+        chunk = b""
+        position = base + offset
+        limit = base + size
+        while position < limit:
+            piece = os.pread(self._stream.fileno(), min(256, limit - position), position)
+            if not piece:
+                break
+            end = piece.find(b"\0")
+            if end >= 0:
+                chunk += piece[:end]
+                break
+            chunk += piece
+            position += len(piece)
+        return chunk.decode("utf-8", "replace")
+
     def _name(self, index: int) -> str:
         name = self._cache.get(index)
         if name is None:
-            table = self._strtabs[self._which[index]]
-            offset = self._name_offsets[index]
-            end = table.find(b"\0", offset)
-            raw = table[offset : end if end >= 0 else len(table)]
-            name = self._cache[index] = raw.decode("utf-8", "replace")
+            packed = self._names[index]
+            try:
+                name = self._read_name(packed & 1, packed >> 1)
+            except OSError:
+                name = ""
+            self._cache[index] = name
         return name
 
     def lookup(self, address: int) -> tuple[str, int] | None:
         """(name, start) of the function symbol containing `address`, or None."""
-        index = bisect_right(self._starts, address) - 1
+        starts, ends = self._starts, self._ends
+        last = self._last
+        # Addresses come sorted in bulk, many in a row inside the same function.
+        if (
+            last >= 0
+            and starts[last] <= address < ends[last]
+            and (last + 1 == len(starts) or address < starts[last + 1])
+        ):
+            name = self._name(last)
+            return (name, starts[last]) if name else None
+        index = bisect_right(starts, address) - 1
         # Function symbols rarely overlap; a few steps back covers a large symbol that
         # encloses a smaller one (hand-written assembly does this).
         for candidate in range(index, max(index - 8, -1), -1):
-            if self._starts[candidate] <= address < self._ends[candidate]:
-                return self._name(candidate), self._starts[candidate]
+            if starts[candidate] <= address < ends[candidate]:
+                self._last = candidate
+                name = self._name(candidate)
+                return (name, starts[candidate]) if name else None
         return None
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def read_symbol_table(path: str) -> SymbolTable | None:
@@ -249,20 +293,22 @@ def read_symbol_table(path: str) -> SymbolTable | None:
     stream, elf = _open_elf(path)
     try:
         try:
-            return _read_symbol_table(stream, elf)
+            return _read_symbol_table(path, stream, elf)
         except Exception as error:
             raise ElfFileError(f"{path}: corrupt symbol table ({_brief(error)})") from None
     finally:
         stream.close()
 
 
-def _read_symbol_table(stream: BinaryIO, elf: Any) -> SymbolTable | None:
+def _read_symbol_table(path: str, stream: BinaryIO, elf: Any) -> SymbolTable | None:
     is64 = elf.elfclass == 64
     endian = "<" if elf.little_endian else ">"
     # Elf64_Sym: name, info, other, shndx, value, size; Elf32_Sym: name, value, size, info, other, shndx.
     entry = struct.Struct(endian + ("IBBHQQ" if is64 else "IIIBBH"))
-    best: dict[tuple[int, int], tuple[int, int]] = {}  # (start, size) -> (table, name offset)
-    strtabs: list[bytes] = []
+    # (start << 32 | size) -> name offset * 2 + table: ints, not tuples, to stay small for
+    # libraries with half a million symbols.
+    best: dict[int, int] = {}
+    strtabs: list[tuple[int, int]] = []
     file_size = os.fstat(stream.fileno()).st_size
     for section_name in (".symtab", ".dynsym"):
         section = elf.get_section_by_name(section_name)
@@ -273,9 +319,8 @@ def _read_symbol_table(stream: BinaryIO, elf: Any) -> SymbolTable | None:
             continue
         if section["sh_offset"] + section["sh_size"] > file_size or link["sh_offset"] + link["sh_size"] > file_size:
             raise ValueError(f"{section_name} extends past the end of the file")
-        stream.seek(link["sh_offset"])
-        strtabs.append(stream.read(link["sh_size"]))
-        table_index = len(strtabs) - 1
+        table = len(strtabs)
+        strtabs.append((link["sh_offset"], link["sh_size"]))
         stream.seek(section["sh_offset"])
         raw = stream.read(section["sh_size"] - section["sh_size"] % entry.size)
         for fields in entry.iter_unpack(raw):
@@ -286,18 +331,18 @@ def _read_symbol_table(stream: BinaryIO, elf: Any) -> SymbolTable | None:
             kind = info & 0xF
             if (kind != _STT_FUNC and kind != _STT_GNU_IFUNC) or shndx == 0 or size == 0 or name == 0:
                 continue
-            key = (value, size)
+            key = (value << 32) | (size & 0xFFFFFFFF)
             previous = best.get(key)
-            if previous is None or previous[0] == table_index:
-                best[key] = (table_index, name)
+            if previous is None or previous & 1 == table:
+                best[key] = (name << 1) | table
+        del raw
     if not best:
         return None
-    items = sorted(best.items())
-    starts = [start for (start, _size), _ in items]
-    ends = [start + size for (start, size), _ in items]
-    names = [value[1] for _, value in items]
-    which = [value[0] for _, value in items]
-    return SymbolTable(starts, ends, names, strtabs, which)
+    keys = sorted(best)
+    starts = array("Q", [key >> 32 for key in keys])
+    ends = array("Q", [(key >> 32) + (key & 0xFFFFFFFF) for key in keys])
+    names = array("Q", [best[key] for key in keys])
+    return SymbolTable(path, starts, ends, names, strtabs)
 
 
 # --------------------------------------------------------------------------------------------

@@ -253,9 +253,7 @@ def _file_paths(cu: Any, header: Any) -> dict[int, str | None]:
     return paths
 
 
-def decode_sequences(
-    data: bytes, start: int, end: int, header: Any, *, little_endian: bool = True
-) -> list[_Sequence]:
+def decode_sequences(data: bytes, start: int, end: int, header: Any, *, little_endian: bool = True) -> list[_Sequence]:
     """Rows of one line program (bytes data[start:end]) as address-sorted sequences."""
     opcode_base = header["opcode_base"]
     line_base = header["line_base"]

@@ -130,7 +130,7 @@ class ModuleStatus:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> "ModuleStatus":
+    def from_json(cls, data: dict) -> ModuleStatus:
         return cls(
             build_id=str(data["build_id"]),
             quality=Quality(data["quality"]),

@@ -67,7 +67,7 @@ class DelayedProgress:
             self._progress.stop()
             self._progress = None
 
-    def __enter__(self) -> "DelayedProgress":
+    def __enter__(self) -> DelayedProgress:
         return self
 
     def __exit__(self, *exc: object) -> None:

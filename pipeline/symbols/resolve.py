@@ -98,7 +98,9 @@ class ModuleResolver:
         self._lines: LineTable | None = None
         self._lines_loaded = False
         self._lines_problem: str | None = None
-        ranges = sorted((vaddr, vaddr + memsz) for vaddr, memsz, _flags in status.segments if memsz > 0)
+        # Only executable segments hold code: SymCache would stretch a size-less symbol such as
+        # _fini over .rodata and beyond, and binutils/llvm say "??" there.
+        ranges = sorted((vaddr, vaddr + memsz) for vaddr, memsz, flags in status.segments if memsz > 0 and flags & 1)
         self._range_starts = [start for start, _end in ranges]
         self._ranges = ranges
 
@@ -206,11 +208,14 @@ class ModuleResolver:
         out = _Builder(self.strings)
         incomplete: list[int] = []
         todo: list[int] = []
+        module = status.module_path or status.debug_file or short_build_id(status.build_id)
         for key in keys:
             if key < 0 or key > _MAX_ADDRESS:
                 raise ValueError(f"lookup address out of range: {key}")
             if status.quality is Quality.NONE or self._reader is None:
                 out.nothing(key, status.reason)
+            elif self._outside(key):
+                out.nothing(key, f"address {key:#x} is outside every executable segment of {module}")
             else:
                 todo.append(key)
         if todo:
@@ -269,19 +274,19 @@ class ModuleResolver:
                 out_reasons[entry] = no_line
 
         where = status.debug_file or status.module_path or short
-        module = status.module_path or status.debug_file or short
         for key in empty:
-            if self._outside(key):
-                out.nothing(key, f"address {key:#x} is outside every loadable segment of {module}")
-                continue
             # Padding between functions, or a symbol symbolic skipped.
             named = symbol_id(key)
             row = (self._row(key) if named >= 0 else self._padding_row(key)) if dwarf else None
             if row is not None and row[1]:
-                why = None if named >= 0 else "not inside any function (alignment padding); file:line from the line table"
+                why = (
+                    None if named >= 0 else "not inside any function (alignment padding); file:line from the line table"
+                )
                 out.single(key, named, intern(row[0]), row[1], why)
             elif named >= 0:
-                why = "no line information for this address" if dwarf else f"symbols only: no DWARF for build-ID {short}"
+                why = (
+                    "no line information for this address" if dwarf else f"symbols only: no DWARF for build-ID {short}"
+                )
                 out.single(key, named, -1, 0, why)
             else:
                 if dwarf and self._lines_problem:

@@ -131,6 +131,10 @@ class SymbolStore:
         data = json.dumps(status.to_json(), indent=1, sort_keys=True).encode()
         self._write_atomic(self.build_id_dir(status.build_id) / "status.json", data)
 
+    def forget_status(self, build_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.build_id_dir(build_id) / "status.json").unlink()
+
     def known_build_ids(self) -> list[str]:
         found = []
         for shard in sorted(self.root.glob("??")):

@@ -10,16 +10,18 @@ processes when there are enough of them; everything else is dictionary lookups.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import gc
 import multiprocessing
 import os
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from tbpipe.pipeline.symbols import demangle as demangling
 from tbpipe.pipeline.symbols import worker
-from tbpipe.pipeline.symbols.columns import KnownTable, ResultChunk, arrow_schema
+from tbpipe.pipeline.symbols.columns import KnownTable, ResultChunk
 from tbpipe.pipeline.symbols.debuginfo import DebugInfoLocator, Located
 from tbpipe.pipeline.symbols.elf import inspect_elf
 from tbpipe.pipeline.symbols.model import (
@@ -32,7 +34,7 @@ from tbpipe.pipeline.symbols.model import (
     normalize_build_id,
 )
 from tbpipe.pipeline.symbols.progress import DelayedProgress
-from tbpipe.pipeline.symbols.resolve import ModuleResolver, file_identity
+from tbpipe.pipeline.symbols.resolve import ModuleResolver
 from tbpipe.pipeline.symbols.store import SymbolStore, source_key
 from tbpipe.pipeline.symbols.symcache import build_symcache
 
@@ -60,6 +62,22 @@ def _os_thread_count() -> int:
         return threading.active_count()
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC around bulk work that allocates ~10^5 lists and creates no cycles.
+
+    With the frame caches alive, every few thousand allocations trigger a collection that
+    walks them: 60% of the time of a 100k-address call on known addresses.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def _symcache_version() -> int:
     from symbolic.symcache import SYMCACHE_LATEST_VERSION
 
@@ -79,17 +97,19 @@ class _ModuleState:
 
     status: ModuleStatus
     persistent: bool  # results live in the store (the module has a build-ID)
-    symcache: bytes | None = None  # only for modules without build-ID (never stored)
+    symcache: bytes | None = None  # just built here, or (no build-ID) never stored
     known: KnownTable | None = None
-    frames: dict[int, list[SymbolizedFrame]] = field(default_factory=dict)  # entry -> demangled chain
-    raw_frames: dict[int, list[SymbolizedFrame]] = field(default_factory=dict)  # entry -> mangled chain
+    frames: dict[int, list[SymbolizedFrame]] = field(default_factory=dict)  # lookup address -> demangled chain
+    raw_frames: dict[int, list[SymbolizedFrame]] = field(default_factory=dict)  # lookup address -> mangled chain
     resolver: ModuleResolver | None = None
 
 
 def _as_int_list(values: Any) -> list[int]:
     if hasattr(values, "tolist"):  # numpy arrays, array.array
-        values = values.tolist()
-    return [int(v) for v in values] if not isinstance(values, list) else values
+        return values.tolist()
+    if isinstance(values, list) and (not values or type(values[0]) is int):
+        return values
+    return [int(v) for v in values]  # tuples, generators, lists of numpy integers
 
 
 def _as_bool_list(values: Any, count: int) -> list[bool]:
@@ -114,6 +134,10 @@ class Symbolizer:
     CPUs this process may use); `progress`: show a progress bar on long work (None: when stderr
     is a terminal); `min_parallel_addresses`: below this many new addresses in one call the
     work stays in this process (worker processes cost more than they save).
+
+    One Symbolizer per thread: it caches per build-ID state and is not locked. Several
+    processes may share one store. Call `close()` (or use it as a context manager) to stop
+    its worker processes.
     """
 
     def __init__(
@@ -142,18 +166,14 @@ class Symbolizer:
         return self._state_for(ModuleRef(build_id, path)).status
 
     def prepare(self, modules: Iterable[ModuleRef]) -> None:
-        """Find debug info and build missing SymCaches for `modules` now (e.g. in a thread while
-        the addresses are still being read); later calls for them start resolving at once."""
+        """Find debug info, build missing SymCaches and load stored results for `modules` now
+        (e.g. in a thread while the addresses are still being read)."""
         refs = list(modules)
         self._prepare_states(refs)
         for ref in refs:
-            state = self._states[self._state_key(ref)]
-            self._known(state)
-            if state.status.quality is not Quality.NONE:
-                try:
-                    self._resolver(state).preload()
-                except ElfFileError:
-                    pass  # reported per address when they are resolved
+            # The stored results, not the SymCache: when every address is known (the warm
+            # case) the SymCache and symbol table are never opened.
+            self._known(self._states[self._state_key(ref)])
 
     def upgraded_build_ids(self) -> set[str]:
         """Build-IDs whose debug info got better in this process: re-symbolize their old frames."""
@@ -184,8 +204,9 @@ class Symbolizer:
         """`symbolize_module` for many modules at once: unique pairs only, fanned out over processes."""
         prepared = self._prepare(modules)
         out: dict[ModuleRef, list[list[SymbolizedFrame]]] = {}
-        for ref, (state, keys) in prepared.items():
-            out[ref] = self._frames_for(state, keys, demangle)
+        with gc_paused():
+            for ref, (state, keys) in prepared.items():
+                out[ref] = self._frames_for(state, keys, demangle)
         return out
 
     def symbolize_arrow(
@@ -221,7 +242,7 @@ class Symbolizer:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
-    def __enter__(self) -> "Symbolizer":
+    def __enter__(self) -> Symbolizer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -270,7 +291,9 @@ class Symbolizer:
         if builds:
             self._run_builds(builds)
 
-    def _decide(self, build_id: str, path: str | None) -> tuple[ModuleStatus, _PendingBuild | None, ModuleStatus | None]:
+    def _decide(
+        self, build_id: str, path: str | None
+    ) -> tuple[ModuleStatus, _PendingBuild | None, ModuleStatus | None]:
         stored = self.store.load_status(build_id)
         if stored is not None and stored.quality is Quality.DWARF and self._usable(stored):
             return stored, None, None
@@ -332,6 +355,7 @@ class Symbolizer:
     def _run_builds(self, builds: list[tuple[str, ModuleStatus, _PendingBuild, ModuleStatus | None]]) -> None:
         cache_dir = str(self.store.cache_dir)
         results: dict[str, str | None] = {}
+        fresh: dict[str, bytes | None] = {}
         if len(builds) > 1 and self.jobs > 1:
             self._get_pool()  # before the progress bar's thread exists
         with DelayedProgress(self.progress) as progress:
@@ -350,9 +374,9 @@ class Symbolizer:
                     progress.poll()
             else:
                 for key, _status, p, _previous in builds:
-                    results[key] = worker.build(cache_dir, p.build_id, p.path, p.key)
+                    results[key], fresh[key] = worker.build_keeping(cache_dir, p.build_id, p.path, p.key)
                     progress.advance("building SymCaches")
-        for key, status, pending_build, previous in builds:
+        for key, status, _pending, previous in builds:
             error = results.get(key)
             if error is not None:
                 status = ModuleStatus(
@@ -367,7 +391,9 @@ class Symbolizer:
                 self._save_status(status)
             else:
                 self._finish_status(status, previous)
-            self._states[key] = _ModuleState(status=status, persistent=status.quality is not Quality.NONE)
+            self._states[key] = _ModuleState(
+                status=status, persistent=status.quality is not Quality.NONE, symcache=fresh.get(key)
+            )
 
     @staticmethod
     def _build_outcome(future: concurrent.futures.Future) -> str | None:
@@ -383,7 +409,9 @@ class Symbolizer:
             reason = "a module needs a build-ID or a path"
         except BadBuildIdError as error:
             reason = str(error)
-        status = ModuleStatus(build_id=str(ref.build_id)[:200], quality=Quality.NONE, reason=reason, module_path=ref.path)
+        status = ModuleStatus(
+            build_id=str(ref.build_id)[:200], quality=Quality.NONE, reason=reason, module_path=ref.path
+        )
         return _ModuleState(status=status, persistent=False)
 
     def _state_without_build_id(self, ref: ModuleRef) -> _ModuleState:
@@ -392,7 +420,9 @@ class Symbolizer:
         try:
             facts = inspect_elf(path)
         except ElfFileError as error:
-            status = ModuleStatus(build_id="", quality=Quality.NONE, reason=f"no build-ID, and {error}", module_path=path)
+            status = ModuleStatus(
+                build_id="", quality=Quality.NONE, reason=f"no build-ID, and {error}", module_path=path
+            )
             return _ModuleState(status=status, persistent=False)
         quality = Quality.DWARF if facts.has_dwarf else Quality.SYMBOLS if facts.has_symbols else Quality.NONE
         status = ModuleStatus(
@@ -429,8 +459,10 @@ class Symbolizer:
             keys = [a if e else a - 1 for a, e in zip(values, flags)]
             prepared[ref] = (state, keys)
             known = self._known(state)
-            position = known.position
-            new = {k for k in keys if k not in position and 0 <= k <= _MAX_ADDRESS}
+            new = set(keys)
+            new.difference_update(known.position.keys())
+            if new and (min(new) < 0 or max(new) > _MAX_ADDRESS):
+                new = {k for k in new if 0 <= k <= _MAX_ADDRESS}
             if new:
                 entry = missing.setdefault(id(state), (state, set()))
                 entry[1].update(new)
@@ -492,12 +524,39 @@ class Symbolizer:
             status = state.status
             identity = tuple(status.debug_identity) if status.debug_identity else None
             if state.persistent:
-                state.resolver = worker.resolver_for(self.store, status, identity)
+                try:
+                    state.resolver = worker.resolver_for(self.store, status, identity, state.symcache)
+                    state.symcache = None  # the resolver holds it now
+                except ElfFileError:
+                    # A damaged SymCache in the store (disk full, killed writer): build it again.
+                    self._rebuild(state)
+                    fresh = state.status
+                    identity = tuple(fresh.debug_identity) if fresh.debug_identity else None
+                    state.resolver = worker.resolver_for(self.store, fresh, identity)
             else:
                 state.resolver = ModuleResolver(status, state.symcache, identity)
         return state.resolver
 
+    def _rebuild(self, state: _ModuleState) -> None:
+        """Forget a build-ID's damaged store entry and decide (and build) it again."""
+        status = state.status
+        with self.store.lock(status.build_id):
+            self.store.drop_other_sources(status.build_id, None)
+            self.store.forget_status(status.build_id)
+        self._states.pop(status.build_id, None)
+        self._prepare_states([ModuleRef(status.build_id, status.module_path)])
+        fresh = self._states[status.build_id]
+        state.status, state.persistent, state.known = fresh.status, fresh.persistent, fresh.known
+        state.frames.clear()
+        state.raw_frames.clear()
+        if fresh.status.quality is Quality.NONE or not fresh.status.source_key:
+            raise ElfFileError(fresh.status.reason)
+
     def _resolve_missing(self, work: list[tuple[_ModuleState, list[int]]]) -> None:
+        with gc_paused():
+            self._resolve_missing_unpaused(work)
+
+    def _resolve_missing_unpaused(self, work: list[tuple[_ModuleState, list[int]]]) -> None:
         total = sum(len(keys) for _state, keys in work)
         parallel = self.jobs > 1 and total >= self.min_parallel_addresses
         if parallel:
@@ -527,7 +586,9 @@ class Symbolizer:
             chunk, incomplete = ResultChunk.from_resolved([(k, [], str(error)) for k in keys]), keys
         self._accept(state, chunk, incomplete)
 
-    def _resolve_in_workers(self, work: list[tuple[_ModuleState, list[int]]], total: int, progress: DelayedProgress) -> None:
+    def _resolve_in_workers(
+        self, work: list[tuple[_ModuleState, list[int]]], total: int, progress: DelayedProgress
+    ) -> None:
         pool = self._get_pool()
         cache_dir = str(self.store.cache_dir)
         chunk_size = max(5_000, min(_CHUNK_ADDRESSES * 2, total // (self.jobs * 4) + 1))
@@ -545,7 +606,9 @@ class Symbolizer:
                 futures[pool.submit(worker.resolve, cache_dir, status_json, identity, data)] = (state, batch)
         pending = set(futures)
         while pending:
-            done, pending = concurrent.futures.wait(pending, timeout=0.2, return_when=concurrent.futures.FIRST_COMPLETED)
+            done, pending = concurrent.futures.wait(
+                pending, timeout=0.2, return_when=concurrent.futures.FIRST_COMPLETED
+            )
             for future in done:
                 state, batch = futures[future]
                 try:
@@ -593,32 +656,22 @@ class Symbolizer:
     # ------------------------------------------------------------------ results
 
     def _frames_for(self, state: _ModuleState, keys: list[int], demangle: bool) -> list[list[SymbolizedFrame]]:
-        known = self._known(state)
-        get_entry = known.position.get
-        cache = state.frames if demangle else state.raw_frames
-        get_frames = cache.get
-        out: list[Any] = []
-        append = out.append
-        missing: list[int] = []
-        for index, key in enumerate(keys):
-            frames = get_frames(get_entry(key, -1))
-            if frames is None:
-                missing.append(index)
-                append(None)
-            else:
-                append(frames.copy())  # callers own their lists; the frames themselves are frozen
-        if missing:
-            entries = {get_entry(keys[i], -1) for i in missing}
+        # Chains are cached per lookup address: a known address costs one dict probe and a
+        # list copy (callers own their lists; the frames themselves are frozen and shared).
+        by_key = state.frames if demangle else state.raw_frames
+        found = list(map(by_key.get, keys))
+        if None in found:
+            known = self._known(state)
+            get_entry = known.position.get
+            wanted = {k for k, frames in zip(keys, found) if frames is None}
+            entries = {get_entry(k, -1) for k in wanted}
             entries.discard(-1)
-            self._fill_frame_cache(state, known, entries, demangle)
-            for index in missing:
-                key = keys[index]
+            chains = self._chains(known, entries, demangle)
+            for key in wanted:
                 entry = get_entry(key, -1)
-                if entry >= 0:
-                    out[index] = cache[entry].copy()
-                else:
-                    out[index] = [SymbolizedFrame(None, reason=self._invalid_reason(key))]
-        return out
+                by_key[key] = chains[entry] if entry >= 0 else [SymbolizedFrame(None, reason=self._invalid_reason(key))]
+            found = list(map(by_key.get, keys))
+        return list(map(list, found))
 
     @staticmethod
     def _invalid_reason(key: int) -> str:
@@ -626,7 +679,9 @@ class Symbolizer:
             return "invalid address: a return address of 0"
         return f"invalid address {key:#x}: more than 64 bits"
 
-    def _fill_frame_cache(self, state: _ModuleState, known: KnownTable, entries: set[int], demangle: bool) -> None:
+    @staticmethod
+    def _chains(known: KnownTable, entries: set[int], demangle: bool) -> dict[int, list[SymbolizedFrame]]:
+        """Frame lists for table entries, names demangled in one batch."""
         names: dict[str, str] = {}
         if demangle:
             strings = known.strings
@@ -636,21 +691,21 @@ class Symbolizer:
                 ids.update(known.functions[start : start + known.counts[entry]])
             ids.discard(-1)
             names = demangling.demangle_many(strings[i] for i in ids)
-        cache = state.frames if demangle else state.raw_frames
+        chains = {}
         for entry in entries:
             raw = known.frames_of(entry)
             reason = known.reason_of(entry)
             if not raw:
-                frames = [SymbolizedFrame(None, None, None, False, reason or "not symbolized")]
-            else:
-                frames = [
-                    SymbolizedFrame(
-                        names.get(function, function) if function is not None else None,
-                        file,
-                        line or None,
-                        inlined,
-                        reason if index == 0 else None,
-                    )
-                    for index, (function, file, line, inlined) in enumerate(raw)
-                ]
-            cache[entry] = frames
+                chains[entry] = [SymbolizedFrame(None, None, None, False, reason or "not symbolized")]
+                continue
+            chains[entry] = [
+                SymbolizedFrame(
+                    names.get(function, function) if function is not None else None,
+                    file,
+                    line or None,
+                    inlined,
+                    reason if index == 0 else None,
+                )
+                for index, (function, file, line, inlined) in enumerate(raw)
+            ]
+        return chains

@@ -37,11 +37,12 @@ def build_symcache(path: str, build_id: str | None) -> tuple[bytes, frozenset[st
     if not objects:
         raise ElfFileError(f"{path}: holds no object symbolic can read")
     chosen = objects[0]
-    if build_id:
-        matching = [o for o in objects if (o.code_id or "").lower() == build_id]
-        if not matching:
-            raise ElfFileError(f"{path}: symbolic sees code ID {objects[0].code_id}, not build-ID {build_id}")
-        chosen = matching[0]
+    code_ids = [(o.code_id or "").lower() for o in objects]
+    # A debuglink target without a build-ID note (vetted by its CRC) has no code ID at all.
+    if build_id and any(code_ids):
+        if build_id not in code_ids:
+            raise ElfFileError(f"{path}: symbolic sees code ID {code_ids[0] or 'none'}, not build-ID {build_id}")
+        chosen = objects[code_ids.index(build_id)]
     try:
         features = frozenset(chosen.features)
         cache = chosen.make_symcache()
@@ -160,7 +161,9 @@ class SymCacheReader:
             out.append(
                 [
                     (strings[f] if f >= 0 else None, strings[p] if p >= 0 else None, line)
-                    for f, p, line in zip(functions[pos : pos + count], files[pos : pos + count], lines[pos : pos + count])
+                    for f, p, line in zip(
+                        functions[pos : pos + count], files[pos : pos + count], lines[pos : pos + count]
+                    )
                 ]
             )
             pos += count

@@ -6,6 +6,7 @@
 
 -- One row per ingested run (one captured process), from its manifest.
 -- @column run_id                 the run's id, `YYYYmmddTHHMMSS-<pid>-<random>` (UTC start time)
+-- @column run_number             small number of the run in this database (keys `event_counts`)
 -- @column parent_run_id          run of the process that forked or started this one, or NULL
 -- @column started_at             when capture started
 -- @column ended_at               when capture closed cleanly; NULL for an incomplete run
@@ -35,6 +36,7 @@
 -- @column manifest               the whole manifest as JSON
 CREATE TABLE runs (
     run_id VARCHAR PRIMARY KEY,
+    run_number INTEGER NOT NULL,
     parent_run_id VARCHAR,
     started_at TIMESTAMPTZ,
     ended_at TIMESTAMPTZ,
@@ -129,8 +131,9 @@ CREATE TABLE symbols (
 -- @column native_frames  raw native frames (before inline expansion), marker included
 -- @column python_frames  Python frames
 -- @column frames         rows in `stack_frames` (inline frames and marker included)
--- @column problem        why the combined order could not be fully trusted, else NULL
--- @column first_run_id   the run that brought the stack in
+-- @column problem           why the combined order could not be fully trusted, else NULL
+-- @column symbolized_depth  depth of the innermost frame with a function name: the call site of a stack without user frames; NULL when none
+-- @column first_run_id      the run that brought the stack in
 CREATE TABLE stacks (
     stack_id BIGINT NOT NULL,
     stack_hash UBIGINT NOT NULL,
@@ -139,6 +142,7 @@ CREATE TABLE stacks (
     python_frames INTEGER NOT NULL,
     frames INTEGER NOT NULL,
     problem VARCHAR,
+    symbolized_depth INTEGER,
     first_run_id VARCHAR NOT NULL
 );
 
@@ -194,6 +198,60 @@ CREATE TABLE events (
     name VARCHAR NOT NULL,
     stack_id BIGINT,
     attrs JSON
+);
+
+-- Each distinct (kind, name) of the events once, numbered (keys `event_counts`).
+-- @column name_id  the pair's number
+-- @column kind     event kind
+-- @column name     event name
+CREATE TABLE event_names (
+    name_id INTEGER PRIMARY KEY,
+    kind VARCHAR NOT NULL,
+    name VARCHAR NOT NULL
+);
+
+-- Events counted per run, kind/name and stack: what `call_sites` adds up, kept by the ingest in
+-- the same transaction as the events. Integer keys, because grouping a few million rows on long
+-- kernel names is what would make the call-site views slow.
+-- @column run_number  `runs.run_number`
+-- @column name_id     `event_names.name_id`
+-- @column stack_id    `stacks.stack_id`, NULL for events without a stack
+-- @column events      number of events
+CREATE TABLE event_counts (
+    run_number INTEGER NOT NULL,
+    name_id INTEGER NOT NULL,
+    stack_id BIGINT,
+    events BIGINT NOT NULL
+);
+
+-- Each distinct call site once: a (function, file, line) some stack is sited at.
+-- @column site_id   number of the site in this database
+-- @column site_key  `call_site_key(function, file, line)`: stable across rebuilds, runs and databases
+-- @column function  the site frame's function
+-- @column file      the site frame's file
+-- @column line      the site frame's line
+CREATE TABLE sites (
+    site_id BIGINT PRIMARY KEY,
+    site_key VARCHAR NOT NULL,
+    function VARCHAR,
+    file VARCHAR,
+    line INTEGER
+);
+
+-- The call site of every stack under the current `user_code` rules (`stack_sites_from` computes
+-- it; the ingest keeps this table in step: new stacks as they come in, every stack when the rules
+-- or a stack's symbols change).
+-- @column stack_id      `stacks.stack_id`
+-- @column site_id       `sites.site_id`; NULL when the stack has no symbolized frame
+-- @column site_depth    depth of the site frame in `stack_frames`
+-- @column site_kind     'python' or 'native'
+-- @column site_is_user  true when the site is a user frame; false when the stack has none and the site is its innermost symbolized frame
+CREATE TABLE stack_sites (
+    stack_id BIGINT NOT NULL,
+    site_id BIGINT,
+    site_depth INTEGER,
+    site_kind VARCHAR,
+    site_is_user BOOLEAN NOT NULL
 );
 
 -- Which Python files count as user code when events are sited (`call_sites`), beside the built-in

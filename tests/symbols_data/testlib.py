@@ -44,7 +44,7 @@ def build_id_of(path: Path) -> str:
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def build_libs(root: str) -> Libs:
     base = Path(root)
     base.mkdir(parents=True, exist_ok=True)
@@ -100,8 +100,11 @@ def stripped_with_debuglink(libs: Libs, directory: Path) -> Path:
     return target
 
 
-def function_addresses(path: Path) -> list[int]:
-    """Every byte address inside the FUNC symbols of .symtab (the test libraries are small)."""
+def function_addresses(path: Path, skip_cold: bool = False) -> list[int]:
+    """Every byte address inside the FUNC symbols of .symtab (the test libraries are small).
+
+    `skip_cold` leaves out GCC's `foo.cold` parts, which binutils names `foo` (after its DWARF
+    entry) and llvm-symbolizer and tbpipe name `foo.cold` (after the symbol table)."""
     from elftools.elf.elffile import ELFFile
 
     with open(path, "rb") as stream:
@@ -109,6 +112,8 @@ def function_addresses(path: Path) -> list[int]:
         symtab = elf.get_section_by_name(".symtab")
         out = set()
         for symbol in symtab.iter_symbols():
+            if skip_cold and ".cold" in symbol.name:
+                continue
             if symbol["st_info"]["type"] == "STT_FUNC" and symbol["st_size"] and symbol["st_shndx"] != "SHN_UNDEF":
                 out.update(range(symbol["st_value"], symbol["st_value"] + symbol["st_size"]))
     return sorted(out)

@@ -1,0 +1,178 @@
+"""The `triton` source: a `triton_launch` event for every Triton kernel launch.
+
+Triton calls a launch-enter hook on the launching thread, with the GIL held,
+just before each launch; the event is recorded there with the combined stack.
+Hook APIs, newest first:
+  - triton >= 3.4: `triton.knobs.runtime.launch_enter_hook` is a HookChain
+    (`.add(fn)` / `.remove(fn)`), shared politely with other tools (proton);
+  - triton 3.3: `triton.knobs.runtime.launch_enter_hook` is a single callable;
+  - triton <= 3.2: `triton.compiler.CompiledKernel.launch_enter_hook`, a class
+    attribute holding a single callable.
+For the single-callable forms a hook already there is kept and called after
+ours, and put back when the source stops (unless someone replaced ours since).
+
+Event: kind `triton_launch`, name = the kernel's name, attributes grid
+([x, y, z]), stream and function (the CUfunction: equal to the `function` of the
+`cuda` source's cuLaunchKernel event for the same launch). Triton >= 3.0 hands
+the hook only {name, function, stream}; the grid is read from the launcher's
+frame (`gridX/gridY/gridZ` of the driver's launcher, or `grid_0..2` of
+JITFunction.run), and left out when neither is found. Triton 2.x passed the
+launcher's arguments themselves, grid first.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tbpipe import _native
+from tbpipe.capture import after_import
+from tbpipe.capture.errors import SourceError
+
+
+@dataclass
+class TritonHandle:
+    status: str
+    api: str | None = None  # "hook_chain", "knob" or "compiled_kernel" once installed
+
+
+@dataclass
+class _Installed:
+    api: str
+    undo: Callable[[], None] = field(repr=False)
+
+
+class _State:
+    def __init__(self) -> None:
+        self.installed: _Installed | None = None
+        self.watcher: after_import.AfterImport | None = None
+        self.lock = threading.RLock()
+
+
+_state = _State()
+
+
+def start() -> TritonHandle:
+    with _state.lock:
+        triton = after_import.fully_imported("triton")
+        if triton is not None:
+            return TritonHandle("recording", _install(triton))
+        if not after_import.installed("triton"):
+            raise SourceError(f"the triton source needs Triton, which is not installed for this Python ({sys.executable})")
+        if _state.watcher is None:
+            _state.watcher = after_import.install("triton", _on_triton_imported)
+        return TritonHandle("recording (from `import triton` on)")
+
+
+def stop(handle: TritonHandle | None = None) -> None:
+    with _state.lock:
+        after_import.remove(_state.watcher)
+        _state.watcher = None
+        installed, _state.installed = _state.installed, None
+        if installed is not None:
+            installed.undo()
+
+
+def _on_triton_imported(triton: Any) -> None:
+    with _state.lock:
+        if _state.watcher is None:
+            return
+        _state.watcher = None
+        _install(triton)
+
+
+# -- the hook ----------------------------------------------------------------
+
+
+def launch_enter_hook(*args: Any, **kwargs: Any) -> None:
+    """Records one launch; never raises into Triton's launcher."""
+    try:
+        name, attrs = describe_launch(args, sys._getframe(1))
+        _native.record("triton_launch", name, **attrs)
+    except Exception:
+        pass
+
+
+def describe_launch(args: tuple[Any, ...], caller: Any) -> tuple[str, dict[str, Any]]:
+    """(kernel name, attributes) from what a launch hook receives."""
+    if len(args) == 1 and isinstance(args[0], dict):
+        # Triton >= 3.0: a LazyDict; dict.get never calls its lazy values.
+        metadata = args[0]
+        attrs: dict[str, Any] = {}
+        grid = _grid_from_frames(caller)
+        if grid is not None:
+            attrs["grid"] = grid
+        for key in ("stream", "function"):
+            value = dict.get(metadata, key)
+            if isinstance(value, int):
+                attrs[key] = value
+        return str(dict.get(metadata, "name") or "<unknown triton kernel>"), attrs
+    # Triton 2.x: the launcher's own arguments, grid first, the CompiledKernel among them.
+    attrs = {}
+    if len(args) >= 3 and all(isinstance(a, int) for a in args[:3]):
+        attrs["grid"] = [int(a) for a in args[:3]]
+    name = None
+    for arg in args:
+        metadata = getattr(arg, "metadata", None)
+        if metadata is not None and hasattr(arg, "asm"):
+            name = getattr(arg, "name", None) or (metadata.get("name") if isinstance(metadata, dict) else None)
+            break
+    return str(name or "<unknown triton kernel>"), attrs
+
+
+_GRID_NAMES = (("gridX", "gridY", "gridZ"), ("grid_0", "grid_1", "grid_2"))
+
+
+def _grid_from_frames(frame: Any, depth: int = 6) -> list[int] | None:
+    while frame is not None and depth > 0:
+        names = frame.f_code.co_varnames
+        for x, y, z in _GRID_NAMES:
+            if x in names:
+                local = frame.f_locals
+                grid = [local.get(x), local.get(y, 1), local.get(z, 1)]
+                if all(isinstance(v, int) for v in grid):
+                    return [int(v) for v in grid]
+        frame = frame.f_back
+        depth -= 1
+    return None
+
+
+# -- installing into each API -------------------------------------------------------
+
+
+def _install(triton: Any) -> str:
+    if _state.installed is not None:
+        return _state.installed.api
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    current = getattr(runtime, "launch_enter_hook", None) if runtime is not None else None
+    if current is not None and callable(getattr(current, "add", None)) and callable(getattr(current, "remove", None)):
+        current.add(launch_enter_hook)
+        _state.installed = _Installed("hook_chain", lambda: current.remove(launch_enter_hook))
+    elif runtime is not None and hasattr(runtime, "launch_enter_hook"):
+        _state.installed = _Installed("knob", _replace_single_hook(runtime, "launch_enter_hook"))
+    else:
+        from triton.compiler import CompiledKernel
+
+        _state.installed = _Installed("compiled_kernel", _replace_single_hook(CompiledKernel, "launch_enter_hook"))
+    return _state.installed.api
+
+
+def _replace_single_hook(owner: Any, attribute: str) -> Callable[[], None]:
+    previous = getattr(owner, attribute, None)
+    if previous is None:
+        hook: Callable[..., None] = launch_enter_hook
+    else:
+
+        def hook(*args: Any, **kwargs: Any) -> None:
+            launch_enter_hook(*args, **kwargs)
+            previous(*args, **kwargs)
+
+    setattr(owner, attribute, hook)
+
+    def undo() -> None:
+        if getattr(owner, attribute, None) is hook:
+            setattr(owner, attribute, previous)
+
+    return undo

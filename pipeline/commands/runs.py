@@ -1,0 +1,52 @@
+"""`tbpipe runs [--db PATH] [--label K=V]...`: the ingested runs, with their labels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tbpipe.pipeline.commands.run import parse_labels
+
+
+def _labels(labels: dict | None) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted((labels or {}).items()))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("runs")
+    def runs(
+        db: Optional[Path] = typer.Option(None, "--db", help="Database file [default: $TBPIPE_DB or ./tbpipe.duckdb]."),
+        label: Optional[List[str]] = typer.Option(None, "--label", "-l", help="Only runs with this KEY=VALUE label; repeatable."),
+    ) -> None:
+        """List the ingested runs, oldest first, with their labels."""
+        from tbpipe.pipeline.db import open_database
+        from tbpipe.pipeline.db import read
+
+        con = open_database(db, read_only=True)
+        try:
+            rows = read.runs(con, parse_labels(label or []))
+        finally:
+            con.close()
+        table = Table(title=f"{len(rows)} run{'s' if len(rows) != 1 else ''}", title_justify="left")
+        for name, justify in (
+            ("run", "left"), ("started (UTC)", "left"), ("complete", "left"), ("events", "right"),
+            ("stacks", "right"), ("host:pid", "left"), ("labels", "left"), ("command", "left"),
+        ):
+            table.add_column(name, justify=justify, overflow="fold")
+        for row in rows:
+            started = row["started_at"].strftime("%Y-%m-%d %H:%M:%S") if row["started_at"] else ""
+            table.add_row(
+                row["run_id"],
+                started,
+                "yes" if row["complete"] else "[yellow]no[/]",
+                f"{row['events']:,}",
+                f"{row['stacks']:,}",
+                f"{row['host']}:{row['pid']}",
+                _labels(row["labels"]),
+                " ".join(row["argv"] or [])[:80],
+            )
+        Console().print(table)

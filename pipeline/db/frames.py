@@ -1,0 +1,348 @@
+"""Stack frames in combined order with inline chains, built column by column with numpy.
+
+Two steps, both over whole runs at once:
+
+- `combined_slots`: where each raw frame goes. Each native eval-loop frame stands for the run of
+  Python frames from the next unclaimed one up to and including the next entry frame
+  (`tbpipe.pipeline.interleave`, the per-stack reference; the tests check both agree). So the
+  Python frames of a stack fall into groups ended by entry frames, and the k-th eval-loop frame
+  (markers never count) takes the k-th group; eval-loop frames beyond the last group stay native
+  frames; groups left over follow a native walk that stopped early, and without such a stop they
+  mean the two walks disagree and the stack is shown as its Python frames alone. Each placed frame
+  is a *slot*.
+- `expand`: each native slot becomes its address's inline chain from the symbols rows (innermost
+  first); the result is shaped like the `stack_frames` table.
+
+Segmented prefix sums stand in for per-stack loops: frames of one stack are contiguous, so a
+global cumulative sum minus its value at the stack's start is the sum within the stack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tbpipe.schemas.raw import (
+    NATIVE_FRAME_EVAL_LOOP,
+    NATIVE_FRAME_EXACT_PC,
+    NATIVE_FRAME_MARKER,
+    PYTHON_FRAME_ENTRY,
+    STACK_NO_NATIVE,
+    STOP_REASONS,
+)
+
+PYTHON, NATIVE, MARKER = 0, 1, 2
+KIND_NAMES = pa.array(["python", "native", "marker"], pa.string())
+NO_MODULE_REASON = "the run does not describe this frame's module"
+NOT_SYMBOLIZED_REASON = "not symbolized"
+
+
+@dataclass
+class Slots:
+    """Frames in combined order before inline expansion, stack after stack, slot after slot."""
+
+    stack_id: np.ndarray  # int64
+    slot: np.ndarray  # int32, 0-based within the stack
+    kind: np.ndarray  # int8: PYTHON, NATIVE, MARKER
+    function: pa.Array  # Python qualname; marker: what stopped the walk; native: null
+    file: pa.Array  # Python file
+    line: np.ndarray  # int32 Python line, -1 unknown
+    module: pa.Array  # native: path
+    build_id: pa.Array  # native: `modules.build_id`, null when the run did not describe the module
+    address: np.ndarray  # uint64 native address (marker: stop reason code)
+    exact: np.ndarray  # bool, native: not a return address
+    reason: pa.Array  # marker: the stop reason
+
+    def __len__(self) -> int:
+        return len(self.stack_id)
+
+
+@dataclass
+class StackShapes:
+    """Per stack (in the order given to `combined_slots`)."""
+
+    problem: pa.Array  # string, null when the combined order can be trusted
+
+
+def _flat(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
+def _starts(lengths: np.ndarray) -> np.ndarray:
+    return np.cumsum(lengths) - lengths
+
+
+def _within(values: np.ndarray, owner: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Inclusive running sum of `values` within each owner's contiguous segment."""
+    running = np.cumsum(values, dtype=np.int64)
+    before = np.concatenate([[0], running])[starts]
+    return running - before[owner]
+
+
+def _take(values: pa.Array, rows: np.ndarray) -> pa.Array:
+    """values[rows], null where rows < 0."""
+    missing = rows < 0
+    if len(values) == 0:
+        return pa.nulls(len(rows), values.type)
+    return values.take(pa.array(np.where(missing, 0, rows), pa.int64(), mask=missing))
+
+
+def _stop_texts(codes: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """(marker function text, reason) per stop-reason code."""
+    distinct, inverse = np.unique(codes, return_inverse=True)
+    reasons = [STOP_REASONS.get(int(code), f"stop reason {int(code)}") for code in distinct.tolist()]
+    reason_values = pa.array(reasons, pa.string())
+    text_values = pa.array([f"<native walk stopped: {r}>" for r in reasons], pa.string())
+    index = pa.array(inverse.astype(np.int64))
+    return text_values.take(index), reason_values.take(index)
+
+
+def combined_slots(
+    stack_ids: np.ndarray,
+    status: np.ndarray,
+    native_lengths: np.ndarray,
+    python_lengths: np.ndarray,
+    native_ref: np.ndarray,
+    native_address: np.ndarray,
+    native_flags: np.ndarray,
+    python_ref: np.ndarray,
+    python_line: np.ndarray,
+    python_flags: np.ndarray,
+    modules: pa.Table,
+    code: pa.Table,
+) -> tuple[Slots, StackShapes]:
+    """Slots of the given stacks; frames arrays hold each stack's frames contiguously, innermost first.
+
+    `native_ref` / `python_ref` are rows of `modules` (build_id, path) / `code` (filename,
+    qualname), -1 for a module or code object the run does not describe.
+    """
+    count = len(stack_ids)
+    native_lengths = native_lengths.astype(np.int64)
+    python_lengths = python_lengths.astype(np.int64)
+    n_start, p_start = _starts(native_lengths), _starts(python_lengths)
+    n_owner = np.repeat(np.arange(count), native_lengths)
+    p_owner = np.repeat(np.arange(count), python_lengths)
+    n_idx = np.arange(len(n_owner), dtype=np.int64) - n_start[n_owner]
+    p_idx = np.arange(len(p_owner), dtype=np.int64) - p_start[p_owner]
+
+    is_marker = (native_flags & NATIVE_FRAME_MARKER) != 0
+    is_eval = ((native_flags & NATIVE_FRAME_EVAL_LOOP) != 0) & ~is_marker
+    eval_rank = _within(is_eval.astype(np.int64), n_owner, n_start) - 1
+    evals = np.bincount(n_owner, weights=is_eval, minlength=count).astype(np.int64)
+    truncated = np.bincount(n_owner, weights=is_marker, minlength=count) > 0
+
+    is_entry = ((python_flags & PYTHON_FRAME_ENTRY) != 0).astype(np.int64)
+    group = _within(is_entry, p_owner, p_start) - is_entry  # entry frames before this one
+    last = np.where(python_lengths > 0, p_start + python_lengths - 1, 0)
+    groups = np.where(python_lengths > 0, group[last] + 1 if len(group) else 0, 0)
+    unclaimed = group >= evals[p_owner]
+    leftover = np.bincount(p_owner, weights=unclaimed, minlength=count).astype(np.int64)
+    has_native = ((status & STACK_NO_NATIVE) == 0) & (native_lengths > 0)
+    python_only = ~has_native | ((leftover > 0) & ~truncated)
+
+    # Native frames that stay: all but the eval-loop frames replaced by their Python group.
+    keep_native = ~python_only[n_owner] & ~(is_eval & (eval_rank < groups[n_owner]))
+    # Python frames: under their eval-loop frame, after all native frames (walk stopped), or alone.
+    p_alone = python_only[p_owner]
+    claimed = ~p_alone & ~unclaimed
+    eval_frames = np.flatnonzero(is_eval)
+    eval_start = _starts(evals)
+    eval_of = np.where(claimed, eval_start[p_owner] + group, 0)
+    p_major = np.where(
+        p_alone,
+        p_idx,
+        np.where(claimed, n_idx[eval_frames[eval_of]] if len(eval_frames) else 0, native_lengths[p_owner] + p_idx),
+    )
+    p_minor = np.where(claimed, p_idx + 1, 0)
+
+    native_rows = np.flatnonzero(keep_native)
+    owner = np.concatenate([n_owner[native_rows], p_owner])
+    major = np.concatenate([n_idx[native_rows], p_major])
+    minor = np.concatenate([np.zeros(len(native_rows), dtype=np.int64), p_minor])
+    source = np.concatenate([native_rows, np.arange(len(p_owner))])  # row in native or python frames
+    is_python = np.concatenate([np.zeros(len(native_rows), dtype=bool), np.ones(len(p_owner), dtype=bool)])
+    order = np.lexsort((minor, major, owner))
+    owner, source, is_python = owner[order], source[order], is_python[order]
+    slot = np.arange(len(owner), dtype=np.int64) - np.searchsorted(owner, owner)
+
+    native_source = np.where(is_python, -1, source)
+    python_source = np.where(is_python, source, -1)
+    marker = ~is_python & is_marker[np.maximum(native_source, 0)] if len(is_marker) else np.zeros(len(owner), dtype=bool)
+    kind = np.where(is_python, PYTHON, np.where(marker, MARKER, NATIVE)).astype(np.int8)
+    native_real = (kind == NATIVE)
+
+    module_row = np.where(native_real, native_ref[np.maximum(native_source, 0)] if len(native_ref) else -1, -1)
+    code_row = np.where(is_python, python_ref[np.maximum(python_source, 0)] if len(python_ref) else -1, -1)
+    address = np.where(~is_python, native_address[np.maximum(native_source, 0)] if len(native_address) else 0, 0).astype(np.uint64)
+    exact = native_real & ((native_flags[np.maximum(native_source, 0)] & NATIVE_FRAME_EXACT_PC) != 0 if len(native_flags) else False)
+    line = np.where(is_python, python_line[np.maximum(python_source, 0)] if len(python_line) else -1, -1).astype(np.int32)
+
+    function = _take(code["qualname"].combine_chunks() if code.num_rows else pa.array([], pa.string()), code_row)
+    file = _take(code["filename"].combine_chunks() if code.num_rows else pa.array([], pa.string()), code_row)
+    reason = pa.nulls(len(owner), pa.string())
+    markers = np.flatnonzero(kind == MARKER)
+    if len(markers):
+        texts, reasons = _stop_texts(address[markers])
+        where = np.full(len(owner), -1, dtype=np.int64)
+        where[markers] = np.arange(len(markers))
+        function = pc.if_else(pa.array(kind == MARKER), _take(texts, where), function)
+        reason = _take(reasons, where)
+    slots = Slots(
+        stack_id=stack_ids[owner].astype(np.int64),
+        slot=slot.astype(np.int32),
+        kind=kind,
+        function=function,
+        file=file,
+        line=line,
+        module=_take(modules["path"].combine_chunks() if modules.num_rows else pa.array([], pa.string()), module_row),
+        build_id=_take(modules["build_id"].combine_chunks() if modules.num_rows else pa.array([], pa.string()), module_row),
+        address=address,
+        exact=exact,
+        reason=reason,
+    )
+    return slots, StackShapes(problem=_problems(has_native, truncated, leftover))
+
+
+def _problems(has_native: np.ndarray, truncated: np.ndarray, leftover: np.ndarray) -> pa.Array:
+    """interleave.CombinedOrder.problem, per stack."""
+    count = pc.cast(pa.array(leftover), pa.string())
+    stopped = pc.binary_join_element_wise("native walk stopped early; ", count, " outer Python frames follow it", "")
+    disagree = pc.binary_join_element_wise(
+        count, " Python frames had no eval-loop frame to match; showing the Python stack alone", ""
+    )
+    problem = pc.if_else(pa.array(truncated), stopped, disagree)
+    return pc.if_else(pa.array(has_native & (leftover > 0)), problem, pa.scalar(None, pa.string()))
+
+
+def slots_from_table(table: pa.Table) -> Slots:
+    """Slots read back from `stack_frames` rows with chain_depth 0 (ordered by stack_id, slot)."""
+    kind = pc.index_in(table["kind"], value_set=KIND_NAMES).to_numpy(zero_copy_only=False).astype(np.int8)
+    native = kind == NATIVE
+
+    def column(name: str) -> pa.Array:
+        values = table[name]
+        return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+    return Slots(
+        stack_id=column("stack_id").to_numpy(zero_copy_only=False).astype(np.int64),
+        slot=column("slot").to_numpy(zero_copy_only=False).astype(np.int32),
+        kind=kind,
+        function=pc.if_else(pa.array(native), pa.scalar(None, pa.string()), column("function")),
+        file=pc.if_else(pa.array(native), pa.scalar(None, pa.string()), column("file")),
+        line=pc.fill_null(column("line"), -1).to_numpy(zero_copy_only=False).astype(np.int32),
+        module=column("module"),
+        build_id=column("build_id"),
+        address=pc.fill_null(column("address"), 0).to_numpy(zero_copy_only=False).astype(np.uint64),
+        exact=pc.fill_null(column("exact"), False).to_numpy(zero_copy_only=False).astype(bool),
+        reason=pc.if_else(pa.array(kind == MARKER), column("reason"), pa.scalar(None, pa.string())),
+    )
+
+
+def _keys(build_codes: np.ndarray, address: np.ndarray, exact: np.ndarray) -> np.ndarray:
+    """One sortable 16-byte key per (build-ID code, address, exact): big-endian bytes compare as numbers."""
+    packed = np.empty((len(address), 2), dtype=">u8")
+    packed[:, 0] = (build_codes.astype(np.uint64) << np.uint64(1)) | exact.astype(np.uint64)
+    packed[:, 1] = address.astype(np.uint64)
+    return packed.view("V16").ravel()
+
+
+@dataclass
+class Frames:
+    table: pa.Table  # shaped like `stack_frames`
+    per_stack_frames: np.ndarray  # int64 frames per stack, for the stacks in order of first appearance
+    stack_order: np.ndarray  # int64 the stack ids those counts belong to
+    symbolized_depth: np.ndarray  # int32 depth of the innermost symbolized frame per stack, -1 none
+
+
+def expand(slots: Slots, symbols: pa.Table) -> Frames:
+    """`stack_frames` rows: native slots replaced by their inline chains from `symbols`."""
+    n = len(slots)
+    native = slots.kind == NATIVE
+    sym_build = symbols["build_id"].combine_chunks() if symbols.num_rows else pa.array([], pa.string())
+    dictionary = pc.unique(pa.concat_arrays([sym_build.cast(pa.string()), slots.build_id.cast(pa.string())]).drop_null())
+    slot_codes = pc.fill_null(pc.index_in(slots.build_id, value_set=dictionary), -1).to_numpy(zero_copy_only=False)
+    sym_codes = pc.index_in(sym_build, value_set=dictionary).to_numpy(zero_copy_only=False) if len(sym_build) else np.zeros(0, np.int32)
+    sym_address = symbols["address"].to_numpy() if symbols.num_rows else np.zeros(0, np.uint64)
+    sym_exact = symbols["exact"].to_numpy(zero_copy_only=False).astype(bool) if symbols.num_rows else np.zeros(0, bool)
+    sym_depth = symbols["depth"].to_numpy() if symbols.num_rows else np.zeros(0, np.int32)
+
+    # One id per distinct key over slots and symbols rows; chains = symbols rows sorted by (id, depth).
+    looked_up = native & (slot_codes >= 0)
+    keys = np.concatenate(
+        [_keys(np.maximum(slot_codes, 0), slots.address, slots.exact), _keys(sym_codes, sym_address, sym_exact)]
+    )
+    _, ids = np.unique(keys, return_inverse=True)
+    ids = ids.ravel()
+    slot_ids, sym_ids = ids[:n], ids[n:]
+    chain_length = np.bincount(sym_ids, minlength=int(ids.max()) + 1 if len(ids) else 0)
+    sym_order = np.lexsort((sym_depth, sym_ids))
+    chain_start = np.searchsorted(sym_ids[sym_order], np.arange(len(chain_length)))
+
+    has_chain = looked_up & (chain_length[slot_ids] > 0 if len(chain_length) else False)
+    lengths = np.where(has_chain, chain_length[slot_ids] if len(chain_length) else 1, 1).astype(np.int64)
+    owner = np.repeat(np.arange(n), lengths)
+    chain_depth = np.arange(len(owner), dtype=np.int64) - np.repeat(_starts(lengths), lengths)
+    stack = slots.stack_id[owner]
+    depth = np.arange(len(owner), dtype=np.int64) - _first_index(stack)
+
+    row_chain = has_chain[owner]
+    sym_row = np.where(row_chain, sym_order[np.minimum(chain_start[slot_ids[owner]] + chain_depth, len(sym_order) - 1)] if len(sym_order) else 0, -1)
+    slot_row = np.where(row_chain, -1, owner)
+    n_sym = symbols.num_rows
+
+    def choose(symbol_column: str, slot_values: pa.Array) -> pa.Array:
+        sym_values = _flat(symbols[symbol_column]).cast(pa.string()) if n_sym else pa.array([], pa.string())
+        values = pa.concat_arrays([sym_values, _flat(slot_values).cast(pa.string())])
+        return _take(values, np.where(row_chain, sym_row, np.where(slot_row >= 0, n_sym + slot_row, -1)))
+
+    function = choose("function", slots.function)
+    file = choose("file", slots.file)
+    sym_line = pc.fill_null(symbols["line"], 0).to_numpy().astype(np.int64) if n_sym else np.zeros(0, np.int64)
+    sym_line[sym_line <= 0] = -1
+    line = np.where(row_chain, sym_line[np.maximum(sym_row, 0)] if n_sym else -1, slots.line[owner])
+    inlined = np.where(row_chain, symbols["inlined"].to_numpy(zero_copy_only=False)[np.maximum(sym_row, 0)] if n_sym else False, False)
+    unresolved = np.where(slot_codes < 0, NO_MODULE_REASON, NOT_SYMBOLIZED_REASON)
+    slot_reason = pc.if_else(
+        pa.array(native & ~has_chain), pa.array(unresolved, pa.string()), slots.reason.cast(pa.string())
+    )
+    reason = choose("reason", slot_reason)
+
+    kind = KIND_NAMES.take(pa.array(slots.kind[owner].astype(np.int64)))
+    is_native = slots.kind[owner] != PYTHON
+    table = pa.table(
+        {
+            "stack_id": pa.array(stack, pa.int64()),
+            "depth": pa.array(depth, pa.int32()),
+            "slot": pa.array(slots.slot[owner], pa.int32()),
+            "chain_depth": pa.array(chain_depth, pa.int32()),
+            "kind": kind,
+            "function": function,
+            "file": file,
+            "line": pa.array(line.astype(np.int32), pa.int32(), mask=line < 0),
+            "module": _take(slots.module, np.where(is_native, owner, -1)),
+            "build_id": _take(slots.build_id, np.where(is_native, owner, -1)),
+            "address": pa.array(slots.address[owner], pa.uint64(), mask=~is_native),
+            "exact": pa.array(slots.exact[owner], pa.bool_(), mask=slots.kind[owner] != NATIVE),
+            "inlined": pa.array(inlined.astype(bool), pa.bool_()),
+            "reason": reason,
+        }
+    )
+
+    # Per stack: frame count and the innermost symbolized frame (the call site without a user frame).
+    stacks, first, counts = np.unique(stack, return_index=True, return_counts=True)
+    symbolized = (slots.kind[owner] != MARKER) & pc.is_valid(function).to_numpy(zero_copy_only=False)
+    sym_depth_out = np.full(len(stacks), -1, dtype=np.int32)
+    if symbolized.any():
+        with_frame, first_symbolized = np.unique(stack[symbolized], return_index=True)
+        sym_depth_out[np.searchsorted(stacks, with_frame)] = depth[np.flatnonzero(symbolized)[first_symbolized]]
+    return Frames(table, counts.astype(np.int64), stacks.astype(np.int64), sym_depth_out)
+
+
+def _first_index(values: np.ndarray) -> np.ndarray:
+    """For contiguous runs of equal values: the index where each element's run starts."""
+    change = np.concatenate([[True], values[1:] != values[:-1]]) if len(values) else np.zeros(0, bool)
+    starts = np.flatnonzero(change)
+    return starts[np.cumsum(change) - 1]

@@ -1,0 +1,190 @@
+"""Reading the database for people: stacks as frames, events, call sites, runs.
+
+Frames come back as `tbpipe.pipeline.stacks.Frame` dicts, so `format_frames` prints a stack from
+the database exactly as it prints one symbolized in-process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from tbpipe.pipeline.db.connection import query_rows
+from tbpipe.pipeline.errors import UsageError
+from tbpipe.pipeline.stacks import Frame, frame
+
+
+class NotFoundError(UsageError):
+    """An event, stack or call site the database does not have."""
+
+
+def _native_name(function: str | None, module: str | None, address: int | None) -> str:
+    if function:
+        return function
+    base = os.path.basename(module) if module else "??"
+    return f"{base}+0x{address:x}" if address is not None else base
+
+
+def stack_frames(con: Any, stack_id: int) -> list[Frame]:
+    """The stack's frames, innermost first, with its combined-order problem (if any) as a last marker."""
+    rows = query_rows(
+        con,
+        """
+        SELECT kind, function, file, line, module, address, inlined
+        FROM stack_frames WHERE stack_id = ? ORDER BY depth
+        """,
+        [stack_id],
+    )
+    problem = query_rows(con, "SELECT problem FROM stacks WHERE stack_id = ?", [stack_id])
+    if not problem:
+        raise NotFoundError(f"no stack {stack_id} in the database")
+    frames = []
+    for kind, function, file, line, module, address, inlined in rows:
+        if kind == "native":
+            frames.append(frame("native", _native_name(function, module, address), file, line, module, bool(inlined)))
+        elif kind == "marker":
+            frames.append(frame("marker", function or "<native walk stopped>", None, None, None))
+        else:
+            frames.append(frame("python", function or "<unknown code>", file, line, None))
+    if problem[0][0]:
+        frames.append(frame("marker", f"<{problem[0][0]}>", None, None, None))
+    return frames
+
+
+@dataclass
+class EventInfo:
+    event_id: int
+    run_id: str
+    ts: Any
+    thread_id: int
+    thread_name: str | None
+    kind: str
+    name: str
+    stack_id: int | None
+    attrs: str | None
+
+
+def event(con: Any, event_id: int) -> EventInfo:
+    rows = query_rows(
+        con,
+        """
+        SELECT e.event_id, e.run_id, e.ts, e.thread_id, r.threads[e.thread_id], e.kind, e.name, e.stack_id, e.attrs
+        FROM events e LEFT JOIN runs r USING (run_id)
+        WHERE e.event_id = ?
+        """,
+        [event_id],
+    )
+    if not rows:
+        raise NotFoundError(f"no event {event_id} in the database")
+    return EventInfo(*rows[0])
+
+
+@dataclass
+class SiteStack:
+    stack_id: int
+    events: int
+    names: list[str]
+
+
+@dataclass
+class SiteInfo:
+    site_key: str
+    function: str | None
+    file: str | None
+    line: int | None
+    is_user: bool
+    events: int
+    stacks: list[SiteStack]  # the heaviest first
+    stack_count: int
+
+
+def site(con: Any, site_key: str, limit: int) -> SiteInfo:
+    """A call site by its key: where it is, how many events, and its heaviest stacks."""
+    heads = query_rows(
+        con,
+        """
+        SELECT t.function, t.file, t.line, bool_or(s.site_is_user), count(*)
+        FROM sites t JOIN stack_sites s USING (site_id)
+        WHERE t.site_key = ?
+        GROUP BY ALL
+        """,
+        [site_key],
+    )
+    if not heads:
+        raise NotFoundError(f"no call site with key {site_key!r} in the database (keys are in `call_sites.site_key`)")
+    function, file, line, is_user, stack_count = heads[0]
+    stacks = query_rows(
+        con,
+        """
+        SELECT c.stack_id, sum(c.events)::BIGINT AS events, list(DISTINCT n.name ORDER BY n.name) AS names
+        FROM event_counts c
+        JOIN event_names n USING (name_id)
+        JOIN stack_sites s USING (stack_id)
+        JOIN sites t USING (site_id)
+        WHERE t.site_key = ?
+        GROUP BY c.stack_id
+        ORDER BY events DESC, c.stack_id
+        """,
+        [site_key],
+    )
+    total = sum(row[1] for row in stacks)
+    return SiteInfo(
+        site_key,
+        function,
+        file,
+        line,
+        bool(is_user),
+        total,
+        [SiteStack(stack_id, events, list(names)) for stack_id, events, names in stacks[:limit]],
+        stack_count,
+    )
+
+
+def top_sites(con: Any, kind: str | None, run_ids: list[str] | None, limit: int) -> list[dict[str, Any]]:
+    """The call sites with the most events (of `kind`, in `run_ids`), summed over runs."""
+    where, params = [], []
+    if kind is not None:
+        where.append("kind = ?")
+        params.append(kind)
+    if run_ids is not None:
+        where.append("list_contains(?, run_id)")
+        params.append(list(run_ids))
+    rows = query_rows(
+        con,
+        f"""
+        SELECT name, site_function, site_file, site_line, site_key, sum(events)::BIGINT AS events
+        FROM call_sites
+        {'WHERE ' + ' AND '.join(where) if where else ''}
+        GROUP BY ALL
+        ORDER BY events DESC, name, site_key
+        LIMIT {int(limit)}
+        """,
+        params,
+    )
+    keys = ("name", "site_function", "site_file", "site_line", "site_key", "events")
+    return [dict(zip(keys, row)) for row in rows]
+
+
+def runs(con: Any, labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every run (matching all `labels`), oldest first."""
+    where, params = [], []
+    for key, value in (labels or {}).items():
+        where.append("labels[?] = ?")
+        params += [key, value]
+    rows = query_rows(
+        con,
+        f"""
+        SELECT run_id, started_at, ended_at, complete, host, pid, argv, labels, events, stacks, new_stacks,
+               python_version, torch_version, ingest_notes
+        FROM runs
+        {'WHERE ' + ' AND '.join(where) if where else ''}
+        ORDER BY started_at, run_id
+        """,
+        params,
+    )
+    keys = (
+        "run_id", "started_at", "ended_at", "complete", "host", "pid", "argv", "labels", "events", "stacks",
+        "new_stacks", "python_version", "torch_version", "ingest_notes",
+    )
+    return [dict(zip(keys, row)) for row in rows]

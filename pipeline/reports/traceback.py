@@ -1,0 +1,56 @@
+"""`tbpipe show`: one event, stack or call site with its combined traceback (`format_frames`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+
+from tbpipe.pipeline.db import read
+from tbpipe.pipeline.stacks import format_frames
+
+
+def _traceback(console: Console, con: Any, stack_id: int) -> None:
+    console.print(format_frames(read.stack_frames(con, stack_id)), highlight=False, markup=False, soft_wrap=True)
+
+
+def show_event(con: Any, event_id: int, console: Console) -> None:
+    info = read.event(con, event_id)
+    thread = f"{info.thread_id}" + (f" ({info.thread_name})" if info.thread_name else "")
+    console.print(f"# event {info.event_id}: {info.kind} {info.name}", highlight=False, markup=False, soft_wrap=True)
+    console.print(f"# run {info.run_id}, thread {thread}, at {info.ts}", highlight=False, markup=False, soft_wrap=True)
+    if info.attrs:
+        console.print(f"# attrs {info.attrs}", highlight=False, markup=False, soft_wrap=True)
+    if info.stack_id is None:
+        console.print("# no stack was recorded for this event", highlight=False, markup=False)
+        return
+    console.print(f"# stack {info.stack_id}", highlight=False, markup=False)
+    _traceback(console, con, info.stack_id)
+
+
+def show_stack(con: Any, stack_id: int, console: Console) -> None:
+    frames = read.stack_frames(con, stack_id)
+    console.print(f"# stack {stack_id}: {len(frames)} frames, innermost first", highlight=False, markup=False)
+    console.print(format_frames(frames), highlight=False, markup=False, soft_wrap=True)
+
+
+def show_site(con: Any, site_key: str, limit: int, console: Console) -> None:
+    info = read.site(con, site_key, limit)
+    where = f"{info.file or '??'}:{info.line if info.line is not None else '?'}:{info.function}"
+    kind = "user frame" if info.is_user else "no user frame; innermost symbolized frame"
+    console.print(f"# call site {info.site_key}: {where} ({kind})", highlight=False, markup=False, soft_wrap=True)
+    console.print(
+        f"# {info.events:,} events from {info.stack_count} stack{'s' if info.stack_count != 1 else ''}"
+        + (f"; the {len(info.stacks)} heaviest follow" if info.stack_count > len(info.stacks) else ""),
+        highlight=False,
+        markup=False,
+    )
+    for entry in info.stacks:
+        console.print()
+        console.print(
+            f"# stack {entry.stack_id}: {entry.events:,} events ({', '.join(entry.names)})",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+        _traceback(console, con, entry.stack_id)

@@ -1,0 +1,644 @@
+"""`tbpipe ingest`: real runs (captured here or in child processes) into real DuckDB files."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import run_python
+from tbpipe import capture
+from tbpipe.pipeline.db import IngestOptions, IngestSummary, ingest_runs, open_database
+from tbpipe.pipeline.db import read as db_read
+from tbpipe.pipeline.db.connection import query_rows
+from tbpipe.pipeline.rawrun import find_run_dirs, read_run
+from tbpipe.pipeline.stacks import symbolize_stacks
+
+TBPIPE = [sys.executable, "-m", "tbpipe.pipeline"]
+
+
+@pytest.fixture(scope="session")
+def symbol_cache(tmp_path_factory) -> Path:
+    # One symbol store for the whole session (every test file uses this folder), so SymCaches
+    # are built once, also for the child processes (TBPIPE_CACHE_DIR).
+    path = tmp_path_factory.getbasetemp() / "tbpipe-symbols"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def ingest(db: Path, *dirs: Path, cache: Path, **options) -> IngestSummary:
+    return ingest_runs(list(dirs), IngestOptions(db_path=db, cache_dir=cache, progress=False, wait_s=30, **options))
+
+
+def rows(db: Path, sql: str, params: list | None = None) -> list[tuple]:
+    con = open_database(db, read_only=True)
+    try:
+        return query_rows(con, sql, params)
+    finally:
+        con.close()
+
+
+# ------------------------------------------------------------------------------ a workload at known lines
+
+LINES: dict[str, int] = {}
+
+
+def _here() -> int:
+    return sys._getframe(1).f_lineno
+
+
+def launch_gemm(count: int) -> None:
+    for _ in range(count):
+        capture.record("kernel_launch", "gemm", grid=1); LINES["gemm"] = _here()  # noqa: E702
+
+
+def launch_pair() -> None:
+    capture.record("kernel_launch", "gemm", grid=2); LINES["pair_gemm"] = _here()  # noqa: E702
+    capture.record("op", "aten::mm"); LINES["pair_mm"] = _here()  # noqa: E702
+
+
+def _key(value: int) -> int:
+    capture.record("kernel_launch", "sort_kernel"); LINES["sort"] = _here()  # noqa: E702
+    return -value
+
+
+def workload(library) -> None:
+    launch_gemm(7)
+    for _ in range(3):
+        launch_pair()
+    library.launch("softmax", 5); LINES["softmax"] = _here()  # noqa: E702
+    sorted(range(4), key=_key)  # a C function calling back into Python
+
+
+LIBRARY = """
+from tbpipe.capture import record
+
+
+def launch(name, count):
+    for _ in range(count):
+        record("kernel_launch", name)  # line 7
+"""
+LIBRARY_LINE = 7
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    """A module under a site-packages folder: not user code, so sites skip its frames."""
+    site_packages = tmp_path_factory.mktemp("venv") / "site-packages"
+    package = site_packages / "fakelib_tbpipe"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "launch.py").write_text(LIBRARY)
+    sys.path.insert(0, str(site_packages))
+    try:
+        yield importlib.import_module("fakelib_tbpipe.launch")
+    finally:
+        sys.path.remove(str(site_packages))
+        sys.modules.pop("fakelib_tbpipe.launch", None)
+        sys.modules.pop("fakelib_tbpipe", None)
+
+
+@pytest.fixture(scope="module")
+def workload_runs(tmp_path_factory, library) -> Path:
+    out = tmp_path_factory.mktemp("workload") / "runs"
+    with capture.session(out, labels={"suite": "workload"}):
+        workload(library)
+    return out
+
+
+@pytest.fixture(scope="module")
+def workload_db(tmp_path_factory, workload_runs, symbol_cache) -> Path:
+    db = tmp_path_factory.mktemp("workload-db") / "tbpipe.duckdb"
+    summary = ingest(db, workload_runs, cache=symbol_cache)
+    assert summary.ok and summary.ingested == 1
+    return db
+
+
+def site_counts(db: Path) -> dict[tuple, int]:
+    found = rows(db, "SELECT kind, name, site_function, site_file, site_line, events FROM call_sites")
+    return {(kind, name, function.rsplit(".", 1)[-1] if function else None, file, line): events for kind, name, function, file, line, events in found}
+
+
+def test_exact_event_counts_per_call_site(workload_db, library) -> None:
+    here = __file__
+    assert site_counts(workload_db) == {
+        ("kernel_launch", "gemm", "launch_gemm", here, LINES["gemm"]): 7,
+        ("kernel_launch", "gemm", "launch_pair", here, LINES["pair_gemm"]): 3,
+        ("op", "aten::mm", "launch_pair", here, LINES["pair_mm"]): 3,
+        # The library's own frames are skipped: the site is the user line that called it.
+        ("kernel_launch", "softmax", "workload", here, LINES["softmax"]): 5,
+        # Called back from C (sorted): the site is the callback, whose frame sits under `sorted`.
+        ("kernel_launch", "sort_kernel", "_key", here, LINES["sort"]): 4,
+    }
+    (launches,) = rows(workload_db, "SELECT sum(events) FROM kernel_launch_sites")[0]
+    assert launches == 7 + 3 + 5 + 4
+    (kinds,) = rows(workload_db, "SELECT list(DISTINCT kind) FROM kernel_launch_sites")[0]
+    assert kinds == ["kernel_launch"]
+
+
+def test_site_keys_are_stable_and_mean_function_file_line(workload_db) -> None:
+    keys = rows(
+        workload_db,
+        "SELECT DISTINCT site_key, call_site_key(site_function, site_file, site_line) FROM call_sites",
+    )
+    assert keys and all(stored == computed and len(stored) == 16 for stored, computed in keys)
+    # The key is a function of (function, file, line) only: no address, no database-local id.
+    import hashlib
+
+    function, file, line, key = rows(
+        workload_db, "SELECT site_function, site_file, site_line, site_key FROM call_sites WHERE name = 'softmax'"
+    )[0]
+    assert key == hashlib.md5(f"{function}\x1f{file}\x1f{line}".encode()).hexdigest()[:16]
+
+
+def test_user_code_rule_changes_sites(workload_db, symbol_cache, library) -> None:
+    here = __file__
+    library_file = library.__file__
+    # Saying the library is user code moves the softmax site into it, for stacks already stored.
+    ingest(workload_db, cache=symbol_cache, user_code=["fakelib_tbpipe/"])
+    counts = site_counts(workload_db)
+    assert counts[("kernel_launch", "softmax", "launch", library_file, LIBRARY_LINE)] == 5
+    # '!PREFIX' takes it back.
+    ingest(workload_db, cache=symbol_cache, user_code=["!fakelib_tbpipe/"])
+    counts = site_counts(workload_db)
+    assert counts[("kernel_launch", "softmax", "workload", here, LINES["softmax"])] == 5
+    rules = dict(rows(workload_db, "SELECT prefix, is_user FROM user_code WHERE origin = 'user'"))
+    assert rules == {"fakelib_tbpipe/": False}
+
+
+def test_db_frames_match_the_in_process_reference(workload_db, workload_runs, symbol_cache) -> None:
+    assert_frames_match_reference(workload_db, workload_runs, symbol_cache)
+
+
+def assert_frames_match_reference(db: Path, runs: Path, cache: Path) -> int:
+    """Every stack's frames in the database equal `pipeline.stacks.symbolize_stacks` of the raw run."""
+    from tbpipe.pipeline.symbols import Symbolizer
+
+    con = open_database(db, read_only=True)
+    compared = 0
+    try:
+        with Symbolizer(cache_dir=cache, jobs=1, progress=False) as symbolizer:
+            for run_dir in find_run_dirs([runs]):
+                run = read_run(run_dir)
+                reference = symbolize_stacks(run.tables["stacks"], run.tables["modules"], run.tables["code"], symbolizer)
+                raw_ids = run.tables["events"]["stack_id"].to_pylist()
+                db_ids = [r[0] for r in query_rows(con, "SELECT stack_id FROM events WHERE run_id = ? ORDER BY event_id", [run.run_id])]
+                to_db = {}
+                for raw_id, db_id in zip(raw_ids, db_ids):
+                    to_db.setdefault(raw_id, db_id)
+                for raw_id, expected in zip(run.tables["stacks"]["stack_id"].to_pylist(), reference):
+                    if raw_id not in to_db:
+                        continue
+                    got = db_read.stack_frames(con, to_db[raw_id])
+
+                    def key(f):
+                        return (f["kind"], f["name"], f["filename"], f["line"], bool(f.get("inlined")))
+
+                    assert [key(f) for f in got] == [key(f) for f in expected]
+                    compared += 1
+    finally:
+        con.close()
+    assert compared
+    return compared
+
+
+def test_sites_without_user_frames_use_the_innermost_symbolized_frame(tmp_path, symbol_cache) -> None:
+    out = tmp_path / "runs"
+    with capture.session(out, native=False):
+        # Only threading.py (standard library) is on this thread's Python stack.
+        thread = threading.Thread(target=capture.record, args=("kernel_launch", "from_thread"))
+        thread.start()
+        thread.join()
+    db = tmp_path / "t.duckdb"
+    ingest(db, out, cache=symbol_cache)
+    function, file, line, events = rows(
+        db, "SELECT site_function, site_file, site_line, events FROM call_sites WHERE name = 'from_thread'"
+    )[0]
+    assert function.endswith("run") and file == threading.__file__ and events == 1
+    (is_user,) = rows(db, "SELECT bool_or(site_is_user) FROM stack_sites")[0]
+    assert is_user is False
+
+
+# ------------------------------------------------------------------------------ idempotence, incomplete runs
+
+SNAPSHOT_TABLES = {
+    "runs": "run_id, run_number, complete, events, stacks, new_stacks, parts, ingested_at",
+    "modules": "build_id, path, quality, reason",
+    "run_modules": "*",
+    "symbols": "*",
+    "stacks": "*",
+    "stack_frames": "*",
+    "events": "*",
+    "event_names": "*",
+    "event_counts": "*",
+    "sites": "*",
+    "stack_sites": "*",
+    "user_code": "prefix, is_user, origin",
+}
+
+
+def snapshot(db: Path, exclude_ingest_times: bool = False) -> dict[str, tuple]:
+    """Row count and an order-independent hash of every table's contents."""
+    out = {}
+    for table, columns in SNAPSHOT_TABLES.items():
+        if exclude_ingest_times:
+            columns = columns.replace(", ingested_at", "")
+        out[table] = rows(db, f"SELECT count(*), coalesce(sum(hash(t)), 0) FROM (SELECT {columns} FROM {table}) t")[0]
+    return out
+
+
+def test_reingest_changes_nothing(workload_db, workload_runs, symbol_cache) -> None:
+    before = snapshot(workload_db)
+    summary = ingest(workload_db, workload_runs, cache=symbol_cache)
+    assert (summary.ingested, summary.present, summary.events, summary.new_stacks) == (0, 1, 0, 0)
+    assert snapshot(workload_db) == before
+
+
+SIGKILLED = """
+import os, signal, sys, time
+from tbpipe import capture
+session = capture.session(sys.argv[1], flush_interval_s=0.2).start()
+def deep(n):
+    if n:
+        return deep(n - 1)
+    for i in range(500):
+        capture.record("kernel_launch", "before_kill", i=i)
+deep(3)
+time.sleep(1.0)  # several flushes
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_sigkilled_capture_is_ingested_incomplete(tmp_path, symbol_cache) -> None:
+    out = tmp_path / "runs"
+    script = tmp_path / "killed.py"
+    script.write_text(SIGKILLED)
+    result = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    db = tmp_path / "t.duckdb"
+    summary = ingest(db, out, cache=symbol_cache)
+    assert (summary.ingested, summary.incomplete, summary.events) == (1, 1, 500)
+    complete, ended, events = rows(db, "SELECT complete, ended_at, events FROM runs")[0]
+    assert (complete, ended, events) == (False, None, 500)
+    assert rows(db, "SELECT count(*), count(stack_id) FROM events") == [(500, 500)]
+    assert rows(db, "SELECT site_function, events FROM call_sites") == [("deep", 500)]
+
+    # Ingesting it again changes nothing while its files stay the same ...
+    assert ingest(db, out, cache=symbol_cache).present == 1
+    # ... and once they change (here: the run is marked complete) it is loaded again, not twice.
+    (run_dir,) = find_run_dirs([out])
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["complete"] = True
+    manifest["ended_at"] = manifest["updated_at"]
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    summary = ingest(db, out, cache=symbol_cache)
+    assert [o.status for o in summary.outcomes] == ["updated"]
+    assert rows(db, "SELECT complete, events FROM runs") == [(True, 500)]
+    assert rows(db, "SELECT count(*), sum(events) FROM event_counts") == [(1, 500)]
+
+
+def test_unflushed_stacks_of_a_killed_run_are_noted(tmp_path, symbol_cache) -> None:
+    from tbpipe.pipeline.db.synthetic import manifest_for, write_run
+
+    run = _synthetic_tables()
+    events = run["events"]
+    orphan = events.slice(0, 1).set_column(4, "stack_id", pa.array([12345], pa.uint64()))
+    run["events"] = pa.concat_tables([events, orphan])
+    write_run(tmp_path / "runs" / "orphan", manifest_for("20260101T000000-1-orphan", complete=False), run)
+    db = tmp_path / "t.duckdb"
+    summary = ingest(db, tmp_path / "runs", cache=symbol_cache)
+    (outcome,) = summary.outcomes
+    assert outcome.status == "ingested" and not outcome.complete
+    assert any("1 events refer to stacks the run does not hold" in note for note in outcome.notes)
+    assert rows(db, "SELECT count(*), count(stack_id) FROM events") == [(events.num_rows + 1, events.num_rows)]
+
+
+# ------------------------------------------------------------------------------ combined order edge cases
+
+
+def _synthetic_tables(native_extra: list | None = None) -> dict[str, pa.Table]:
+    """A small raw run whose stacks exercise every interleaving case (see test below)."""
+    from tbpipe.pipeline.db.synthetic import loaded_modules
+    from tbpipe.schemas import raw
+
+    libc = next(m for m in loaded_modules() if "libc.so" in m.path)
+    lo, hi = libc.exec_ranges[0]
+    a = [lo + (hi - lo) * k // 10 for k in range(1, 9)]
+    fake = "00112233445566778899aabbccddeeff00112233"
+    n = lambda module, address, flags=0: {"module": module, "offset": address, "flags": flags}  # noqa: E731
+    p = lambda code, line, flags=0: {"code_id": code, "offset": 0, "line": line, "flags": flags}  # noqa: E731
+    EVAL, MARK, EXACT, ENTRY = raw.NATIVE_FRAME_EVAL_LOOP, raw.NATIVE_FRAME_MARKER, raw.NATIVE_FRAME_EXACT_PC, raw.PYTHON_FRAME_ENTRY
+    stacks = [
+        # 1: the walk stopped (marker) with one Python group unclaimed: it follows the marker.
+        (1, 1, [n(0, a[0], EXACT), n(0, a[1], EVAL), n(-1, 2, MARK)], [p(10, 5), p(11, 6, ENTRY), p(12, 7), p(13, 8, ENTRY)]),
+        # 2: a complete native walk without eval-loop frames: the Python stack alone, with a problem.
+        (2, 0, [n(0, a[2], EXACT), n(0, a[3])], [p(10, 9), p(11, 10, ENTRY)]),
+        # 3: no native frames asked for.
+        (3, 4, [], [p(12, 11), p(13, 12, ENTRY)]),
+        # 4: more eval-loop frames than Python groups: the extra ones stay native frames.
+        (4, 0, [n(0, a[4], EXACT), n(0, a[1], EVAL), n(0, a[5]), n(0, a[1], EVAL), n(0, a[6], EVAL)], [p(10, 13, ENTRY)]),
+        # 5: nothing at all.
+        (5, 0, [], []),
+        # 6: a module without any debug info anywhere (a build-ID nothing has).
+        (6, 0, [n(1, 0x1234, EXACT), n(1, 0x5678), n(0, a[7])], []),
+    ]
+    stacks_table = pa.table(
+        {
+            "stack_id": pa.array([s[0] for s in stacks], pa.uint64()),
+            "thread_id": pa.array([1] * len(stacks), pa.int64()),
+            "status": pa.array([s[1] for s in stacks], pa.uint32()),
+            "native": pa.array([s[2] for s in stacks], raw.stacks_schema().field("native").type),
+            "python": pa.array([s[3] for s in stacks], raw.stacks_schema().field("python").type),
+        }
+    )
+    modules = pa.table(
+        {
+            "module_index": pa.array([0, 1], pa.int32()),
+            "path": pa.array([libc.path, "/nonexistent/libfake.so"]),
+            "build_id": pa.array([libc.build_id, fake]),
+            "load_bias": pa.array([0, 0], pa.uint64()),
+            "exec_ranges": pa.array([[], []], raw.modules_schema().field("exec_ranges").type),
+            "eval_ranges": pa.array([[], []], raw.modules_schema().field("eval_ranges").type),
+        }
+    )
+    code = pa.table(
+        {
+            "code_id": pa.array([10, 11, 12, 13], pa.uint64()),
+            "filename": ["/srv/app/a.py", "/srv/app/b.py", "/usr/lib/python3.11/threading.py", "/srv/app/c.py"],
+            "qualname": ["inner", "middle", "Thread.run", "outer"],
+            "first_line": pa.array([1, 1, 1, 1], pa.int32()),
+        }
+    )
+    events = pa.table(
+        {
+            "ts": pa.array([1_700_000_000_000_000_000 + i for i in range(12)], pa.int64()).cast(pa.timestamp("ns", tz="UTC")),
+            "thread_id": pa.array([1] * 12, pa.int64()),
+            "kind": ["kernel_launch"] * 12,
+            "name": [f"k{i % 6 + 1}" for i in range(12)],
+            "stack_id": pa.array([i % 6 + 1 for i in range(12)], pa.uint64()),
+            "attrs": pa.array(['{"grid": 1}'] * 12),
+        }
+    )
+    return {"events": events, "stacks": stacks_table, "modules": modules, "code": code}
+
+
+def test_interleaving_edge_cases_match_the_reference(tmp_path, symbol_cache) -> None:
+    from tbpipe.pipeline.db.synthetic import manifest_for, write_run
+
+    runs = tmp_path / "runs"
+    write_run(runs / "edge", manifest_for("20260101T000000-1-edges"), _synthetic_tables())
+    db = tmp_path / "t.duckdb"
+    summary = ingest(db, runs, cache=symbol_cache)
+    assert summary.ok and summary.new_stacks == 6
+    assert assert_frames_match_reference(db, runs, symbol_cache) == 6
+    problems = dict(rows(db, "SELECT s.stack_id, s.problem FROM stacks s"))
+    texts = sorted(p for p in problems.values() if p)
+    assert texts == [
+        "2 Python frames had no eval-loop frame to match; showing the Python stack alone",
+        "native walk stopped early; 2 outer Python frames follow it",
+    ]
+    # Unsymbolized frames are explained, grouped by reason, with the modules they are in.
+    groups = {g.reason: g for g in summary.unsymbolized.values()}
+    no_debug = next(g for reason, g in groups.items() if reason.startswith("no debug info for build-ID"))
+    assert no_debug.frames == 2 and list(no_debug.modules) == ["00112233445566778899aabbccddeeff00112233"]
+    quality, reason = rows(db, "SELECT quality, reason FROM modules WHERE path = '/nonexistent/libfake.so'")[0]
+    assert quality == "none" and "no debug info for build-ID" in reason
+    # The empty stack has no site; the one sited on a native frame is not a user site.
+    assert rows(db, "SELECT count(*) FROM stack_sites WHERE site_id IS NULL") == [(1,)]
+
+
+def test_equal_stacks_of_different_runs_are_stored_once(tmp_path, symbol_cache) -> None:
+    from tbpipe.pipeline.db.synthetic import SyntheticConfig, generate
+
+    runs = tmp_path / "runs"
+    generated = generate(runs, SyntheticConfig(runs=3, events=6000, unique_stacks=300, native_addresses=500, code_objects=100, max_modules=4))
+    db = tmp_path / "t.duckdb"
+    summary = ingest(db, runs, cache=symbol_cache)
+    assert summary.ok and summary.events == 6000
+    # Each run numbers its modules, code objects and stacks its own way; equal content is one stack.
+    assert summary.new_stacks == generated.stacks_used
+    assert rows(db, "SELECT count(*), count(DISTINCT stack_hash) FROM stacks") == [(generated.stacks_used,) * 2]
+    assert rows(db, "SELECT sum(events) FROM call_sites") == [(6000,)]
+    assert assert_frames_match_reference(db, runs, symbol_cache) >= generated.stacks_used
+
+
+# ------------------------------------------------------------------------------ damaged runs
+
+
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory, library) -> Path:
+    out = tmp_path_factory.mktemp("good") / "runs"
+    with capture.session(out, labels={"suite": "good"}):
+        workload(library)
+    (run_dir,) = find_run_dirs([out])
+    return run_dir
+
+
+def _copy(good: Path, root: Path, name: str) -> Path:
+    target = root / name
+    shutil.copytree(good, target)
+    manifest = json.loads((target / "manifest.json").read_text())
+    manifest["run_id"] = f"20260101T000000-1-{name}"
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    return target
+
+
+def _manifest(run_dir: Path, **changes) -> None:
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest.update(changes)
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _rewrite(part: Path, change) -> None:
+    table = pq.read_table(part)
+    pq.write_table(change(table), part)
+
+
+DAMAGE = {
+    "truncated": (lambda d: (d / "events-000001.parquet").write_bytes((d / "events-000001.parquet").read_bytes()[:200]), "unreadable Parquet"),
+    "notjson": (lambda d: (d / "manifest.json").write_text("{not json"), "manifest is not JSON"),
+    "version": (lambda d: _manifest(d, schema_version=99), "raw schema version 99"),
+    "labels": (lambda d: _manifest(d, labels=["suite"]), "manifest field 'labels' is list"),
+    "started": (lambda d: _manifest(d, started_at="yesterday"), "'started_at' is not an ISO-8601 time"),
+    "runid": (lambda d: _manifest(d, run_id="../../etc"), "malformed run_id"),
+    "missing": (lambda d: (d / "stacks-000001.parquet").unlink(), "files listed in the manifest are missing: stacks-000001.parquet"),
+    "othertable": (lambda d: shutil.copy(d / "stacks-000001.parquet", d / "events-000001.parquet"), "expected table 'events'"),
+    "columns": (
+        lambda d: _rewrite(
+            d / "events-000001.parquet",
+            lambda t: t.drop_columns(["attrs"]).replace_schema_metadata(t.schema.metadata),
+        ),
+        "columns do not match the 'events' schema: no column 'attrs'",
+    ),
+    "dangling": (
+        lambda d: _rewrite(d / "stacks-000001.parquet", lambda t: t.slice(0, 1)),
+        "events refer to stacks the run does not hold",
+    ),
+    "attrs": (
+        lambda d: _rewrite(
+            d / "events-000001.parquet",
+            lambda t: t.set_column(5, t.schema.field("attrs"), pa.array(["{broken"] * t.num_rows)).replace_schema_metadata(
+                t.schema.metadata
+            ),
+        ),
+        "attributes that are not JSON",
+    ),
+}
+
+
+def test_damaged_runs_are_quarantined_and_good_ones_go_in(tmp_path, good_run, symbol_cache) -> None:
+    runs = tmp_path / "runs"
+    good = [_copy(good_run, runs, "good1"), _copy(good_run, runs, "good2")]
+    damaged = {}
+    for name, (damage, _reason) in DAMAGE.items():
+        damaged[name] = _copy(good_run, runs, name)
+        damage(damaged[name])
+    db = tmp_path / "t.duckdb"
+    summary = ingest(db, runs, cache=symbol_cache)
+    reasons = {o.path.name: o.reason for o in summary.quarantined}
+    assert sorted(reasons) == sorted(DAMAGE)
+    for name, (_damage, expected) in DAMAGE.items():
+        assert str(damaged[name]) in reasons[name], reasons[name]
+        assert expected in reasons[name], reasons[name]
+    assert summary.ingested == 2
+    assert sorted(r[0] for r in rows(db, "SELECT run_id FROM runs")) == sorted(
+        json.loads((g / "manifest.json").read_text())["run_id"] for g in good
+    )
+    # Nothing of the quarantined runs got in: two copies of one workload, events and all.
+    assert rows(db, "SELECT count(*) FROM events") == [(2 * read_run(good_run).tables["events"].num_rows,)]
+
+
+def test_cli_exit_status_and_messages_for_quarantined_runs(tmp_path, good_run, symbol_cache) -> None:
+    runs = tmp_path / "runs"
+    _copy(good_run, runs, "fine")
+    broken = _copy(good_run, runs, "broken")
+    (broken / "manifest.json").write_text("[]")
+    env = dict(os.environ, TBPIPE_CACHE_DIR=str(symbol_cache), COLUMNS="200")
+    result = subprocess.run(
+        [*TBPIPE, "ingest", str(runs), "--db", str(tmp_path / "t.duckdb")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"quarantined {broken}/manifest.json: not a tbpipe-raw manifest" in result.stdout
+    assert "runs ingested" in result.stdout and "quarantined" in result.stdout
+    result = subprocess.run([*TBPIPE, "ingest", str(tmp_path / "nowhere"), "--db", str(tmp_path / "t.duckdb")],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2 and "no such folder" in result.stderr and "Traceback" not in result.stderr
+
+
+# ------------------------------------------------------------------------------ killed and concurrent ingests
+
+PAUSING_INGEST = """
+import sys, time
+from pathlib import Path
+import tbpipe.pipeline.db.ingest as ingest_module
+
+runs, db, cache, victim, marker, pause = sys.argv[1:7]
+
+def before_commit(run_id):
+    if run_id == victim:
+        Path(marker).write_text("inside the transaction")
+        time.sleep(float(pause))
+
+ingest_module._before_commit = before_commit
+summary = ingest_module.ingest_runs(
+    [Path(runs)], ingest_module.IngestOptions(db_path=Path(db), cache_dir=Path(cache), progress=False)
+)
+print("ingested", summary.ingested)
+"""
+
+
+def _start_pausing_ingest(tmp_path: Path, runs: Path, db: Path, cache: Path, victim: str, pause: float):
+    script = tmp_path / "pausing_ingest.py"
+    script.write_text(PAUSING_INGEST)
+    marker = tmp_path / f"marker-{victim}"
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(runs), str(db), str(cache), victim, str(marker), str(pause)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        if process.poll() is not None:
+            raise AssertionError(f"ingest ended early: {process.communicate()}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError("ingest never reached the victim run's commit")
+        time.sleep(0.05)
+    return process
+
+
+def _run_ids(runs: Path) -> list[str]:
+    return [json.loads((d / "manifest.json").read_text())["run_id"] for d in find_run_dirs([runs])]
+
+
+def test_killed_ingest_leaves_the_database_as_before(tmp_path, good_run, symbol_cache) -> None:
+    runs = tmp_path / "runs"
+    first, second = _copy(good_run, runs, "a-first"), _copy(good_run, runs, "b-second")
+    first_id, second_id = _run_ids(runs)
+    # The same first run alone, ingested into another database: what the killed one must equal.
+    reference = tmp_path / "reference.duckdb"
+    ingest(reference, first, cache=symbol_cache)
+
+    db = tmp_path / "t.duckdb"
+    process = _start_pausing_ingest(tmp_path, runs, db, symbol_cache, second_id, pause=120)
+    process.send_signal(signal.SIGKILL)  # in the middle of the second run's transaction
+    process.wait(timeout=30)
+    assert rows(db, "SELECT run_id FROM runs") == [(first_id,)]
+    assert snapshot(db, exclude_ingest_times=True) == snapshot(reference, exclude_ingest_times=True)
+    # The lock died with the process, and the next ingest finishes the job.
+    summary = ingest(db, runs, cache=symbol_cache)
+    assert (summary.ingested, summary.present) == (1, 1)
+    assert sorted(r[0] for r in rows(db, "SELECT run_id FROM runs")) == sorted([first_id, second_id])
+
+
+def test_concurrent_ingests_wait_or_fail_clearly(tmp_path, good_run, symbol_cache) -> None:
+    one, two, three = tmp_path / "one", tmp_path / "two", tmp_path / "three"
+    _copy(good_run, one, "one")
+    _copy(good_run, two, "two")
+    _copy(good_run, three, "three")
+    db = tmp_path / "t.duckdb"
+    env = dict(os.environ, TBPIPE_CACHE_DIR=str(symbol_cache))
+    holder = _start_pausing_ingest(tmp_path, one, db, symbol_cache, _run_ids(one)[0], pause=3)
+    impatient = subprocess.run(
+        [*TBPIPE, "ingest", str(three), "--db", str(db), "--wait", "0"], capture_output=True, text=True, timeout=60, env=env
+    )
+    patient = subprocess.run(
+        [*TBPIPE, "ingest", str(two), "--db", str(db), "--wait", "120"], capture_output=True, text=True, timeout=180, env=env
+    )
+    out, err = holder.communicate(timeout=120)
+    assert holder.returncode == 0, err
+    assert impatient.returncode == 2, impatient.stderr
+    assert f"another ingest (pid {holder.pid}) is writing it" in impatient.stderr
+    assert "Traceback" not in impatient.stderr
+    assert patient.returncode == 0, patient.stderr
+    assert "waiting for another ingest" in patient.stderr
+    assert sorted(r[0] for r in rows(db, "SELECT run_id FROM runs")) == sorted(_run_ids(one) + _run_ids(two))
+
+
+def test_readers_are_refused_while_an_ingest_writes(tmp_path, good_run, symbol_cache) -> None:
+    from tbpipe.pipeline.db import DatabaseBusyError
+
+    runs = tmp_path / "runs"
+    _copy(good_run, runs, "only")
+    db = tmp_path / "t.duckdb"
+    ingest(db, tmp_path / "runs", cache=symbol_cache)  # the file exists before the writer holds it
+    _copy(good_run, runs, "more")
+    holder = _start_pausing_ingest(tmp_path, runs, db, symbol_cache, "20260101T000000-1-more", pause=2)
+    try:
+        with pytest.raises(DatabaseBusyError, match="another process is writing the database"):
+            open_database(db, read_only=True)
+    finally:
+        holder.communicate(timeout=120)
+    assert holder.returncode == 0

@@ -1,0 +1,211 @@
+"""`tbpipe query` and `tbpipe runs` on a real database, the schema's documentation and versioning."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from tbpipe import capture
+from tbpipe.pipeline.commands import ingest as ingest_command
+from tbpipe.pipeline.commands import query as query_command
+from tbpipe.pipeline.commands import runs as runs_command
+from tbpipe.pipeline.commands import show as show_command
+from tbpipe.pipeline.db import DatabaseError, IngestOptions, ingest_runs, open_database
+from tbpipe.pipeline.db import schema
+from tbpipe.pipeline.db.connection import query_rows
+from tbpipe.pipeline.errors import TbpipeError
+
+TBPIPE = [sys.executable, "-m", "tbpipe.pipeline"]
+
+
+@pytest.fixture(scope="session")
+def symbol_cache(tmp_path_factory) -> Path:
+    path = tmp_path_factory.getbasetemp() / "tbpipe-symbols"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def cli(*args: str, env: dict | None = None):
+    """Runs tbpipe subcommands in-process; TbpipeErrors come back as result.exception."""
+    app = typer.Typer()
+    for command in (ingest_command, query_command, runs_command, show_command):
+        command.register(app)
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "250", **(env or {})})
+
+
+def emit(count: int) -> None:
+    for _ in range(count):
+        capture.record("kernel_launch", "gemm", grid=[4, 1, 1])
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory, symbol_cache) -> Path:
+    root = tmp_path_factory.mktemp("query")
+    for labels, count in (({"suite": "bert", "commit": "abc"}, 3), ({"suite": "gpt"}, 2)):
+        with capture.session(root / "runs", labels=labels):
+            emit(count)
+    path = root / "tbpipe.duckdb"
+    summary = ingest_runs([root / "runs"], IngestOptions(db_path=path, cache_dir=symbol_cache, progress=False))
+    assert summary.ingested == 2
+    return path
+
+
+SITES = "SELECT name, site_function, events FROM call_sites ORDER BY events DESC"
+
+
+def test_query_csv(db) -> None:
+    result = cli("query", "--db", str(db), "--format", "csv", SITES)
+    assert result.exit_code == 0, result.output
+    parsed = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert [(r["name"], r["site_function"], r["events"]) for r in parsed] == [("gemm", "emit", "3"), ("gemm", "emit", "2")]
+
+
+def test_query_json_keeps_nested_values(db) -> None:
+    result = cli("query", "--db", str(db), "-f", "json", "SELECT labels, argv FROM runs ORDER BY run_id")
+    assert result.exit_code == 0, result.output
+    parsed = json.loads(result.stdout)
+    assert {tuple(sorted(r["labels"].items())) if isinstance(r["labels"], dict) else None for r in parsed} == {
+        (("commit", "abc"), ("suite", "bert")),
+        (("suite", "gpt"),),
+    }
+
+
+def test_query_csv_turns_nested_values_into_json(db) -> None:
+    result = cli("query", "--db", str(db), "-f", "csv", "SELECT labels FROM runs WHERE labels['suite'] = 'gpt'")
+    assert result.exit_code == 0, result.output
+    (row,) = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert "gpt" in row["labels"]
+
+
+def test_query_parquet_to_file(db, tmp_path) -> None:
+    out = tmp_path / "sites.parquet"
+    result = cli("query", "--db", str(db), "-f", "parquet", "-o", str(out), SITES)
+    assert result.exit_code == 0, result.output
+    assert pq.read_table(out).to_pylist() == [
+        {"name": "gemm", "site_function": "emit", "events": 3},
+        {"name": "gemm", "site_function": "emit", "events": 2},
+    ]
+
+
+def test_query_table_and_stdin(db) -> None:
+    result = cli("query", "--db", str(db), "-")
+    assert isinstance(result.exception, TbpipeError)  # no SQL on stdin
+    app = typer.Typer()
+    query_command.register(app)
+    app.command("noop")(lambda: None)
+    result = CliRunner().invoke(app, ["query", "--db", str(db), "-"], input=SITES, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "site_function" in result.stdout and "emit" in result.stdout
+
+
+def test_query_is_read_only(db) -> None:
+    result = cli("query", "--db", str(db), "DELETE FROM runs")
+    assert isinstance(result.exception, query_command.QueryError)
+    assert "read-only" in str(result.exception)
+    assert query_rows(open_database(db, read_only=True), "SELECT count(*) FROM runs") == [(2,)]
+
+
+def test_query_errors_are_one_clear_line(db, tmp_path) -> None:
+    result = cli("query", "--db", str(db), "SELEC nonsense")
+    assert isinstance(result.exception, query_command.QueryError)
+    assert str(result.exception).startswith("query failed: Parser Error")
+    result = cli("query", "--db", str(tmp_path / "none.duckdb"), "SELECT 1")
+    assert isinstance(result.exception, DatabaseError) and "no database at" in str(result.exception)
+    # The real command line: exit status 2 and one line on stderr, no traceback.
+    process = subprocess.run([*TBPIPE, "query", "--db", str(db), "SELECT * FROM nowhere"], capture_output=True, text=True, timeout=60)
+    assert process.returncode == 2
+    assert process.stderr.startswith("tbpipe: query failed: Catalog Error") and "Traceback" not in process.stderr
+
+
+def test_default_database_from_environment(db) -> None:
+    result = cli("query", "-f", "csv", "SELECT count(*) AS runs FROM runs", env={"TBPIPE_DB": str(db)})
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == ['"runs"', "2"]
+
+
+def test_runs_lists_labels_and_filters(db) -> None:
+    result = cli("runs", "--db", str(db))
+    assert result.exit_code == 0, result.output
+    assert "2 runs" in result.stdout
+    assert "commit=abc, suite=bert" in result.stdout and "suite=gpt" in result.stdout
+    result = cli("runs", "--db", str(db), "--label", "suite=gpt")
+    assert result.exit_code == 0, result.output
+    assert "1 run" in result.stdout and "suite=bert" not in result.stdout
+
+
+# ------------------------------------------------------------------------------ the schema itself
+
+
+def test_every_table_view_and_macro_is_documented(db) -> None:
+    con = open_database(db, read_only=True)
+    undocumented = query_rows(
+        con,
+        """
+        SELECT c.table_name || '.' || c.column_name FROM duckdb_columns() c
+        WHERE NOT c.internal AND c.database_name = current_database() AND c.schema_name = 'main'
+          AND (c.comment IS NULL OR c.comment = '')
+        """,
+    )
+    assert undocumented == []
+    tables = query_rows(
+        con,
+        """
+        SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() AND (comment IS NULL OR comment = '')
+        UNION ALL
+        SELECT view_name FROM duckdb_views() WHERE NOT internal AND database_name = current_database() AND (comment IS NULL OR comment = '')
+        """,
+    )
+    assert tables == []
+    macros = {name for (name,) in query_rows(con, "SELECT function_name FROM duckdb_functions() WHERE function_type IN ('macro', 'table_macro') AND database_name = current_database() AND (comment IS NULL OR comment = '')")}
+    assert macros == set()
+    public = {name for (name,) in query_rows(con, "SELECT view_name FROM duckdb_views() WHERE NOT internal AND database_name = current_database()")}
+    assert {"call_sites", "kernel_launch_sites", "python_files", "stack_tracebacks", "symbol_coverage", "unsymbolized_frames"} <= public
+
+
+def test_sql_files_document_every_column_they_create() -> None:
+    for module in [*schema.migrations(), *schema.modules()]:
+        for statement in module.statements:
+            created = statement.created
+            if created is None:
+                continue
+            assert created.doc, f"{module.name}: {created.name} has no description"
+
+
+def test_migrations_are_recorded_and_versions_checked(tmp_path) -> None:
+    path = tmp_path / "v.duckdb"
+    open_database(path).close()
+    con = duckdb.connect(str(path))
+    assert [v for (v,) in con.execute("SELECT version FROM schema_versions ORDER BY version").fetchall()] == list(
+        range(schema.latest_version() + 1)
+    )
+    con.execute("INSERT INTO schema_versions VALUES (999, 'future', '', now(), 'x')")
+    con.close()
+    with pytest.raises(DatabaseError, match="schema version 999, newer than this tbpipe"):
+        open_database(path, read_only=True)
+    con = duckdb.connect(str(path))
+    con.execute("DELETE FROM schema_versions WHERE version >= 1")
+    con.close()
+    with pytest.raises(DatabaseError, match="older than this tbpipe's .* run `tbpipe ingest` on it once"):
+        open_database(path, read_only=True)
+
+
+def test_files_that_are_not_tbpipe_databases(tmp_path) -> None:
+    other = tmp_path / "other.duckdb"
+    duckdb.connect(str(other)).close()
+    with pytest.raises(DatabaseError, match="is not a tbpipe database"):
+        open_database(other, read_only=True)
+    garbage = tmp_path / "garbage.duckdb"
+    garbage.write_bytes(os.urandom(5000))
+    with pytest.raises(DatabaseError, match="cannot open the database"):
+        open_database(garbage, read_only=True)

@@ -1,0 +1,352 @@
+"""Finding debug info by build-ID, every way it can be laid out, and every way it can be wrong.
+
+A file whose build-ID (or debuglink CRC) does not match must never be used; broken files,
+symlink loops, missing modules, garbage build-IDs and addresses outside the module end in an
+unsymbolized frame with its reason, never in an exception or a wrong answer.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from symbols_data.testlib import (
+    DATA,
+    build_libs,
+    function_addresses,
+    have_tools,
+    llvm_chains,
+    our_chains,
+    run,
+    stripped_with_debuglink,
+)
+from tbpipe.pipeline.symbols import DebugDirIndex, ModuleRef, Quality, Symbolizer
+from tbpipe.pipeline.symbols.lines import read_aranges
+from tbpipe.pipeline.symbols.elf import read_section
+
+_MISSING = have_tools("llvm-symbolizer", "gcc", "objcopy", "strip")
+pytestmark = pytest.mark.skipif(bool(_MISSING), reason=_MISSING)
+
+
+@pytest.fixture(scope="session")
+def libs(tmp_path_factory):
+    return build_libs(str(tmp_path_factory.getbasetemp() / "symbols-libs"))
+
+
+@pytest.fixture(scope="session")
+def reference(libs):
+    """llvm-symbolizer's chains for every function address of the unstripped C library."""
+    addresses = function_addresses(libs.c_lib)
+    return addresses, llvm_chains(libs.c_lib, addresses)
+
+
+def symbolizer_for(tmp_path, **kwargs) -> Symbolizer:
+    kwargs.setdefault("debug_roots", [])
+    return Symbolizer(cache_dir=tmp_path / "store", jobs=1, **kwargs)
+
+
+def assert_full_dwarf(symbolizer: Symbolizer, module, libs, reference, via: str) -> None:
+    addresses, expected = reference
+    ref = ModuleRef(libs.c_build_id, str(module))
+    status = symbolizer.module_status(libs.c_build_id, str(module))
+    assert status.quality is Quality.DWARF, status.describe()
+    assert status.found_via == via, status.describe()
+    assert our_chains(symbolizer.symbolize_module(ref, addresses)) == expected
+
+
+# ---------------------------------------------------------------- each place, in isolation
+
+
+def test_debuglink_beside_the_module(libs, reference, tmp_path):
+    module = stripped_with_debuglink(libs, tmp_path / "lib")
+    shutil.copy(libs.c_debug, tmp_path / "lib" / "libtbinline.debug")
+    assert_full_dwarf(symbolizer_for(tmp_path), module, libs, reference, "debuglink")
+
+
+def test_debuglink_in_dot_debug(libs, reference, tmp_path):
+    module = stripped_with_debuglink(libs, tmp_path / "lib")
+    (tmp_path / "lib" / ".debug").mkdir()
+    shutil.copy(libs.c_debug, tmp_path / "lib" / ".debug" / "libtbinline.debug")
+    assert_full_dwarf(symbolizer_for(tmp_path), module, libs, reference, "debuglink")
+
+
+def test_debuglink_under_a_debug_root(libs, reference, tmp_path):
+    module = stripped_with_debuglink(libs, tmp_path / "lib")
+    mirrored = tmp_path / "root" / str(tmp_path / "lib").lstrip("/")
+    mirrored.mkdir(parents=True)
+    shutil.copy(libs.c_debug, mirrored / "libtbinline.debug")
+    symbolizer = symbolizer_for(tmp_path, debug_roots=[tmp_path / "root"])
+    assert_full_dwarf(symbolizer, module, libs, reference, "debuglink")
+
+
+def test_build_id_tree_under_a_debug_root(libs, reference, tmp_path):
+    target = tmp_path / "root" / ".build-id" / libs.c_build_id[:2] / f"{libs.c_build_id[2:]}.debug"
+    target.parent.mkdir(parents=True)
+    shutil.copy(libs.c_debug, target)
+    symbolizer = symbolizer_for(tmp_path, debug_roots=[tmp_path / "root"])
+    assert_full_dwarf(symbolizer, libs.c_stripped, libs, reference, "build-id-dir")
+
+
+def test_debuginfod_client_cache(libs, reference, tmp_path, monkeypatch):
+    cache = tmp_path / "debuginfod"
+    (cache / libs.c_build_id).mkdir(parents=True)
+    shutil.copy(libs.c_debug, cache / libs.c_build_id / "debuginfo")
+    monkeypatch.setenv("DEBUGINFOD_CACHE_PATH", str(cache))
+    assert_full_dwarf(symbolizer_for(tmp_path), libs.c_stripped, libs, reference, "debuginfod-cache")
+
+
+def test_debuginfod_cache_under_xdg_cache_home(libs, reference, tmp_path, monkeypatch):
+    monkeypatch.delenv("DEBUGINFOD_CACHE_PATH", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    target = tmp_path / "xdg" / "debuginfod_client" / libs.c_build_id / "debuginfo"
+    target.parent.mkdir(parents=True)
+    shutil.copy(libs.c_debug, target)
+    assert_full_dwarf(symbolizer_for(tmp_path), libs.c_stripped, libs, reference, "debuginfod-cache")
+
+
+def test_debug_dir_indexed_recursively_with_broken_entries(libs, reference, tmp_path):
+    debug_dir = tmp_path / "debug"
+    nested = debug_dir / "a" / "b"
+    nested.mkdir(parents=True)
+    shutil.copy(libs.c_debug, nested / "renamed-anything.dbg")
+    # What the walk must survive: a symlink loop, a dangling link, non-ELF and truncated ELF
+    # files, and a debug file of another build (never to be used).
+    os.symlink(debug_dir, debug_dir / "a" / "loop")
+    os.symlink(tmp_path / "nowhere", debug_dir / "dangling")
+    (debug_dir / "notes.txt").write_text("not an ELF file")
+    (debug_dir / "truncated.debug").write_bytes(libs.c_debug.read_bytes()[:200])
+    shutil.copy(libs.other_debug, debug_dir / "other.debug")
+    symbolizer = symbolizer_for(tmp_path, debug_dirs=[debug_dir])
+    assert_full_dwarf(symbolizer, libs.c_stripped, libs, reference, "debug-dir")
+    report = symbolizer.locator.indexes()[0].report
+    assert any("loop" in problem for problem in report.problems)
+    assert any("truncated" in problem for problem in report.problems)
+
+    # The index is kept: a second scan reads no file again, until one changes.
+    index = DebugDirIndex(str(debug_dir), symbolizer.store.debug_dir_index_path(str(debug_dir)))
+    assert len(index.lookup(libs.c_build_id)) == 1
+    assert index.refresh().opened == 0
+    shutil.copy(libs.c_debug, debug_dir / "second-copy.debug")
+    assert index.refresh().opened == 1
+    assert len(index.lookup(libs.c_build_id)) == 2
+
+
+def test_debuglink_target_without_a_build_id_note_is_accepted_on_its_crc(libs, reference, tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    debug = lib / "nobuildid.debug"
+    run("objcopy", "--remove-section=.note.gnu.build-id", libs.c_debug, debug)
+    module = lib / "libtbinline.so"
+    run("objcopy", f"--add-gnu-debuglink={debug}", libs.c_stripped, module)
+    assert_full_dwarf(symbolizer_for(tmp_path), module, libs, reference, "debuglink")
+    # The same file is not enough where only the build-ID vouches for it.
+    target = tmp_path / "root" / ".build-id" / libs.c_build_id[:2] / f"{libs.c_build_id[2:]}.debug"
+    target.parent.mkdir(parents=True)
+    shutil.copy(debug, target)
+    status = symbolizer_for(tmp_path / "other", debug_roots=[tmp_path / "root"]).module_status(
+        libs.c_build_id, str(libs.c_stripped)
+    )
+    assert status.quality is Quality.SYMBOLS
+    assert any("has no build-ID note" in place for place in status.looked_in)
+
+
+def test_debug_dir_comes_first(libs, tmp_path):
+    (tmp_path / "debug").mkdir()
+    shutil.copy(libs.c_debug, tmp_path / "debug" / "x.debug")
+    module = stripped_with_debuglink(libs, tmp_path / "lib")
+    shutil.copy(libs.c_debug, tmp_path / "lib" / "libtbinline.debug")
+    symbolizer = symbolizer_for(tmp_path, debug_dirs=[tmp_path / "debug"])
+    assert symbolizer.module_status(libs.c_build_id, str(module)).found_via == "debug-dir"
+
+
+def test_unstripped_module_is_its_own_debug_file(libs, reference, tmp_path):
+    assert_full_dwarf(symbolizer_for(tmp_path), libs.c_lib, libs, reference, "module")
+
+
+def test_module_without_build_id(tmp_path):
+    module = tmp_path / "libnobuildid.so"
+    run("gcc", "-O2", "-g", "-shared", "-fPIC", "-Wl,--build-id=none", f"-I{DATA}", "-o", module, DATA / "inlines.c")
+    addresses = function_addresses(module)
+    results = symbolizer_for(tmp_path).symbolize_module(ModuleRef("", str(module)), addresses)
+    assert our_chains(results) == llvm_chains(module, addresses)
+
+
+# ---------------------------------------------------------------- wrong files are never used
+
+
+def test_build_id_mismatch_is_never_used(libs, tmp_path):
+    # The other build's debug file sits exactly where this build-ID's file should be.
+    target = tmp_path / "root" / ".build-id" / libs.c_build_id[:2] / f"{libs.c_build_id[2:]}.debug"
+    target.parent.mkdir(parents=True)
+    shutil.copy(libs.other_debug, target)
+    symbolizer = symbolizer_for(tmp_path, debug_roots=[tmp_path / "root"])
+    status = symbolizer.module_status(libs.c_build_id, str(libs.c_stripped))
+    assert status.quality is Quality.SYMBOLS, status.describe()
+    assert any("build-ID mismatch" in place for place in status.looked_in)
+    frames = symbolizer.symbolize_module(
+        ModuleRef(libs.c_build_id, str(libs.c_stripped)), function_addresses(libs.c_lib)
+    )
+    # .dynsym still names the exported functions, but no file or line can come from anywhere.
+    assert all(f.file is None and f.line is None for chain in frames for f in chain)
+    assert any(chain[0].function == "tb_outer" for chain in frames)
+    assert all(chain[0].reason for chain in frames)
+
+
+def test_debuglink_crc_mismatch_is_never_used(libs, tmp_path):
+    module = stripped_with_debuglink(libs, tmp_path / "lib")
+    shutil.copy(libs.other_debug, tmp_path / "lib" / "libtbinline.debug")
+    status = symbolizer_for(tmp_path).module_status(libs.c_build_id, str(module))
+    assert status.quality is Quality.SYMBOLS
+    assert any("CRC32" in place for place in status.looked_in), status.looked_in
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "directory"])
+def test_damaged_debug_file_is_skipped_with_a_reason(libs, tmp_path, damage):
+    target = tmp_path / "root" / ".build-id" / libs.c_build_id[:2] / f"{libs.c_build_id[2:]}.debug"
+    target.parent.mkdir(parents=True)
+    data = libs.c_debug.read_bytes()
+    if damage == "truncated":
+        target.write_bytes(data[: len(data) // 3])
+    elif damage == "garbage":
+        target.write_bytes(b"\x7fELF" + os.urandom(4096))
+    elif damage == "empty":
+        target.write_bytes(b"")
+    else:
+        target.mkdir()
+    symbolizer = symbolizer_for(tmp_path, debug_roots=[tmp_path / "root"])
+    status = symbolizer.module_status(libs.c_build_id, str(libs.c_stripped))
+    assert status.quality is Quality.SYMBOLS, status.describe()
+    assert any(str(target) in place for place in status.looked_in)
+    frames = symbolizer.symbolize_module(
+        ModuleRef(libs.c_build_id, str(libs.c_stripped)), function_addresses(libs.c_lib)[:5]
+    )
+    assert all(chain[0].line is None for chain in frames)
+
+
+def test_symlink_loop_in_place_of_the_debug_file(libs, tmp_path):
+    target = tmp_path / "root" / ".build-id" / libs.c_build_id[:2] / f"{libs.c_build_id[2:]}.debug"
+    target.parent.mkdir(parents=True)
+    os.symlink(target, target)
+    status = symbolizer_for(tmp_path, debug_roots=[tmp_path / "root"]).module_status(
+        libs.c_build_id, str(libs.c_stripped)
+    )
+    assert status.quality is Quality.SYMBOLS
+    assert any(str(target) in place for place in status.looked_in)
+
+
+@pytest.mark.parametrize("kind", ["missing", "truncated", "not-elf"])
+def test_bad_module_file_gives_unsymbolized_frames(libs, tmp_path, kind):
+    module = tmp_path / "libbroken.so"
+    if kind == "truncated":
+        module.write_bytes(libs.c_stripped.read_bytes()[:100])
+    elif kind == "not-elf":
+        module.write_text("#!/bin/sh\n")
+    build_id = "ab" * 20
+    symbolizer = symbolizer_for(tmp_path)
+    (frames,) = symbolizer.symbolize_module(ModuleRef(build_id, str(module)), [0x1000])
+    assert frames[0].function is None
+    assert "no debug info for build-ID abababababab" in frames[0].reason
+    assert str(module) in frames[0].reason
+
+
+def test_garbage_build_id(tmp_path):
+    symbolizer = symbolizer_for(tmp_path)
+    for garbage in ["xyz", "", "abc", "ab" * 100, "0x"]:
+        ref = ModuleRef(garbage, None)
+        (frames,) = symbolizer.symbolize_module(ref, [0x1234])
+        assert frames[0].function is None and frames[0].reason, garbage
+    assert symbolizer.module_status("not hex").quality is Quality.NONE
+    assert "invalid build-ID" in symbolizer.module_status("not hex").reason
+
+
+def test_address_outside_every_segment(libs, tmp_path):
+    symbolizer = symbolizer_for(tmp_path)
+    ref = ModuleRef(libs.c_build_id, str(libs.c_lib))
+    inside = function_addresses(libs.c_lib)[0]
+    (outside, good) = symbolizer.symbolize_module(ref, [0x7FFF_FFFF_0000, inside])
+    assert outside[0].function is None and "outside every executable segment" in outside[0].reason
+    assert good[0].function is not None
+    (zero_return,) = symbolizer.symbolize_module(ref, [0], [False])
+    assert zero_return[0].function is None and "invalid address" in zero_return[0].reason
+
+
+def test_no_debug_info_anywhere(libs, tmp_path):
+    module = tmp_path / "lib" / "libtbinline.so"
+    module.parent.mkdir()
+    run("strip", "--strip-all", "-o", module, libs.c_lib)
+    unknown = "cd" * 20  # a build-ID nobody has: the module file does not match it either
+    symbolizer = symbolizer_for(tmp_path)
+    status = symbolizer.module_status(unknown, str(module))
+    assert status.quality is Quality.NONE
+    assert "no debug info for build-ID cdcdcdcdcdcd" in status.reason
+    assert "build-ID mismatch" in status.reason
+
+
+# ---------------------------------------------------------------- better debug info later
+
+
+def test_better_debug_info_appearing_later_upgrades_the_store(libs, reference, tmp_path):
+    addresses, expected = reference
+    ref = ModuleRef(libs.c_build_id, str(libs.c_stripped))
+    first = symbolizer_for(tmp_path)
+    before = first.symbolize_module(ref, addresses)
+    assert first.module_status(libs.c_build_id).quality is Quality.SYMBOLS
+    assert all(f.line is None for chain in before for f in chain)
+
+    (tmp_path / "debug").mkdir()
+    shutil.copy(libs.c_debug, tmp_path / "debug" / "late.debug")
+    later = symbolizer_for(tmp_path, debug_dirs=[tmp_path / "debug"])
+    after = later.symbolize_module(ref, addresses)
+    status = later.module_status(libs.c_build_id)
+    assert status.quality is Quality.DWARF and status.upgraded_from is Quality.SYMBOLS
+    assert later.upgraded_build_ids() == {libs.c_build_id}
+    assert our_chains(after) == expected
+
+    # Once DWARF is in the store, losing the debug file does not make results worse.
+    shutil.rmtree(tmp_path / "debug")
+    again = symbolizer_for(tmp_path)
+    assert our_chains(again.symbolize_module(ref, addresses)) == expected
+    assert again.upgraded_build_ids() == set()
+
+
+# ---------------------------------------------------------------- the DWARF readers themselves
+
+
+def test_aranges_reader_matches_pyelftools(libs):
+    from elftools.elf.elffile import ELFFile
+
+    for path in [libs.c_lib, libs.c_zlib, libs.cxx_lib]:
+        mine = sorted(read_aranges(read_section(str(path), ".debug_aranges")))
+        with open(path, "rb") as stream:
+            entries = ELFFile(stream).get_dwarf_info().get_aranges().entries
+            theirs = sorted((e.begin_addr, e.begin_addr + e.length, e.info_offset) for e in entries if e.length)
+        assert mine == theirs
+
+
+def test_line_program_decoder_matches_pyelftools(libs):
+    from elftools.elf.elffile import ELFFile
+
+    from tbpipe.pipeline.symbols.lines import _sequences_from_pyelftools, decode_sequences
+
+    for path in [libs.c_lib, libs.cxx_lib]:
+        with open(path, "rb") as stream:
+            dwarf = ELFFile(stream).get_dwarf_info()
+            data = dwarf.debug_line_sec.stream.getvalue()
+            for cu in dwarf.iter_CUs():
+                program = dwarf.line_program_for_CU(cu)
+                ours = decode_sequences(data, program.program_start_offset, program.program_end_offset, program.header)
+                reference = _sequences_from_pyelftools(program)
+                assert [(s.start, s.end, s.addresses, s.files, s.lines) for s in ours] == [
+                    (s.start, s.end, s.addresses, s.files, s.lines) for s in reference
+                ]
+
+
+def test_objcopy_zstd_support_is_reported(libs):
+    # Not a skip: the note says whether the zstd test above really ran here.
+    if libs.c_zstd is None:
+        pytest.skip(libs.zstd_problem)
+    out = subprocess.run(["readelf", "-S", "-W", str(libs.c_zstd)], capture_output=True, text=True).stdout
+    assert ".debug_info" in out
