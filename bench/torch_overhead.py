@@ -115,7 +115,10 @@ def main() -> None:
         f"(wall {statistics.median(ratios['sampled wall']):.3f}x)"
     )
     print(f"cost per op (every op)      {(on_ms - off_ms) * 1e3 / max(ops_per_step, 1):8.2f} us")
-    print(f"events recorded {counters['recorded']}, dropped {counters['dropped']}, sampled out {overhead['sampled_out']}")
+    print(
+        f"events recorded {counters['recorded']}, dropped {counters['dropped']}, "
+        f"sampled out {overhead['sampled_out']}"
+    )
     verdict = "meets" if on_ratio <= 1.5 else "MISSES"
     goal = "meets" if on_ratio <= 1.15 else "misses"
     print(f"target <= 1.5x: {verdict}; goal <= 1.15x: {goal}")

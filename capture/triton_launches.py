@@ -14,10 +14,11 @@ ours, and put back when the source stops (unless someone replaced ours since).
 Event: kind `triton_launch`, name = the kernel's name, attributes grid
 ([x, y, z]), stream and function (the CUfunction: equal to the `function` of the
 `cuda` source's cuLaunchKernel event for the same launch). Triton >= 3.0 hands
-the hook only {name, function, stream}; the grid is read from the launcher's
-frame (`gridX/gridY/gridZ` of the driver's launcher, or `grid_0..2` of
-JITFunction.run), and left out when neither is found. Triton 2.x passed the
-launcher's arguments themselves, grid first.
+the hook only {name, function, stream}, plus what a kernel's own
+launch_metadata adds lazily (never evaluated here: it may be costly); the grid
+is read from the launcher's frame (`gridX/gridY/gridZ` of the driver's
+launcher, or `grid_0..2` of JITFunction.run), and left out when neither is
+found. Triton 2.x passed the launcher's arguments themselves, grid first.
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ def start() -> TritonHandle:
         if triton is not None:
             return TritonHandle("recording", _install(triton))
         if not after_import.installed("triton"):
-            raise SourceError(f"the triton source needs Triton, which is not installed for this Python ({sys.executable})")
+            raise SourceError(
+                f"the triton source needs Triton, which is not installed for this Python ({sys.executable})"
+            )
         if _state.watcher is None:
             _state.watcher = after_import.install("triton", _on_triton_imported)
         return TritonHandle("recording (from `import triton` on)")
@@ -97,9 +100,8 @@ def launch_enter_hook(*args: Any, **kwargs: Any) -> None:
 
 def describe_launch(args: tuple[Any, ...], caller: Any) -> tuple[str, dict[str, Any]]:
     """(kernel name, attributes) from what a launch hook receives."""
-    if len(args) == 1 and isinstance(args[0], dict):
-        # Triton >= 3.0: a LazyDict; dict.get never calls its lazy values.
-        metadata = args[0]
+    metadata = _launch_metadata(args[0]) if len(args) == 1 else None
+    if metadata is not None:
         attrs: dict[str, Any] = {}
         grid = _grid_from_frames(caller)
         if grid is not None:
@@ -120,6 +122,18 @@ def describe_launch(args: tuple[Any, ...], caller: Any) -> tuple[str, dict[str, 
             name = getattr(arg, "name", None) or (metadata.get("name") if isinstance(metadata, dict) else None)
             break
     return str(name or "<unknown triton kernel>"), attrs
+
+
+def _launch_metadata(value: Any) -> dict | None:
+    """The plain metadata dict of a launch hook's argument, without evaluating anything lazy.
+
+    Triton 3.0-3.2 pass a dict subclass whose callable values are computed on
+    access (dict.get skips that); later versions pass an object holding a plain
+    dict in `.data` and lazy extras that only its .get() computes."""
+    data = getattr(value, "data", None)
+    if isinstance(data, dict):
+        return data
+    return value if isinstance(value, dict) else None
 
 
 _GRID_NAMES = (("gridX", "gridY", "gridZ"), ("grid_0", "grid_1", "grid_2"))

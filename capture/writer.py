@@ -23,7 +23,7 @@ from tbpipe.capture.manifest import write_manifest
 
 # zstd level 3 keeps the flusher cheap; repeated stack ids and names are
 # dictionary-encoded by Parquet, timestamps delta-encoded.
-_PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 3}
+_PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 3, "write_page_checksum": True}
 _EVENTS_ENCODING = {"ts": "DELTA_BINARY_PACKED", "thread_id": "DELTA_BINARY_PACKED"}
 
 

@@ -43,6 +43,21 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// Key of the per-stack limit: the Python frames alone when there are any.
+// One Python call path reaches the same event through different native PCs
+// (CPython's specialized and generic bytecode paths), which would otherwise
+// each get their own budget.
+uint64_t limit_key(const RawStack& stack, uint64_t stack_id) {
+  if (stack.python_count == 0) return stack_id;
+  uint64_t key = 0x243F6A8885A308D3ULL;
+  for (size_t i = 0; i < stack.python_count; ++i) {
+    const PythonFrame& frame = stack.python[i];
+    const uint64_t offset = static_cast<uint32_t>(frame.instr_offset);
+    key = splitmix64(key ^ frame.code_id ^ (offset << 32));
+  }
+  return key | 1;
+}
+
 // One thread's count of events per stack in the current one-second window.
 // Two-way set associative and fixed in size: a stack evicted by a collision
 // starts a fresh window, so the limit can be exceeded a little, never missed
@@ -377,7 +392,7 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
       buffer->windows.reset(new StackWindows());
       buffer->windows_generation = generation;
     }
-    if (!buffer->windows->admit(stack_id, per_stack_limit, coarse_now_ms())) {
+    if (!buffer->windows->admit(limit_key(stack, stack_id), per_stack_limit, coarse_now_ms())) {
       buffer->rate_limited.store(buffer->rate_limited.load(std::memory_order_relaxed) + 1,
                                  std::memory_order_relaxed);
       Py_XDECREF(attrs);

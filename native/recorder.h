@@ -63,7 +63,9 @@ struct RecorderCounters {
 // stack id and so is checked after the gather, before anything is buffered.
 struct OverheadLimits {
   double sample_rate = 1.0;          // probability that an event is recorded, in (0, 1]
-  uint32_t max_per_stack_per_s = 0;  // per thread and distinct stack; 0 = unlimited
+  // Per thread and call path (a stack's Python frames; its native frames when
+  // it has no Python frames); 0 = unlimited.
+  uint32_t max_per_stack_per_s = 0;
 };
 
 class Recorder {

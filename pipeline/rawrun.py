@@ -195,7 +195,9 @@ def check_part(path: Path, table: str) -> int:
 
 def _read_part(path: Path, table: str) -> pa.Table:
     try:
-        part = pq.read_table(path)
+        # The capture writes page checksums: a flipped bit in an uncompressed
+        # page (delta-encoded timestamps) is caught here, not loaded silently.
+        part = pq.read_table(path, page_checksum_verification=True)
     except (OSError, pa.ArrowException, ValueError) as error:
         raise _fail(path, f"unreadable Parquet ({_one_line(error)})") from None
     _check_schema(path, table, part.schema)

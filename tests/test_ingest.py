@@ -17,7 +17,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import run_python
 from tbpipe import capture
 from tbpipe.pipeline.db import IngestOptions, IngestSummary, ingest_runs, open_database
 from tbpipe.pipeline.db import read as db_read
@@ -175,6 +174,15 @@ def test_user_code_rule_changes_sites(workload_db, symbol_cache, library) -> Non
     assert counts[("kernel_launch", "softmax", "workload", here, LINES["softmax"])] == 5
     rules = dict(rows(workload_db, "SELECT prefix, is_user FROM user_code WHERE origin = 'user'"))
     assert rules == {"fakelib_tbpipe/": False}
+    # A rule changed by hand (another DuckDB client) is applied by the next ingest.
+    import duckdb
+
+    con = duckdb.connect(str(workload_db))
+    con.execute("UPDATE user_code SET is_user = true WHERE prefix = 'fakelib_tbpipe/'")
+    con.close()
+    ingest(workload_db, cache=symbol_cache)
+    assert site_counts(workload_db)[("kernel_launch", "softmax", "launch", library_file, LIBRARY_LINE)] == 5
+    ingest(workload_db, cache=symbol_cache, user_code=["!fakelib_tbpipe/"])
 
 
 def test_db_frames_match_the_in_process_reference(workload_db, workload_runs, symbol_cache) -> None:
@@ -245,6 +253,7 @@ SNAPSHOT_TABLES = {
     "sites": "*",
     "stack_sites": "*",
     "user_code": "prefix, is_user, origin",
+    "settings": "*",
 }
 
 
@@ -322,6 +331,16 @@ def test_unflushed_stacks_of_a_killed_run_are_noted(tmp_path, symbol_cache) -> N
     assert outcome.status == "ingested" and not outcome.complete
     assert any("1 events refer to stacks the run does not hold" in note for note in outcome.notes)
     assert rows(db, "SELECT count(*), count(stack_id) FROM events") == [(events.num_rows + 1, events.num_rows)]
+
+
+def test_a_run_killed_before_its_first_flush(tmp_path, symbol_cache) -> None:
+    from tbpipe.pipeline.db.synthetic import manifest_for, write_run
+
+    write_run(tmp_path / "runs" / "empty", manifest_for("20260101T000000-1-empty", complete=False), {})
+    db = tmp_path / "t.duckdb"
+    summary = ingest(db, tmp_path / "runs", cache=symbol_cache)
+    assert [(o.status, o.complete, o.events) for o in summary.outcomes] == [("ingested", False, 0)]
+    assert rows(db, "SELECT complete, events, stacks FROM runs") == [(False, 0, 0)]
 
 
 # ------------------------------------------------------------------------------ combined order edge cases
@@ -585,7 +604,8 @@ def _run_ids(runs: Path) -> list[str]:
 
 def test_killed_ingest_leaves_the_database_as_before(tmp_path, good_run, symbol_cache) -> None:
     runs = tmp_path / "runs"
-    first, second = _copy(good_run, runs, "a-first"), _copy(good_run, runs, "b-second")
+    first = _copy(good_run, runs, "a-first")
+    _copy(good_run, runs, "b-second")
     first_id, second_id = _run_ids(runs)
     # The same first run alone, ingested into another database: what the killed one must equal.
     reference = tmp_path / "reference.duckdb"
@@ -642,3 +662,78 @@ def test_readers_are_refused_while_an_ingest_writes(tmp_path, good_run, symbol_c
     finally:
         holder.communicate(timeout=120)
     assert holder.returncode == 0
+
+
+# ------------------------------------------------------------------------------ better debug info later
+
+LIB_C = """int helper(int x) { return x * 3 + 1; }
+int entry(int x) {
+    return helper(x) + 2;
+}
+"""
+
+
+@pytest.mark.skipif(not all(shutil.which(t) for t in ("gcc", "objcopy", "strip")), reason="needs gcc and binutils")
+def test_better_debug_info_later_improves_stored_stacks(tmp_path) -> None:
+    from elftools.elf.elffile import ELFFile
+
+    from tbpipe.pipeline.db.synthetic import manifest_for, write_run
+    from tbpipe.pipeline.symbols.elf import inspect_elf
+    from tbpipe.schemas import raw
+
+    for folder in ("full", "debug", "stripped"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "lib.c").write_text(LIB_C)
+    full, debug, stripped = tmp_path / "full/libdemo.so", tmp_path / "debug/libdemo.debug", tmp_path / "stripped/libdemo.so"
+    subprocess.run(["gcc", "-O0", "-g", "-shared", "-fPIC", "-Wl,--build-id", str(tmp_path / "lib.c"), "-o", str(full)], check=True)
+    subprocess.run(["objcopy", "--only-keep-debug", str(full), str(debug)], check=True)
+    subprocess.run(["strip", "--strip-all", str(full), "-o", str(stripped)], check=True)
+    build_id = inspect_elf(str(stripped)).build_id
+    with open(full, "rb") as handle:
+        entry = ELFFile(handle).get_section_by_name(".symtab").get_symbol_by_name("entry")[0]["st_value"]
+
+    stacks = pa.table(
+        {
+            "stack_id": pa.array([1], pa.uint64()),
+            "thread_id": pa.array([1], pa.int64()),
+            "status": pa.array([raw.STACK_NO_PYTHON], pa.uint32()),
+            "native": pa.array([[{"module": 0, "offset": entry + 4, "flags": raw.NATIVE_FRAME_EXACT_PC}]], raw.stacks_schema().field("native").type),
+            "python": pa.array([[]], raw.stacks_schema().field("python").type),
+        }
+    )
+    modules = pa.table(
+        {
+            "module_index": pa.array([0], pa.int32()),
+            "path": [str(stripped)],
+            "build_id": [build_id],
+            "load_bias": pa.array([0], pa.uint64()),
+            "exec_ranges": pa.array([[]], raw.modules_schema().field("exec_ranges").type),
+            "eval_ranges": pa.array([[]], raw.modules_schema().field("eval_ranges").type),
+        }
+    )
+    events = pa.table(
+        {
+            "ts": pa.array([1_700_000_000_000_000_000], pa.int64()).cast(pa.timestamp("ns", tz="UTC")),
+            "thread_id": pa.array([1], pa.int64()),
+            "kind": ["kernel_launch"],
+            "name": ["native_only"],
+            "stack_id": pa.array([1], pa.uint64()),
+            "attrs": pa.nulls(1, pa.string()),
+        }
+    )
+    runs = tmp_path / "runs"
+    write_run(runs / "r", manifest_for("20260101T000000-1-native"), {"events": events, "stacks": stacks, "modules": modules, "code": raw.code_schema().empty_table()})
+    db, cache = tmp_path / "t.duckdb", tmp_path / "symbols"
+
+    ingest(db, runs, cache=cache)
+    assert rows(db, "SELECT quality FROM modules") == [("symbols",)]
+    assert rows(db, "SELECT function, file, line FROM stack_frames") == [("entry", None, None)]
+    assert rows(db, "SELECT site_function, site_file, site_line FROM call_sites") == [("entry", None, None)]
+
+    # The debug file turns up later: the next ingest redoes the stored frames, and the call site.
+    summary = ingest(db, cache=cache, debug_dirs=[tmp_path / "debug"])
+    assert summary.refreshed_modules == [build_id]
+    assert rows(db, "SELECT quality FROM modules") == [("dwarf",)]
+    ((function, file, line),) = rows(db, "SELECT function, file, line FROM stack_frames")
+    assert (function, file.endswith("lib.c"), line) == ("entry", True, 2)  # entry+4: its prologue
+    assert rows(db, "SELECT site_function, site_line, events FROM call_sites") == [("entry", 2, 1)]

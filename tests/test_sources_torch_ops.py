@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from conftest import read_runs, run_python
+from conftest import read_runs
 from tbpipe import capture
 
 torch = pytest.importorskip(

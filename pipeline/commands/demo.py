@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
         out: Path = typer.Option(Path("demo-runs"), "--out", "-o", help="Folder for the demo's runs."),
-        db: Optional[Path] = typer.Option(None, "--db", help="Database file [default: OUT/tbpipe.duckdb]."),
+        db: Optional[Path] = typer.Option(None, "--db", help="Database file (default: OUT/tbpipe.duckdb)."),
         top: int = typer.Option(5, help="How many call sites to print."),
     ) -> None:
         """Capture a small workload, ingest it into DuckDB, print its top kernel-launch call sites."""

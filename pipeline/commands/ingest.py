@@ -20,12 +20,12 @@ def register(app: typer.Typer) -> None:
         runs_dirs: Optional[List[Path]] = typer.Argument(
             None, help="Folders searched recursively for run directories (each with a manifest.json)."
         ),
-        db: Optional[Path] = typer.Option(None, "--db", help="Database file [default: $TBPIPE_DB or ./tbpipe.duckdb]."),
+        db: Optional[Path] = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
         debug_dir: Optional[List[Path]] = typer.Option(
             None, "--debug-dir", help="Folder searched (recursively, by build-ID) for debug files first; repeatable."
         ),
         cache_dir: Optional[Path] = typer.Option(
-            None, "--cache-dir", help="Symbol store [default: $TBPIPE_CACHE_DIR or the user cache dir]."
+            None, "--cache-dir", help="Symbol store (default: $TBPIPE_CACHE_DIR or the user cache dir)."
         ),
         user_code: Optional[List[str]] = typer.Option(
             None,
@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
             "!PREFIX for files that are not. Kept in the database; repeatable.",
         ),
         wait: float = typer.Option(600.0, "--wait", help="Seconds to wait for another ingest into the same database."),
-        progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar [default: on a terminal]."),
+        progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar (default: on a terminal)."),
     ) -> None:
         """Load captured runs into the database: one transaction per run, damaged runs quarantined."""
         from tbpipe.pipeline.db import IngestOptions

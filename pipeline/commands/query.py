@@ -49,13 +49,14 @@ def _cell(value: Any) -> str:
 
 
 def write_table(result, console: Console, max_rows: int) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(show_lines=False)
     for name in result.column_names:
-        table.add_column(name, overflow="fold")
+        table.add_column(escape(name), overflow="fold")
     for row in _records(result.slice(0, max_rows)):
-        table.add_row(*(_cell(v) for v in row.values()), end_section=False)
+        table.add_row(*(escape(_cell(v)) for v in row.values()), end_section=False)
     console.print(table)
     if result.num_rows > max_rows:
         console.print(f"({result.num_rows - max_rows:,} more rows: use --max-rows, or --format csv)", style="dim")
@@ -126,7 +127,7 @@ def register(app: typer.Typer) -> None:
     @app.command("query")
     def query(
         sql: str = typer.Argument(..., help="The SQL to run, or - to read it from stdin."),
-        db: Optional[Path] = typer.Option(None, "--db", help="Database file [default: $TBPIPE_DB or ./tbpipe.duckdb]."),
+        db: Optional[Path] = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
         fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help="Output format."),
         output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
         max_rows: int = typer.Option(1000, "--max-rows", help="Rows shown by --format table."),

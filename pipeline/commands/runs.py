@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tbpipe.pipeline.commands.run import parse_labels
@@ -19,7 +20,7 @@ def _labels(labels: dict | None) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("runs")
     def runs(
-        db: Optional[Path] = typer.Option(None, "--db", help="Database file [default: $TBPIPE_DB or ./tbpipe.duckdb]."),
+        db: Optional[Path] = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
         label: Optional[List[str]] = typer.Option(None, "--label", "-l", help="Only runs with this KEY=VALUE label; repeatable."),
     ) -> None:
         """List the ingested runs, oldest first, with their labels."""
@@ -32,11 +33,14 @@ def register(app: typer.Typer) -> None:
         finally:
             con.close()
         table = Table(title=f"{len(rows)} run{'s' if len(rows) != 1 else ''}", title_justify="left")
-        for name, justify in (
-            ("run", "left"), ("started (UTC)", "left"), ("complete", "left"), ("events", "right"),
-            ("stacks", "right"), ("host:pid", "left"), ("labels", "left"), ("command", "left"),
-        ):
-            table.add_column(name, justify=justify, overflow="fold")
+        table.add_column("run", no_wrap=True)
+        table.add_column("started (UTC)", no_wrap=True)
+        table.add_column("complete", no_wrap=True)
+        table.add_column("events", justify="right", no_wrap=True)
+        table.add_column("stacks", justify="right", no_wrap=True)
+        table.add_column("host:pid", overflow="fold")
+        table.add_column("labels", overflow="fold")
+        table.add_column("command", overflow="ellipsis", no_wrap=True, max_width=40)
         for row in rows:
             started = row["started_at"].strftime("%Y-%m-%d %H:%M:%S") if row["started_at"] else ""
             table.add_row(
@@ -45,8 +49,8 @@ def register(app: typer.Typer) -> None:
                 "yes" if row["complete"] else "[yellow]no[/]",
                 f"{row['events']:,}",
                 f"{row['stacks']:,}",
-                f"{row['host']}:{row['pid']}",
-                _labels(row["labels"]),
-                " ".join(row["argv"] or [])[:80],
+                escape(f"{row['host']}:{row['pid']}"),
+                escape(_labels(row["labels"])),
+                escape(" ".join(row["argv"] or [])[:80]),
             )
         Console().print(table)

@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
         stack: Optional[int] = typer.Option(None, "--stack", help="A stack id (`stacks.stack_id`)."),
         site: Optional[str] = typer.Option(None, "--site", help="A call-site key (`call_sites.site_key`)."),
         limit: int = typer.Option(3, "--limit", help="With --site: how many of its stacks to print, heaviest first."),
-        db: Optional[Path] = typer.Option(None, "--db", help="Database file [default: $TBPIPE_DB or ./tbpipe.duckdb]."),
+        db: Optional[Path] = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
     ) -> None:
         """Print the combined Python + native traceback of an event, a stack or a call site (innermost first)."""
         from tbpipe.pipeline.db import open_database

@@ -56,6 +56,8 @@ def ingest_lock(db_path: Path, wait_s: float, on_wait: Callable[[str], None] | N
     The kernel drops the lock when its holder dies, so a killed ingest never leaves it stuck.
     """
     lock_path = db_path.with_name(db_path.name + ".lock")
+    if not lock_path.parent.is_dir():
+        raise DatabaseError(f"cannot create the database {db_path}: folder {lock_path.parent} does not exist")
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as error:
@@ -141,6 +143,8 @@ def open_database(
         raise DatabaseError(f"cannot create the database {db_path}: folder {db_path.parent} does not exist")
     con = _connect(db_path, read_only, wait_s, on_wait)
     try:
+        # DuckDB's own bar would land in the middle of `tbpipe query`'s CSV or JSON on stdout.
+        con.execute("SET enable_progress_bar = false")
         if read_only:
             _check_version(con, db_path)
         else:

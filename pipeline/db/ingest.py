@@ -216,7 +216,6 @@ class _Loader:
         self.summary = summary
         self._symbolizer: Any = None
         self._refreshed: set[str] = set()
-        con.execute("SET enable_progress_bar = false")
         # Checkpointing after every run's commit would rewrite the growing tables 40 times for 40
         # runs; the WAL holds the committed runs until the checkpoint that closing the database does.
         con.execute("SET checkpoint_threshold = '4GB'")
@@ -255,16 +254,19 @@ class _Loader:
     # ---------------------------------------------------------------- settings
 
     def set_user_code(self, rules: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
-        """Stores the rules; when they change what is user code, every stack is sited again."""
-        rules_now = "SELECT prefix, is_user FROM user_code ORDER BY prefix"
+        """Stores the rules; when what is user code changed (here or by hand), every stack is sited again."""
         with self._transaction() as con:
-            before = query_rows(con, rules_now)
             for prefix in _tbpipe_source_dirs():
                 con.execute("INSERT INTO user_code VALUES (?, false, 'tbpipe', now()) ON CONFLICT DO NOTHING", [prefix])
             for prefix, is_user in rules:
                 con.execute("INSERT OR REPLACE INTO user_code VALUES (?, ?, 'user', now())", [prefix, is_user])
-            if query_rows(con, rules_now) != before:
+            rules_hash = query_value(
+                con, "SELECT md5(coalesce(string_agg(prefix || '=' || is_user, chr(30) ORDER BY prefix), '')) FROM user_code"
+            )
+            sited_with = query_value(con, "SELECT value FROM settings WHERE key = 'sited_with_rules'")
+            if sited_with != rules_hash:
                 self._site_stacks(from_stack=None)
+                con.execute("INSERT OR REPLACE INTO settings VALUES ('sited_with_rules', ?)", [rules_hash])
         return rules
 
     def _site_stacks(self, from_stack: int | None) -> None:
@@ -894,15 +896,15 @@ def _raise_for_data_error(error: BaseException) -> None:
     """Errors that come from the run's data (not the database) quarantine the run."""
     import duckdb
 
+    text = _first_line(error)
+    if isinstance(error, (duckdb.ConversionException, duckdb.InvalidInputException)) and "JSON" in text:
+        raise _QuarantineRun(f"events have attributes that are not JSON ({text})") from None
+    if isinstance(error, (duckdb.IOException, duckdb.InvalidInputException)) and ".parquet" in str(error).lower():
+        raise _QuarantineRun(f"events unreadable ({text})") from None
     if isinstance(error, (duckdb.ConversionException, duckdb.InvalidInputException)):
-        text = _first_line(error)
-        if "JSON" in text:
-            raise _QuarantineRun(f"events have attributes that are not JSON ({text})") from None
         raise _QuarantineRun(f"cannot load the run's data ({text})") from None
-    if isinstance(error, duckdb.IOException) and ".parquet" in str(error):
-        raise _QuarantineRun(f"events unreadable ({_first_line(error)})") from None
     if isinstance(error, duckdb.Error):
-        raise DatabaseError(f"the database failed while loading a run: {_first_line(error)}") from None
+        raise DatabaseError(f"the database failed while loading a run: {text}") from None
 
 
 def _before_commit(run_id: str) -> None:

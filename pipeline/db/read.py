@@ -56,7 +56,7 @@ def stack_frames(con: Any, stack_id: int) -> list[Frame]:
 class EventInfo:
     event_id: int
     run_id: str
-    ts: Any
+    ts: str  # UTC
     thread_id: int
     thread_name: str | None
     kind: str
@@ -69,7 +69,8 @@ def event(con: Any, event_id: int) -> EventInfo:
     rows = query_rows(
         con,
         """
-        SELECT e.event_id, e.run_id, e.ts, e.thread_id, r.threads[e.thread_id], e.kind, e.name, e.stack_id, e.attrs
+        SELECT e.event_id, e.run_id, strftime(e.ts AT TIME ZONE 'UTC', '%Y-%m-%d %H:%M:%S.%f UTC'), e.thread_id,
+               r.threads[e.thread_id], e.kind, e.name, e.stack_id, e.attrs
         FROM events e LEFT JOIN runs r USING (run_id)
         WHERE e.event_id = ?
         """,
@@ -175,7 +176,9 @@ def runs(con: Any, labels: dict[str, str] | None = None) -> list[dict[str, Any]]
     rows = query_rows(
         con,
         f"""
-        SELECT run_id, started_at, ended_at, complete, host, pid, argv, labels, events, stacks, new_stacks,
+        -- As UTC wall-clock times: a TIMESTAMPTZ fetched into Python needs pytz with DuckDB 1.x.
+        SELECT run_id, started_at AT TIME ZONE 'UTC', ended_at AT TIME ZONE 'UTC', complete, host, pid, argv, labels,
+               events, stacks, new_stacks,
                python_version, torch_version, ingest_notes
         FROM runs
         {'WHERE ' + ' AND '.join(where) if where else ''}

@@ -133,11 +133,14 @@ class LoadedModule:
 
 def loaded_modules() -> list[LoadedModule]:
     """ELF objects loaded in this process that have a build-ID and code (libpython, libc, extensions...)."""
-    import ctypes  # noqa: F401 - loads libffi
-    import decimal  # noqa: F401 - loads libmpdec or _decimal
-    import sqlite3  # noqa: F401 - loads libsqlite3
-    import ssl  # noqa: F401 - loads libssl and libcrypto
-    import zlib  # noqa: F401 - loads libz
+    import importlib
+
+    # Extension modules whose shared libraries make the module list look like a real program's.
+    for name in ("ctypes", "decimal", "sqlite3", "ssl", "zlib"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
 
     from tbpipe import _native
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
 def render_top_sites(sites: list[dict[str, Any]], title: str, console: Console | None = None) -> None:
     console = console or Console()
-    table = Table(title=title, title_justify="left")
+    table = Table(title=escape(title), title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("events", justify="right")
     table.add_column("name")
@@ -22,9 +23,9 @@ def render_top_sites(sites: list[dict[str, Any]], title: str, console: Console |
         table.add_row(
             str(rank),
             f"{site['events']:,}",
-            site["name"],
-            site["site_function"] or "<no stack>",
-            where if site["site_function"] else "",
+            escape(site["name"]),
+            escape(site["site_function"] or "<no stack>"),
+            escape(where) if site["site_function"] else "",
             site["site_key"] or "",
         )
     console.print(table)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tbpipe.pipeline.db.ingest import IngestSummary, UnsymbolizedGroup
@@ -35,7 +36,7 @@ def unsymbolized_lines(summary: IngestSummary) -> list[str]:
 
 def render_ingest_summary(summary: IngestSummary, console: Console | None = None) -> None:
     console = console or Console()
-    table = Table(title=f"ingest into {summary.db_path}", show_header=False, title_justify="left")
+    table = Table(title=escape(f"ingest into {summary.db_path}"), show_header=False, title_justify="left")
     table.add_column("what", style="bold")
     table.add_column("count", justify="right")
     table.add_column("detail", overflow="fold")
@@ -48,15 +49,15 @@ def render_ingest_summary(summary: IngestSummary, console: Console | None = None
     table.add_row("events", f"{summary.events:,}", "")
     table.add_row("new stacks", f"{summary.new_stacks:,}", "")
     table.add_row("frames symbolized", f"{summary.frames_symbolized:,}", "native frames of the new stacks")
-    table.add_row("frames unsymbolized", f"{summary.frames_unsymbolized:,}", "\n".join(unsymbolized_lines(summary)))
+    table.add_row("frames unsymbolized", f"{summary.frames_unsymbolized:,}", escape("\n".join(unsymbolized_lines(summary))))
     if summary.refreshed_modules:
         table.add_row("re-symbolized modules", f"{len(summary.refreshed_modules):,}", "better debug info found: their old frames were redone")
     for prefix, is_user in summary.user_code:
-        table.add_row("user code" if is_user else "not user code", "", prefix)
+        table.add_row("user code" if is_user else "not user code", "", escape(prefix))
     table.add_row("time", f"{summary.seconds:.1f} s", "")
     console.print(table)
     for outcome in quarantined:
-        console.print(f"[red]quarantined[/] {outcome.reason}", highlight=False)
+        console.print(f"[red]quarantined[/] {escape(outcome.reason or '')}", highlight=False, soft_wrap=True)
     for outcome in summary.outcomes:
         for note in outcome.notes:
-            console.print(f"[yellow]note[/] {outcome.run_id}: {note}", highlight=False)
+            console.print(f"[yellow]note[/] {escape(f'{outcome.run_id}: {note}')}", highlight=False, soft_wrap=True)

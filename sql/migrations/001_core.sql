@@ -254,6 +254,14 @@ CREATE TABLE stack_sites (
     site_is_user BOOLEAN NOT NULL
 );
 
+-- Values the ingest keeps for itself.
+-- @column key    what the value is: 'sited_with_rules' = hash of the `user_code` rules `stack_sites` was computed with
+-- @column value  the value
+CREATE TABLE settings (
+    key VARCHAR PRIMARY KEY,
+    value VARCHAR
+);
+
 -- Which Python files count as user code when events are sited (`call_sites`), beside the built-in
 -- rule (standard library, site-packages and tbpipe are not user code). The longest matching prefix
 -- wins. Set with `tbpipe ingest --user-code PREFIX` (or `!PREFIX` for not-user-code); rows with
