@@ -12,6 +12,9 @@ import pytest
 
 from tbpipe.pipeline.rawrun import find_run_dirs, read_run
 
+# The CLI as the tests run it: the same interpreter, no reliance on PATH.
+TBPIPE = [sys.executable, "-m", "tbpipe.pipeline"]
+
 
 def run_python(code: str, *, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter (the one running the tests)."""
@@ -33,3 +36,12 @@ def manifest(run_dir: Path) -> dict:
 @pytest.fixture
 def out_dir(tmp_path: Path) -> Path:
     return tmp_path / "runs"
+
+
+@pytest.fixture(scope="session")
+def symbol_cache(tmp_path_factory) -> Path:
+    """One symbol store for the whole session (child processes get it as TBPIPE_CACHE_DIR),
+    so each SymCache is built once."""
+    path = tmp_path_factory.getbasetemp() / "tbpipe-symbols"
+    path.mkdir(exist_ok=True)
+    return path

@@ -6,9 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import read_runs
+from conftest import TBPIPE, read_runs
 
-TBPIPE = [sys.executable, "-m", "tbpipe.pipeline"]
 
 PROGRAM = """
 import subprocess, sys

@@ -24,16 +24,10 @@ from tbpipe.pipeline.db.connection import query_rows
 from tbpipe.pipeline.rawrun import find_run_dirs, read_run
 from tbpipe.pipeline.stacks import symbolize_stacks
 
-TBPIPE = [sys.executable, "-m", "tbpipe.pipeline"]
+from conftest import TBPIPE
 
 
-@pytest.fixture(scope="session")
-def symbol_cache(tmp_path_factory) -> Path:
-    # One symbol store for the whole session (every test file uses this folder), so SymCaches
-    # are built once, also for the child processes (TBPIPE_CACHE_DIR).
-    path = tmp_path_factory.getbasetemp() / "tbpipe-symbols"
-    path.mkdir(exist_ok=True)
-    return path
+
 
 
 def ingest(db: Path, *dirs: Path, cache: Path, **options) -> IngestSummary:

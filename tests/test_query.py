@@ -26,14 +26,10 @@ from tbpipe.pipeline.db import schema
 from tbpipe.pipeline.db.connection import query_rows
 from tbpipe.pipeline.errors import TbpipeError
 
-TBPIPE = [sys.executable, "-m", "tbpipe.pipeline"]
+from conftest import TBPIPE
 
 
-@pytest.fixture(scope="session")
-def symbol_cache(tmp_path_factory) -> Path:
-    path = tmp_path_factory.getbasetemp() / "tbpipe-symbols"
-    path.mkdir(exist_ok=True)
-    return path
+
 
 
 def cli(*args: str, env: dict | None = None):

@@ -19,16 +19,12 @@ from tbpipe.pipeline.db.connection import query_rows
 from tbpipe.pipeline.db.read import NotFoundError
 from tbpipe.pipeline.errors import UsageError
 
-TBPIPE = [sys.executable, "-m", "tbpipe.pipeline"]
+from conftest import TBPIPE
+
 WORKLOAD = str(Path(__import__("tbpipe.pipeline.demo.workload", fromlist=["x"]).__file__).resolve())
 FRAME_LINE = re.compile(r"^(?P<file>.+):(?P<line>\d+|\?):(?P<function>.+?)(?P<inlined> \[inlined\])?$")
 
 
-@pytest.fixture(scope="session")
-def symbol_cache(tmp_path_factory) -> Path:
-    path = tmp_path_factory.getbasetemp() / "tbpipe-symbols"
-    path.mkdir(exist_ok=True)
-    return path
 
 
 @pytest.fixture(scope="module")
