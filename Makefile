@@ -16,9 +16,11 @@ $(VENV)/.installed: $(NATIVE_SOURCES)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
 	$(VENV)/bin/pip install $(PIP_FLAGS) -e '.[test]'
-	# torch is the anchor some tests compare against (a local CPU wheel for 3.11).
+	# torch (a local CPU wheel, for 3.11 only here) is the anchor some tests compare
+	# against and the torch-ops source's subject; Triton's launch hooks are tested
+	# against the real package.
 	if $(VENV)/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then \
-		$(VENV)/bin/pip install $(PIP_FLAGS) torch==2.13.0; fi
+		$(VENV)/bin/pip install $(PIP_FLAGS) torch==2.13.0 triton==3.9.0; fi
 	touch $@
 
 run: install
@@ -40,6 +42,9 @@ test-matrix:
 
 bench: install
 	$(VENV)/bin/python bench/capture.py
+	$(VENV)/bin/python bench/symbolize.py
+	$(VENV)/bin/python bench/ingest.py
+	$(VENV)/bin/python bench/torch_overhead.py
 
 clean:
 	rm -rf build .venv .venv-* demo-runs

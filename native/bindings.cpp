@@ -25,7 +25,7 @@ namespace py = pybind11;
 namespace tbpipe {
 
 void register_unwind_bindings(py::module_& m);  // native/unwind_bindings.cpp
-void register_cupti_bindings(py::module_& m);   // native/cupti_bindings.cpp
+void register_source_bindings(py::module_& m);   // native/source_bindings.cpp
 
 namespace {
 
@@ -280,5 +280,5 @@ PYBIND11_MODULE(_native, m) {
   m.attr("STACK_NO_PYTHON") = static_cast<uint32_t>(kStackNoPython);
 
   register_unwind_bindings(m);
-  register_cupti_bindings(m);
+  register_source_bindings(m);
 }

@@ -64,3 +64,24 @@ def test_run_without_command(tmp_path: Path) -> None:
     result = tbpipe("run", cwd=tmp_path)
     assert result.returncode == 2
     assert "nothing to run" in result.stderr
+
+
+def test_run_passes_sampling_options_to_every_process(tmp_path: Path) -> None:
+    script = tmp_path / "many.py"
+    script.write_text("from tbpipe.capture import record\nfor i in range(4000):\n    record('user', 'tick')\n")
+    result = tbpipe("run", "--out", "runs", "--sample-rate", "0.25", "--", sys.executable, str(script), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (run,) = read_runs(tmp_path / "runs")
+    assert run.manifest["capture"]["sample_rate"] == 0.25
+    counters = run.manifest["counters"]
+    written = run.tables["events"].num_rows
+    assert written == counters["events_written"]
+    assert written + counters["events_sampled_out"] == 4000
+    assert 500 < written < 1500  # about a quarter
+
+
+def test_run_rejects_bad_sample_rate(tmp_path: Path) -> None:
+    result = tbpipe("run", "--sample-rate", "2", "--", sys.executable, "-c", "pass", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "sample rate must be in (0, 1]" in result.stderr
+    assert not (tmp_path / "runs").exists()

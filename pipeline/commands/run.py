@@ -30,20 +30,30 @@ def parse_labels(pairs: list[str]) -> dict[str, str]:
     return labels
 
 
-def run_captured(command: list[str], out_dir: Path, labels: dict[str, str], sources: list[str]) -> int:
-    """Runs `command` with every Python process in it recording into `out_dir`; returns its exit status."""
+def run_captured(
+    command: list[str],
+    out_dir: Path,
+    labels: dict[str, str],
+    sources: list[str],
+    options: dict[str, object] | None = None,
+) -> int:
+    """Runs `command` with every Python process in it recording into `out_dir`; returns its exit status.
+
+    `options` are Session keyword options (sample_rate, max_events_per_stack_per_s).
+    """
     # Imported here: every other tbpipe command would otherwise pay for the
     # capture library (the extension, pyarrow) at start-up.
     from tbpipe.capture.autostart_session import environment_for_run
-    from tbpipe.capture.session import prepare_out_dir
-    from tbpipe.capture.sources import resolve_sources
+    from tbpipe.capture.session import Session, prepare_out_dir
 
     if not command:
         raise UsageError("nothing to run: give the command after --, e.g. tbpipe run -- python train.py")
-    resolve_sources(sources)
+    # Validate labels, sources and options here, once, with the session's own
+    # checks, rather than let every captured process fail on them.
+    Session(out_dir, labels, sources, **(options or {}))
     prepare_out_dir(out_dir)
     env = dict(os.environ)
-    env.update(environment_for_run(str(out_dir.resolve()), labels, sources))
+    env.update(environment_for_run(str(out_dir.resolve()), labels, sources, options))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(autostart_dir()), env.get("PYTHONPATH", "")) if p)
     try:
         return subprocess.call(command, env=env)
@@ -61,7 +71,12 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("runs"), "--out", "-o", help="Folder that receives one run folder per process."),
         label: Optional[List[str]] = typer.Option(None, "--label", "-l", help="KEY=VALUE, repeatable."),
         source: Optional[List[str]] = typer.Option(None, "--source", "-s", help="Event source to switch on, repeatable."),
+        sample_rate: float = typer.Option(1.0, "--sample-rate", help="Fraction of events recorded, in (0, 1]."),
+        max_per_stack: int = typer.Option(
+            0, "--max-per-stack-per-s", help="At most this many events per stack and second (0: no limit)."
+        ),
     ) -> None:
         """Capture a whole program (and its Python child processes), one run folder per process."""
-        status = run_captured(list(ctx.args), out, parse_labels(label or []), list(source or []))
+        options = {"sample_rate": sample_rate, "max_events_per_stack_per_s": max_per_stack}
+        status = run_captured(list(ctx.args), out, parse_labels(label or []), list(source or []), options)
         raise typer.Exit(status)

@@ -1,5 +1,5 @@
 // Bindings of the event sources that need native code, registered into
-// tbpipe._native by bindings.cpp through register_cupti_bindings():
+// tbpipe._native by bindings.cpp through register_source_bindings():
 //
 //  - the `cuda` source: CUPTI start/stop/counters (native/cupti.cpp);
 //  - the `torch-ops` source's dispatch entry point: torch calls it for every
@@ -388,7 +388,7 @@ py::dict cupti_start_binding(const std::vector<std::string>& candidates) {
 
 }  // namespace
 
-void register_cupti_bindings(py::module_& m) {
+void register_source_bindings(py::module_& m) {
   m.def("_cupti_start", &cupti_start_binding, py::arg("candidates"),
         "Load libcupti (first loadable candidate) and subscribe to kernel launches; returns "
         "{status, library, message, enabled_callbacks}. Never raises for a missing GPU or library.");
