@@ -23,6 +23,9 @@ from tbpipe.capture.sources import resolve_sources
 from tbpipe.capture.writer import RunWriter
 
 DEFAULT_FLUSH_INTERVAL_S = 1.0
+# Per thread, between two flushes: past it events are dropped (and counted)
+# rather than let a stalled writer grow memory without bound.
+DEFAULT_MAX_BUFFERED_EVENTS = 1 << 22
 ON_FORK_CHOICES = ("new_run", "stop")
 
 _active: Session | None = None
@@ -66,6 +69,7 @@ class Session:
         python: bool = True,
         native: bool = True,
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+        max_buffered_events: int = DEFAULT_MAX_BUFFERED_EVENTS,
         on_fork: str = "new_run",
         parent_run_id: str | None = None,
         sample_rate: float = 1.0,
@@ -93,6 +97,9 @@ class Session:
         self.python = python
         self.native = native
         self.flush_interval_s = flush_interval_s
+        if not (isinstance(max_buffered_events, int) and max_buffered_events > 0):
+            raise SessionError(f"max_buffered_events must be a positive integer, not {max_buffered_events!r}")
+        self.max_buffered_events = max_buffered_events
         self.on_fork = on_fork
         self.parent_run_id = parent_run_id
         self.run_id: str | None = None
@@ -124,6 +131,7 @@ class Session:
                 "python": self.python,
                 "native": self.native,
                 "flush_interval_s": self.flush_interval_s,
+                "max_buffered_events": self.max_buffered_events,
                 "on_fork": self.on_fork,
                 "sample_rate": self.sample_rate,
                 "max_events_per_stack_per_s": self.max_events_per_stack_per_s,
@@ -132,7 +140,7 @@ class Session:
             write_manifest(self.run_dir, manifest)
             self._writer = RunWriter(self.run_dir, manifest)
             _native._set_overhead_limits(self.sample_rate, self.max_events_per_stack_per_s)
-            _native.start(self.python, self.native)
+            _native.start(self.python, self.native, self.max_buffered_events)
             _active = self
         self._start_sources()
         self._flusher = threading.Thread(target=self._flush_loop, name="tbpipe-flush", daemon=True)
@@ -229,6 +237,7 @@ class Session:
             python=self.python,
             native=self.native,
             flush_interval_s=self.flush_interval_s,
+            max_buffered_events=self.max_buffered_events,
             on_fork=self.on_fork,
             parent_run_id=self.run_id,
             sample_rate=self.sample_rate,

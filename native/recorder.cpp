@@ -404,12 +404,8 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
 
   SpinGuard guard(buffer->busy);
   BufferData& data = buffer->front;
-  if (data.events.size() >= max_buffered_events_) {
-    // The flusher is not keeping up: drop rather than grow without bound.
-    buffer->dropped.store(buffer->dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    Py_XDECREF(attrs);
-    return false;
-  }
+  // A new stack is written even when its event is dropped below: it is now in
+  // the seen-set, so later events will refer to it without writing it again.
   if (new_stack) {
     stacks_.fetch_add(1, std::memory_order_relaxed);
     data.stack_ids.push_back(stack_id);
@@ -430,6 +426,12 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
       data.python_flags.push_back(frame.flags);
     }
     data.python_ends.push_back(static_cast<uint32_t>(data.python_code.size()));
+  }
+  if (data.events.size() >= max_buffered_events_) {
+    // The flusher is not keeping up: drop rather than grow without bound.
+    buffer->dropped.store(buffer->dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    Py_XDECREF(attrs);
+    return false;
   }
   int32_t attrs_index = -1;
   if (attrs != nullptr) {

@@ -246,3 +246,26 @@ def test_native_record_path_without_gil(out_dir: Path) -> None:
     code = {c["code_id"]: c["qualname"] for c in run.tables["code"].to_pylist()}
     first = stacks[rows[0]["stack_id"]]
     assert code[first["python"][0]["code_id"]].endswith("launch_site")
+
+
+def test_full_buffer_drops_events_but_never_their_stacks(out_dir: Path) -> None:
+    def site_a():
+        capture.record("user", "a")
+
+    def site_b():
+        capture.record("user", "b")
+
+    # A long flush interval: only the explicit flush() below drains the buffer.
+    with capture.session(out_dir, max_buffered_events=5, flush_interval_s=3600) as session:
+        for _ in range(8):
+            site_a()  # 5 kept, 3 dropped
+        site_b()  # dropped, but its new stack must still be written
+        session.flush()
+        site_b()  # kept: refers to the stack written above
+    (run,) = read_runs(out_dir)
+    counters = run.manifest["counters"]
+    assert counters["events_dropped"] == 4
+    assert counters["events_recorded"] == 6
+    events = run.tables["events"]
+    assert events["name"].to_pylist() == ["a"] * 5 + ["b"]
+    assert set(events["stack_id"].to_pylist()) <= set(run.tables["stacks"]["stack_id"].to_pylist())
