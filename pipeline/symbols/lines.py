@@ -254,7 +254,12 @@ def _file_paths(cu: Any, header: Any) -> dict[int, str | None]:
 
 
 def decode_sequences(data: bytes, start: int, end: int, header: Any, *, little_endian: bool = True) -> list[_Sequence]:
-    """Rows of one line program (bytes data[start:end]) as address-sorted sequences."""
+    """Rows of one line program (bytes data[start:end]) as address-sorted sequences.
+
+    The LEB128 reads are written out inline in each opcode branch on purpose: a
+    helper call per operand costs more than the decode itself in this loop,
+    which runs once per line-table byte.
+    """
     opcode_base = header["opcode_base"]
     line_base = header["line_base"]
     line_range = header["line_range"]
