@@ -85,3 +85,11 @@ def test_run_rejects_bad_sample_rate(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "sample rate must be in (0, 1]" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_run_says_when_nothing_was_recorded(tmp_path: Path) -> None:
+    # Isolated mode ignores PYTHONPATH, so the program runs unrecorded: say so.
+    result = tbpipe("run", "--out", "runs", "--", sys.executable, "-I", "-c", "pass", cwd=tmp_path)
+    assert result.returncode == 0
+    assert "no Python process" in result.stderr and "recorded" in result.stderr
+    assert read_runs(tmp_path / "runs") == []

@@ -55,10 +55,23 @@ def run_captured(
     env = dict(os.environ)
     env.update(environment_for_run(str(out_dir.resolve()), labels, sources, options))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(autostart_dir()), env.get("PYTHONPATH", "")) if p)
+    before = _run_dirs(out_dir)
     try:
-        return subprocess.call(command, env=env)
+        status = subprocess.call(command, env=env)
     except FileNotFoundError:
         raise UsageError(f"command not found: {command[0]}") from None
+    if not _run_dirs(out_dir) - before:
+        # Nothing recorded is almost always a set-up problem, not an idle program.
+        print(
+            f"tbpipe: no Python process of `{command[0]}` recorded into {out_dir} (is it a Python program? "
+            "`python -I`/`-E` ignore PYTHONPATH, through which tbpipe starts recording)",
+            file=sys.stderr,
+        )
+    return status
+
+
+def _run_dirs(out_dir: Path) -> set[Path]:
+    return {manifest.parent for manifest in out_dir.glob("*/manifest.json")}
 
 
 def register(app: typer.Typer) -> None:
