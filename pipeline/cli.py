@@ -1,48 +1,85 @@
-"""The `tbpipe` command line: a typer app whose subcommands live in `pipeline/commands/`."""
+"""The `tbpipe` command line: a typer app whose subcommands live in `pipeline/commands/`.
+
+Start-up is kept short: `tbpipe CMD ...` imports only CMD's module (each command module pulls
+in its own dependencies: duckdb, pyarrow, ...), and `tbpipe addr2line` with plain binutils-style
+options does not even build the typer app (typer 0.29 imports pydantic to coerce parameters:
+~80 ms against a ~250 ms budget for 20k libc addresses). `tbpipe`, `tbpipe --help` and anything
+that is not a known command name register every command, so help and "no such command"
+messages are unchanged.
+"""
 
 from __future__ import annotations
 
 import sys
-
-import typer
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from tbpipe.pipeline.errors import TbpipeError
 
-app = typer.Typer(
-    name="tbpipe",
-    help="Combined Python + native tracebacks for every event, queryable in DuckDB.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+if TYPE_CHECKING:
+    import typer
 
-_stderr = Console(stderr=True)
+# Command names, each the name of its module under tbpipe.pipeline.commands, in `--help` order.
+_COMMANDS = ("run", "demo", "ingest", "query", "runs", "show", "addr2line", "debuginfo")
+
+_app: typer.Typer | None = None
 
 
-def _register_commands() -> None:
+def _new_app() -> typer.Typer:
+    import typer
+
+    return typer.Typer(
+        name="tbpipe",
+        help="Combined Python + native tracebacks for every event, queryable in DuckDB.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+
+
+def _register_commands(app: typer.Typer, only: str | None = None) -> None:
     # Imported here so `tbpipe --help` stays fast and each command owns its module.
-    from tbpipe.pipeline.commands import demo as demo_command
-    from tbpipe.pipeline.commands import ingest as ingest_command
-    from tbpipe.pipeline.commands import query as query_command
-    from tbpipe.pipeline.commands import run as run_command
-    from tbpipe.pipeline.commands import runs as runs_command
-    from tbpipe.pipeline.commands import show as show_command
+    import importlib
 
-    run_command.register(app)
-    demo_command.register(app)
-    ingest_command.register(app)
-    query_command.register(app)
-    runs_command.register(app)
-    show_command.register(app)
-    __import__("tbpipe.pipeline.commands.addr2line", fromlist=["register"]).register(app)
-    __import__("tbpipe.pipeline.commands.debuginfo", fromlist=["register"]).register(app)
+    for name in _COMMANDS:
+        if only is None or name == only:
+            importlib.import_module(f"tbpipe.pipeline.commands.{name}").register(app)
+    if only is not None:
+        # With a single command and no callback, typer would run that command without its
+        # name; a callback keeps `tbpipe CMD ...` parsed as a group.
+        @app.callback()
+        def _group() -> None:
+            pass
+
+
+def __getattr__(name: str):
+    # `app`: the full CLI, built on first access (for tests and embedding).
+    global _app
+    if name == "app":
+        if _app is None:
+            _app = _new_app()
+            _register_commands(_app)
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _print_error(error: TbpipeError) -> None:
+    from rich.console import Console
+
+    Console(stderr=True).print(f"[bold red]tbpipe:[/] {error}", highlight=False)
 
 
 def main() -> None:
-    _register_commands()
+    argv = sys.argv[1:]
+    command = argv[0] if argv else None
     try:
+        if command == "addr2line":
+            from tbpipe.pipeline.commands.addr2line import run_fast
+
+            if run_fast(argv[1:]):
+                return
+        app = _new_app()
+        _register_commands(app, command if command in _COMMANDS else None)
         app()
     except TbpipeError as error:
-        _stderr.print(f"[bold red]tbpipe:[/] {error}", highlight=False)
+        _print_error(error)
         sys.exit(2)

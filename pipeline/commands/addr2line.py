@@ -21,11 +21,14 @@ import select
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, Iterator, Optional
-
-import typer
+from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 
 from tbpipe.pipeline.errors import UsageError
+
+if TYPE_CHECKING:
+    import typer
+# `typer` is imported by `register`/`_standalone` only (the annotations below are strings that
+# typer evaluates then): `run_fast` answers plain binutils-style command lines without it.
 
 _HEX = re.compile(r"\s*(?:0[xX])?([0-9a-fA-F]*)")
 
@@ -291,7 +294,13 @@ def _prepare_quietly(symbolizer, module) -> None:
         pass  # the same error comes back, reported properly, from the main thread
 
 
+def _import_typer() -> None:
+    global typer
+    import typer
+
+
 def register(app: typer.Typer) -> None:
+    _import_typer()
     app.command(
         "addr2line",
         help="Addresses -> function, file:line (binutils-compatible; debug info found by build-ID).",
@@ -304,6 +313,9 @@ def _standalone() -> None:
     rest of the CLI (for scripts that call it many times)."""
     from tbpipe.pipeline.errors import TbpipeError
 
+    if run_fast(sys.argv[1:], rich_errors=False):
+        return
+    _import_typer()
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command(context_settings={"help_option_names": ["-h", "--help"]})(addr2line)
     try:
@@ -311,6 +323,113 @@ def _standalone() -> None:
     except TbpipeError as error:
         sys.stderr.write(f"tbpipe: {error}\n")
         sys.exit(2)
+
+
+# ---- the command line without typer
+
+_FLAGS = {
+    "-a": "show_addresses", "--addresses": "show_addresses",
+    "-f": "functions", "--functions": "functions",
+    "-i": "inlines", "--inlines": "inlines",
+    "-C": "demangle", "--demangle": "demangle",
+    "-p": "pretty", "--pretty-print": "pretty",
+    "-s": "basenames", "--basenames": "basenames",
+    "--json": "as_json",
+}  # fmt: skip
+_VALUES = {
+    "-e": "exe", "--exe": "exe",
+    "--build-id": "build_id",
+    "--cache-dir": "cache_dir",
+    "--debug-dir": "debug_dir",
+    "--debug-root": "debug_root",
+    "--jobs": "jobs",
+}  # fmt: skip
+_PATHS = {"exe", "cache_dir"}
+_PATH_LISTS = {"debug_dir", "debug_root"}
+
+
+def parse_fast(argv: list[str]) -> dict | None:
+    """The keyword arguments of `addr2line` for a command line in the plain subset of what
+    click accepts (known options, values not starting with "-", digits for --jobs); None for
+    anything else (help, errors, odd spellings), which typer then parses and reports."""
+    kwargs: dict = {}
+    addresses: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--":
+            addresses.extend(args)
+            break
+        if not arg.startswith("-") or arg == "-":
+            if arg == "-":
+                return None
+            addresses.append(arg)
+            continue
+        if arg.startswith("--"):
+            name, equals, value = arg.partition("=")
+            if name in _FLAGS and not equals:
+                kwargs[_FLAGS[name]] = True
+                continue
+            if name not in _VALUES:
+                return None
+            if not equals:
+                value = next(args, None)
+            if not _set_value(kwargs, _VALUES[name], value):
+                return None
+            continue
+        # A cluster of short options: flags, then at most one option that takes the rest (or
+        # the next argument) as its value.
+        for index in range(1, len(arg)):
+            option = "-" + arg[index]
+            if option in _FLAGS:
+                kwargs[_FLAGS[option]] = True
+            elif option in _VALUES:
+                value = arg[index + 1 :] or next(args, None)
+                if not _set_value(kwargs, _VALUES[option], value):
+                    return None
+                break
+            else:
+                return None
+    if addresses:
+        kwargs["addresses"] = addresses
+    return kwargs
+
+
+def _set_value(kwargs: dict, name: str, value: str | None) -> bool:
+    if not value or value.startswith("-"):
+        return False
+    if name == "jobs":
+        if not (value.isascii() and value.isdigit()):
+            return False
+        kwargs[name] = int(value)
+    elif name in _PATH_LISTS:
+        kwargs.setdefault(name, []).append(Path(value))
+    else:
+        kwargs[name] = Path(value) if name in _PATHS else value
+    return True
+
+
+def run_fast(argv: list[str], rich_errors: bool = True) -> bool:
+    """Run `addr2line` for `argv` without typer; False (nothing done) when typer must parse it.
+    Errors end the process as under typer: a TbpipeError with status 2, ^C with "Aborted!"."""
+    kwargs = parse_fast(argv)
+    if kwargs is None:
+        return False
+    from tbpipe.pipeline.errors import TbpipeError
+
+    try:
+        addr2line(**kwargs)
+    except TbpipeError as error:
+        if rich_errors:
+            from rich.console import Console
+
+            Console(stderr=True).print(f"[bold red]tbpipe:[/] {error}", highlight=False)
+        else:
+            sys.stderr.write(f"tbpipe: {error}\n")
+        sys.exit(2)
+    except (EOFError, KeyboardInterrupt):
+        sys.stderr.write("\nAborted!\n")
+        sys.exit(1)
+    return True
 
 
 if __name__ == "__main__":

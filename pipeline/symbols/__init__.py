@@ -7,40 +7,65 @@ persistent store (`store`), and every (build-ID, address) pair is resolved once 
     sym = Symbolizer()
     frames = sym.symbolize_module(ModuleRef(build_id, path), addresses, exact)
     table = sym.symbolize_arrow({ModuleRef(...): (addresses, exact), ...})   # for DuckDB
+
+The names below are imported on first use (PEP 562): `tbpipe addr2line` on a warm store
+imports a submodule such as `symbols.elf` without paying for all the others.
 """
 
-from tbpipe.pipeline.symbols.columns import arrow_schema
-from tbpipe.pipeline.symbols.debuginfo import DebugInfoLocator, Located, debuginfod_cache_dir
-from tbpipe.pipeline.symbols.dirindex import DebugDirIndex, ScanReport
-from tbpipe.pipeline.symbols.model import (
-    BadBuildIdError,
-    ElfFileError,
-    ModuleRef,
-    ModuleStatus,
-    Quality,
-    SymbolizedFrame,
-    SymbolsError,
-    normalize_build_id,
-)
-from tbpipe.pipeline.symbols.store import SymbolStore, default_cache_dir
-from tbpipe.pipeline.symbols.symbolizer import Symbolizer
+from __future__ import annotations
 
-__all__ = [
-    "BadBuildIdError",
-    "DebugDirIndex",
-    "DebugInfoLocator",
-    "ElfFileError",
-    "Located",
-    "ModuleRef",
-    "ModuleStatus",
-    "Quality",
-    "ScanReport",
-    "SymbolStore",
-    "SymbolizedFrame",
-    "Symbolizer",
-    "SymbolsError",
-    "arrow_schema",
-    "debuginfod_cache_dir",
-    "default_cache_dir",
-    "normalize_build_id",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "arrow_schema": "columns",
+    "DebugInfoLocator": "debuginfo",
+    "Located": "debuginfo",
+    "debuginfod_cache_dir": "debuginfo",
+    "DebugDirIndex": "dirindex",
+    "ScanReport": "dirindex",
+    "BadBuildIdError": "model",
+    "ElfFileError": "model",
+    "ModuleRef": "model",
+    "ModuleStatus": "model",
+    "Quality": "model",
+    "SymbolizedFrame": "model",
+    "SymbolsError": "model",
+    "normalize_build_id": "model",
+    "SymbolStore": "store",
+    "default_cache_dir": "store",
+    "Symbolizer": "symbolizer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:
+    from tbpipe.pipeline.symbols.columns import arrow_schema
+    from tbpipe.pipeline.symbols.debuginfo import DebugInfoLocator, Located, debuginfod_cache_dir
+    from tbpipe.pipeline.symbols.dirindex import DebugDirIndex, ScanReport
+    from tbpipe.pipeline.symbols.model import (
+        BadBuildIdError,
+        ElfFileError,
+        ModuleRef,
+        ModuleStatus,
+        Quality,
+        SymbolizedFrame,
+        SymbolsError,
+        normalize_build_id,
+    )
+    from tbpipe.pipeline.symbols.store import SymbolStore, default_cache_dir
+    from tbpipe.pipeline.symbols.symbolizer import Symbolizer

@@ -9,21 +9,15 @@ processes when there are enough of them; everything else is dictionary lookups.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import gc
-import multiprocessing
 import os
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
-from tbpipe.pipeline.symbols import demangle as demangling
-from tbpipe.pipeline.symbols import worker
 from tbpipe.pipeline.symbols.columns import KnownTable, ResultChunk
-from tbpipe.pipeline.symbols.debuginfo import DebugInfoLocator, Located
-from tbpipe.pipeline.symbols.elf import inspect_elf
 from tbpipe.pipeline.symbols.model import (
     BadBuildIdError,
     ElfFileError,
@@ -33,10 +27,16 @@ from tbpipe.pipeline.symbols.model import (
     SymbolizedFrame,
     normalize_build_id,
 )
-from tbpipe.pipeline.symbols.progress import DelayedProgress
-from tbpipe.pipeline.symbols.resolve import ModuleResolver
 from tbpipe.pipeline.symbols.store import SymbolStore, source_key
-from tbpipe.pipeline.symbols.symcache import build_symcache
+
+# A warm `tbpipe addr2line` needs only the store and the result table: the locator (pyelftools),
+# the resolver (symbolic), worker processes and the progress bar are imported when first used.
+if TYPE_CHECKING:
+    import concurrent.futures
+
+    from tbpipe.pipeline.symbols.debuginfo import DebugInfoLocator, Located
+    from tbpipe.pipeline.symbols.progress import DelayedProgress
+    from tbpipe.pipeline.symbols.resolve import ModuleResolver
 
 _MAX_ADDRESS = (1 << 64) - 1
 # Below this many new addresses in one call, worker processes cost more than they save
@@ -151,13 +151,24 @@ class Symbolizer:
         min_parallel_addresses: int = _PARALLEL_MIN_ADDRESSES,
     ):
         self.store = SymbolStore(cache_dir)
-        self.locator = DebugInfoLocator(debug_dirs, debug_roots, index_path_for=self.store.debug_dir_index_path)
+        self._locator_args = ([os.path.abspath(os.fspath(d)) for d in debug_dirs], list(debug_roots) if debug_roots is not None else None)
+        self._locator: DebugInfoLocator | None = None
         self.jobs = max(1, jobs if jobs is not None else available_cpus())
         self.progress = progress
         self.min_parallel_addresses = min_parallel_addresses
         self._states: dict[str, _ModuleState] = {}
         self._upgraded: set[str] = set()
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    @property
+    def locator(self) -> DebugInfoLocator:
+        """The debug-info locator, made on first use (a warm store never needs it)."""
+        if self._locator is None:
+            from tbpipe.pipeline.symbols.debuginfo import DebugInfoLocator
+
+            debug_dirs, debug_roots = self._locator_args
+            self._locator = DebugInfoLocator(debug_dirs, debug_roots, index_path_for=self.store.debug_dir_index_path)
+        return self._locator
 
     # ------------------------------------------------------------------ public API
 
@@ -353,6 +364,11 @@ class Symbolizer:
         self.store.save_status(status)
 
     def _run_builds(self, builds: list[tuple[str, ModuleStatus, _PendingBuild, ModuleStatus | None]]) -> None:
+        import concurrent.futures
+
+        from tbpipe.pipeline.symbols import worker
+        from tbpipe.pipeline.symbols.progress import DelayedProgress
+
         cache_dir = str(self.store.cache_dir)
         results: dict[str, str | None] = {}
         fresh: dict[str, bytes | None] = {}
@@ -416,6 +432,9 @@ class Symbolizer:
 
     def _state_without_build_id(self, ref: ModuleRef) -> _ModuleState:
         """A module without build-ID: read straight from its file, nothing kept in the store."""
+        from tbpipe.pipeline.symbols.elf import inspect_elf
+        from tbpipe.pipeline.symbols.symcache import build_symcache
+
         path = ref.path or ""
         try:
             facts = inspect_elf(path)
@@ -521,6 +540,9 @@ class Symbolizer:
 
     def _resolver(self, state: _ModuleState) -> ModuleResolver:
         if state.resolver is None:
+            from tbpipe.pipeline.symbols import worker
+            from tbpipe.pipeline.symbols.resolve import ModuleResolver
+
             status = state.status
             identity = tuple(status.debug_identity) if status.debug_identity else None
             if state.persistent:
@@ -557,6 +579,8 @@ class Symbolizer:
             self._resolve_missing_unpaused(work)
 
     def _resolve_missing_unpaused(self, work: list[tuple[_ModuleState, list[int]]]) -> None:
+        from tbpipe.pipeline.symbols.progress import DelayedProgress
+
         total = sum(len(keys) for _state, keys in work)
         parallel = self.jobs > 1 and total >= self.min_parallel_addresses
         if parallel:
@@ -589,6 +613,10 @@ class Symbolizer:
     def _resolve_in_workers(
         self, work: list[tuple[_ModuleState, list[int]]], total: int, progress: DelayedProgress
     ) -> None:
+        import concurrent.futures
+
+        from tbpipe.pipeline.symbols import worker
+
         pool = self._get_pool()
         cache_dir = str(self.store.cache_dir)
         chunk_size = max(5_000, min(_CHUNK_ADDRESSES * 2, total // (self.jobs * 4) + 1))
@@ -640,6 +668,9 @@ class Symbolizer:
 
     def _get_pool(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
+            import concurrent.futures
+            import multiprocessing
+
             if _os_thread_count() == 1:
                 # fork: workers start in milliseconds, inherit the imports, and do not re-run
                 # the caller's __main__ (which spawn/forkserver do, breaking unguarded scripts).
@@ -690,6 +721,8 @@ class Symbolizer:
                 start = known.starts[entry]
                 ids.update(known.functions[start : start + known.counts[entry]])
             ids.discard(-1)
+            from tbpipe.pipeline.symbols import demangle as demangling
+
             names = demangling.demangle_many(strings[i] for i in ids)
         chains = {}
         for entry in entries:
