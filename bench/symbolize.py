@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import resource
 import shutil
 import subprocess
@@ -35,6 +34,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tbpipe.pipeline.symbols.elf import sample_code_addresses
 
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 LIBPYTHON = os.path.expanduser("~/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0")
@@ -48,27 +49,6 @@ def tbpipe_command() -> list[str]:
     if found:
         return [found]
     return [sys.executable, "-c", "from tbpipe.pipeline.cli import main; main()"]
-
-
-def exec_ranges(path: str) -> list[tuple[int, int]]:
-    from tbpipe.pipeline.symbols.elf import executable_ranges, inspect_elf
-
-    return executable_ranges(inspect_elf(path).segments)
-
-
-def random_addresses(path: str, count: int, seed: int) -> list[int]:
-    ranges = exec_ranges(path)
-    total = sum(end - start for start, end in ranges)
-    rng = random.Random(seed)
-    out = []
-    for _ in range(count):
-        offset = rng.randrange(total)
-        for start, end in ranges:
-            if offset < end - start:
-                out.append(start + offset)
-                break
-            offset -= end - start
-    return out
 
 
 def timed(command: list[str], stdin_path: Path, stdout_path: Path, env: dict | None = None) -> tuple[float, int]:
@@ -120,8 +100,8 @@ def bench_module(name: str, module: str, count: int, args, tbpipe: list[str], wo
     from tbpipe.pipeline.symbols import DebugInfoLocator, ModuleRef, Symbolizer
     from tbpipe.pipeline.symbols.elf import read_build_id
 
-    addresses = random_addresses(module, count, seed=1)
-    fresh = random_addresses(module, count, seed=2)
+    addresses = sample_code_addresses(module, count, seed=1)
+    fresh = sample_code_addresses(module, count, seed=2)
     address_file = workdir / f"{name}.txt"
     fresh_file = workdir / f"{name}-fresh.txt"
     address_file.write_text("".join(f"{a:#x}\n" for a in addresses))
@@ -222,7 +202,7 @@ def bench_torch(args, tbpipe: list[str], workdir: Path) -> list[tuple]:
     library = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
     if not library.exists():
         return [("libtorch_cpu", f"skipped: {library} not found", None, 0)]
-    addresses = random_addresses(str(library), args.torch_count, seed=3)
+    addresses = sample_code_addresses(str(library), args.torch_count, seed=3)
     address_file = workdir / "torch.txt"
     address_file.write_text("".join(f"{a:#x}\n" for a in addresses))
     rows = []

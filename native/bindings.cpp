@@ -45,14 +45,18 @@ UnwindOptions options_for_python_caller() {
   return options;
 }
 
-std::unique_ptr<RawTraceback> gather(bool python, bool native) {
-  RawStack& stack = thread_scratch_stack();
-  gather_stack(&stack, python, native, options_for_python_caller());
+std::unique_ptr<RawTraceback> traceback_of(const RawStack& stack) {
   auto traceback = std::make_unique<RawTraceback>();
   traceback->native.assign(stack.native, stack.native + stack.native_count);
   traceback->python.assign(stack.python, stack.python + stack.python_count);
   traceback->status = stack.status;
   return traceback;
+}
+
+std::unique_ptr<RawTraceback> gather(bool python, bool native) {
+  RawStack& stack = thread_scratch_stack();
+  gather_stack(&stack, python, native, options_for_python_caller());
+  return traceback_of(stack);
 }
 
 template <typename T>
@@ -217,10 +221,7 @@ PYBIND11_MODULE(_native, m) {
             RawStack& stack = thread_scratch_stack();
             UnwindOptions options;
             gather_stack(&stack, true, true, options);
-            result = std::make_unique<RawTraceback>();
-            result->native.assign(stack.native, stack.native + stack.native_count);
-            result->python.assign(stack.python, stack.python + stack.python_count);
-            result->status = stack.status;
+            result = traceback_of(stack);
           });
           worker.join();
           return result;

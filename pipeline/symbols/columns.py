@@ -47,10 +47,33 @@ class ResultChunk:
         return len(self.keys)
 
     @classmethod
+    def from_columns(
+        cls,
+        strings: list[str],
+        keys: Iterable[int],
+        counts: Iterable[int],
+        reasons: Iterable[int],
+        functions: Iterable[int],
+        files: Iterable[int],
+        lines: Iterable[int],
+        inlined: Iterable[int],
+    ) -> ResultChunk:
+        """A chunk from plain per-entry and per-frame columns (typed as the fields above)."""
+        return cls(
+            keys=_array("Q", keys),
+            counts=_array("I", counts),
+            reasons=_array("i", reasons),
+            functions=_array("i", functions),
+            files=_array("i", files),
+            lines=_array("I", lines),
+            inlined=_array("B", inlined),
+            strings=strings,
+        )
+
+    @classmethod
     def from_resolved(cls, resolved: Sequence[Resolved]) -> ResultChunk:
-        chunk = cls()
         ids: dict[str, int] = {}
-        strings = chunk.strings
+        strings: list[str] = []
 
         def intern(text: str | None) -> int:
             if text is None:
@@ -72,14 +95,7 @@ class ResultChunk:
                 files.append(intern(file))
                 lines.append(line or 0)
                 inlined.append(1 if is_inlined else 0)
-        chunk.keys = _array("Q", keys)
-        chunk.counts = _array("I", counts)
-        chunk.reasons = _array("i", reasons)
-        chunk.functions = _array("i", functions)
-        chunk.files = _array("i", files)
-        chunk.lines = _array("I", lines)
-        chunk.inlined = _array("B", inlined)
-        return chunk
+        return ResultChunk.from_columns(strings, keys, counts, reasons, functions, files, lines, inlined)
 
     # ---- on-disk segment: magic, one JSON header line, then the arrays little-endian
 
@@ -252,9 +268,8 @@ class KnownTable:
 
     def to_chunk(self) -> ResultChunk:
         """Everything as one chunk (for compaction)."""
-        chunk = ResultChunk()
         order = sorted(self.position.items())
-        chunk.strings = list(self.strings)
+        strings = list(self.strings)
         keys, counts, reasons = [], [], []
         functions, files, lines, inlined = [], [], [], []
         for key, entry in order:
@@ -267,14 +282,7 @@ class KnownTable:
             files.extend(self.files[start:end])
             lines.extend(self.lines[start:end])
             inlined.extend(self.inlined[start:end])
-        chunk.keys = _array("Q", keys)
-        chunk.counts = _array("I", counts)
-        chunk.reasons = _array("i", reasons)
-        chunk.functions = _array("i", functions)
-        chunk.files = _array("i", files)
-        chunk.lines = _array("I", lines)
-        chunk.inlined = _array("B", inlined)
-        return chunk
+        return ResultChunk.from_columns(strings, keys, counts, reasons, functions, files, lines, inlined)
 
 
 def _remapped(values: array, remap: list[int]) -> list[int]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 import json
 import os
-import random
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from tbpipe.pipeline.symbols.elf import sample_code_addresses
 
 DATA = Path(__file__).resolve().parent
 LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")
@@ -119,22 +120,8 @@ def function_addresses(path: Path, skip_cold: bool = False) -> list[int]:
     return sorted(out)
 
 
-def random_code_addresses(path: Path, count: int, seed: int) -> list[int]:
-    """Uniform over the executable PT_LOAD segments."""
-    from tbpipe.pipeline.symbols.elf import executable_ranges, inspect_elf
-
-    ranges = executable_ranges(inspect_elf(str(path)).segments)
-    total = sum(end - start for start, end in ranges)
-    rng = random.Random(seed)
-    out = []
-    for _ in range(count):
-        offset = rng.randrange(total)
-        for start, end in ranges:
-            if offset < end - start:
-                out.append(start + offset)
-                break
-            offset -= end - start
-    return out
+# Uniform over the executable PT_LOAD segments, reproducible by seed.
+random_code_addresses = sample_code_addresses
 
 
 Chain = list[tuple[str | None, str | None, int | None]]
