@@ -26,6 +26,7 @@ namespace tbpipe {
 
 void register_unwind_bindings(py::module_& m);  // native/unwind_bindings.cpp
 void register_source_bindings(py::module_& m);   // native/source_bindings.cpp
+void register_symbolize_bindings(py::module_& m);  // native/symbolize_bindings.cpp
 
 namespace {
 
@@ -282,4 +283,5 @@ PYBIND11_MODULE(_native, m) {
 
   register_unwind_bindings(m);
   register_source_bindings(m);
+  register_symbolize_bindings(m);
 }

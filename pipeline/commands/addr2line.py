@@ -20,6 +20,7 @@ import re
 import select
 import sys
 import threading
+from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 
@@ -72,7 +73,11 @@ def _stdin_batches() -> Iterator[list[str]]:
 
 
 class _Formatter:
-    """Formats each distinct result once; an address's output is its prefix + that block."""
+    """binutils' text for each address, made by the extension from the result table's columns.
+
+    Keeps, per string id of the table, the name as printed (demangled with -C) and the file as
+    printed (basename with -s); the table only grows, so each string is prepared once however
+    many batches arrive."""
 
     def __init__(self, functions: bool, inlines: bool, demangle: bool, pretty: bool, basenames: bool):
         self.functions = functions
@@ -80,103 +85,65 @@ class _Formatter:
         self.demangle = demangle
         self.pretty = pretty
         self.basenames = basenames
-        self.known = None
-        self._blocks: dict[int, str] = {}
-        self._name_texts: dict[int, str] = {-1: "??"}  # string id -> name as printed
-        self._file_texts: dict[int, str] = {-1: "??"}  # string id -> file as printed
-        self.names: dict[str, str] = {}
+        self.names: dict[str, str] = {}  # mangled -> demangled, of the names needed so far
+        self._known = None
+        self._name_texts: list[str] = []
+        self._file_texts: list[str] = []
+        self._demangled: set[int] = set()
 
     def prepare(self, known, entries: list[int]) -> None:
-        """Demangle, in one batch, the names the new entries need."""
-        self.known = known
+        """Take in the table's new strings; demangle, in one batch, the names `entries` need."""
+        if known is not self._known:
+            self._known = known
+            self._name_texts, self._file_texts, self._demangled = [], [], set()
+        strings = known.strings
+        have = len(self._file_texts)
+        if have < len(strings):
+            new = strings[have:]
+            self._name_texts.extend(new)
+            self._file_texts.extend([f.rsplit("/", 1)[-1] for f in new] if self.basenames else new)
         if not self.demangle:
+            return
+        if len(entries) * 2 >= len(known.counts):
+            ids = set(known.functions)  # most of the table: cheaper than walking entries
+        else:
+            starts, counts, functions = known.starts, known.counts, known.functions
+            ids = set()
+            for entry in set(entries):
+                if entry >= 0:
+                    ids.update(functions[starts[entry] : starts[entry] + counts[entry]])
+        ids.discard(-1)
+        ids.difference_update(self._demangled)
+        if not ids:
             return
         from tbpipe.pipeline.symbols.demangle import demangle_many
 
-        starts, counts, functions, strings = known.starts, known.counts, known.functions, known.strings
-        blocks = self._blocks
-        wanted = set()
-        for entry in set(entries):
-            if entry >= 0 and entry not in blocks:
-                start = starts[entry]
-                wanted.update(functions[start : start + counts[entry]])
-        wanted.difference_update(self._name_texts)
-        self.names.update(demangle_many(strings[i] for i in wanted))
+        demangled = demangle_many(strings[i] for i in ids)
+        self.names.update(demangled)
+        for i in ids:
+            self._name_texts[i] = demangled.get(strings[i], strings[i])
+        self._demangled.update(ids)
 
-    def blocks(self, entries: list[int]) -> list[str]:
-        """The block of each entry. When the request covers most of the table (a warm run
-        over addresses symbolized before), every frame's text is built in one comprehension,
-        which beats formatting entry by entry by a third."""
-        known = self.known
-        if self.functions and self.inlines and len(entries) * 2 >= len(known.counts) and len(known.counts) > 1000:
-            return self._blocks_flat(entries)
-        return list(map(self.block, entries))
+    def text(self, addresses: list[int], entries: list[int], show_addresses: bool) -> bytes:
+        from tbpipe import _native
 
-    def _blocks_flat(self, entries: list[int]) -> list[str]:
-        known = self.known
-        strings = known.strings
-        names = self.names if self.demangle else {}
-        # Index -1 (no name, no file) must read "??": append it so that [-1] finds it.
-        shown_names = [names.get(name, name) for name in strings] + ["??"]
-        shown_files = [f.rsplit("/", 1)[-1] for f in strings] if self.basenames else list(strings)
-        shown_files.append("??")
-        separator = " at " if self.pretty else "\n"
-        texts = [
-            f"{shown_names[f]}{separator}{shown_files[p]}:{line}\n"
-            if line
-            else f"{shown_names[f]}{separator}{shown_files[p]}:?\n"
-            for f, p, line in zip(known.functions, known.files, known.lines)
-        ]
-        joiner = " (inlined by) " if self.pretty else ""
-        unknown = ("?? " if self.pretty else "??\n") + "??:0\n"
-        starts, counts = known.starts, known.counts
-        out = []
-        for entry in entries:
-            count = counts[entry] if entry >= 0 else 0
-            start = starts[entry] if count else 0
-            out.append(joiner.join(texts[start : start + count]) if count else unknown)
-        return out
-
-    def block(self, entry: int) -> str:
-        text = self._blocks.get(entry)
-        if text is None:
-            text = self._blocks[entry] = self._format(entry)
-        return text
-
-    def _name_text(self, string_id: int) -> str:
-        name = self.known.strings[string_id]
-        text = self._name_texts[string_id] = self.names.get(name, name) if self.demangle else name
-        return text
-
-    def _file_text(self, string_id: int) -> str:
-        file = self.known.strings[string_id]
-        text = self._file_texts[string_id] = file.rsplit("/", 1)[-1] if self.basenames else file
-        return text
-
-    def _format(self, entry: int) -> str:
-        known = self.known
-        count = known.counts[entry] if entry >= 0 else 0
-        if count == 0:
-            return (("?? " if self.pretty else "??\n") if self.functions else "") + "??:0\n"
-        if not self.inlines:
-            count = 1  # binutils prints the innermost frame only
-        start = known.starts[entry]
-        functions, files, lines = known.functions, known.files, known.lines
-        names, paths = self._name_texts, self._file_texts
-        separator = " at " if self.pretty else "\n"
-        parts = []
-        for index in range(start, start + count):
-            file_id = files[index]
-            file = paths.get(file_id) or self._file_text(file_id)
-            line = lines[index]
-            location = f"{file}:{line}\n" if line else f"{file}:?\n"
-            if self.functions:
-                function = functions[index]
-                name = names.get(function) or self._name_text(function)
-                parts.append(name + separator + location)
-            else:
-                parts.append(location)
-        return (" (inlined by) " if self.pretty else "").join(parts)
+        known = self._known
+        data = _native.format_addr2line(
+            array("Q", addresses),
+            array("q", entries),
+            known.starts,
+            known.counts,
+            known.functions,
+            known.files,
+            known.lines,
+            self._name_texts,
+            self._file_texts,
+            show_addresses,
+            self.functions,
+            self.inlines,
+            self.pretty,
+        )
+        return data
 
 
 def _json_line(address: int, entry: int, known, names: dict[str, str], demangle: bool) -> str:
@@ -271,11 +238,15 @@ def addr2line(
             formatter.prepare(known, entries)
             if as_json:
                 write("".join(_json_line(a, e, known, formatter.names, demangle) for a, e in zip(values, entries)))
-            elif show_addresses:
-                template = "0x%016x: %s" if pretty else "0x%016x\n%s"
-                write("".join([template % pair for pair in zip(values, formatter.blocks(entries))]))
             else:
-                write("".join(formatter.blocks(entries)))
+                data = formatter.text(values, entries, show_addresses)
+                binary = getattr(sys.stdout, "buffer", None)
+                if binary is not None:
+                    sys.stdout.flush()  # what the text layer holds goes first
+                    binary.write(data)
+                    binary.flush()
+                else:
+                    write(data.decode("utf-8", "replace"))
             sys.stdout.flush()
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): stop quietly, as binutils does.

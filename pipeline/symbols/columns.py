@@ -16,6 +16,7 @@ import json
 import sys
 from array import array
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Iterable, Sequence
 
 # A resolved address as resolvers emit it: (lookup address, frames, reason); frames are
@@ -201,32 +202,28 @@ class KnownTable:
             return
         remap = self._remap(chunk.strings)
         position = self.position
-        offset = 0
-        frame_starts = []
-        for count in chunk.counts:
-            frame_starts.append(offset)
-            offset += count
-        fresh_entries = [i for i, key in enumerate(chunk.keys) if key not in position]
-        if not fresh_entries:
-            return
-        all_fresh = len(fresh_entries) == len(chunk.keys)
-        next_frame = len(self.functions)
-        next_entry = len(self.counts)
-        if all_fresh:
-            # The common case (a new segment): columns go over in bulk.
-            self.functions.extend(_remapped(chunk.functions, remap))
-            self.files.extend(_remapped(chunk.files, remap))
+        if position.keys().isdisjoint(chunk.keys):
+            # The common case (a new segment): columns go over in bulk, ids remapped natively.
+            from tbpipe import _native
+
+            table = array("i", remap)
+            next_entry = len(self.counts)
+            self.starts.extend(accumulate(chunk.counts[:-1], initial=len(self.functions)))
+            self.functions.frombytes(_native.remap_string_ids(chunk.functions, table))
+            self.files.frombytes(_native.remap_string_ids(chunk.files, table))
             self.lines.extend(chunk.lines)
             self.inlined.extend(chunk.inlined)
-            self.starts.extend(next_frame + s for s in frame_starts)
             self.counts.extend(chunk.counts)
-            self.reasons.extend(_remapped(chunk.reasons, remap))
-            for i, key in enumerate(chunk.keys):
-                position[key] = next_entry + i
+            self.reasons.frombytes(_native.remap_string_ids(chunk.reasons, table))
+            position.update(zip(chunk.keys, range(next_entry, next_entry + len(chunk.keys))))
             return
-        for i in fresh_entries:
-            start, count = frame_starts[i], chunk.counts[i]
-            position[chunk.keys[i]] = len(self.counts)
+        start = 0
+        for i, count in enumerate(chunk.counts):
+            key = chunk.keys[i]
+            if key in position:
+                start += count
+                continue
+            position[key] = len(self.counts)
             self.starts.append(len(self.functions))
             self.counts.append(count)
             reason = chunk.reasons[i]
@@ -237,6 +234,7 @@ class KnownTable:
                 self.files.append(remap[p] if p >= 0 else -1)
                 self.lines.append(chunk.lines[j])
                 self.inlined.append(chunk.inlined[j])
+            start += count
 
     def _remap(self, strings: list[str]) -> list[int]:
         ids = self._string_ids
@@ -283,10 +281,6 @@ class KnownTable:
             lines.extend(self.lines[start:end])
             inlined.extend(self.inlined[start:end])
         return ResultChunk.from_columns(strings, keys, counts, reasons, functions, files, lines, inlined)
-
-
-def _remapped(values: array, remap: list[int]) -> list[int]:
-    return [remap[v] if v >= 0 else -1 for v in values]
 
 
 def arrow_schema() -> Any:

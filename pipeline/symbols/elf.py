@@ -7,7 +7,6 @@ Everything here treats files as untrusted: a missing, truncated or corrupt file 
 
 from __future__ import annotations
 
-import inspect
 import io
 import os
 import struct
@@ -15,7 +14,7 @@ import zlib
 from array import array
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterable, Iterator
 
 from tbpipe.pipeline.symbols.model import ElfFileError
 
@@ -92,27 +91,48 @@ def _brief(error: BaseException) -> str:
 
 
 def _iter_build_id_notes(elf: Any) -> Iterator[str]:
-    for section in elf.iter_sections():
-        if section["sh_type"] == "SHT_NOTE":
-            for note in section.iter_notes():
-                if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
-                    yield str(note["n_desc"]).lower()
-    # Files without section headers (stripped hard, or memory dumps) still have PT_NOTE.
+    # PT_NOTE first: a handful of program headers parse much faster than every section header
+    # (pyelftools decodes each through `construct`); files without PT_NOTE (relocatable
+    # objects) still name the note in a section.
     for segment in elf.iter_segments():
         if segment["p_type"] == "PT_NOTE":
             for note in segment.iter_notes():
                 if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
                     yield str(note["n_desc"]).lower()
+    for section in elf.iter_sections():
+        if section["sh_type"] == "SHT_NOTE":
+            for note in section.iter_notes():
+                if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
+                    yield str(note["n_desc"]).lower()
 
 
-def _has_function_symbols(section: Any) -> bool:
+def _symbol_entry(elf: Any) -> struct.Struct:
+    # Elf64_Sym: name, info, other, shndx, value, size; Elf32_Sym: name, value, size, info, other, shndx.
+    endian = "<" if elf.little_endian else ">"
+    return struct.Struct(endian + ("IBBHQQ" if elf.elfclass == 64 else "IIIBBH"))
+
+
+def _has_function_symbols(stream: BinaryIO, elf: Any, section: Any) -> bool:
+    """Whether a symbol table defines a function (read raw: pyelftools' per-symbol objects
+    cost ~60 us each, and a table may have to be read to its end)."""
     if section is None or section["sh_type"] == "SHT_NOBITS" or section["sh_size"] == 0:
         return False
+    entry = _symbol_entry(elf)
+    is64 = elf.elfclass == 64
     try:
-        for symbol in section.iter_symbols():
-            if symbol["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC") and symbol["st_shndx"] != "SHN_UNDEF":
-                return True
-    except Exception:
+        stream.seek(section["sh_offset"])
+        remaining = section["sh_size"] - section["sh_size"] % entry.size
+        while remaining > 0:
+            raw = stream.read(min(remaining, entry.size * 4096))
+            if len(raw) < entry.size:
+                return False  # truncated: as good as no table
+            remaining -= len(raw)
+            for fields in entry.iter_unpack(raw[: len(raw) - len(raw) % entry.size]):
+                info, shndx = (fields[1], fields[3]) if is64 else (fields[3], fields[5])
+                kind = info & 0xF
+                if (kind == _STT_FUNC or kind == _STT_GNU_IFUNC) and shndx != 0:
+                    return True
+    except (OSError, ValueError):
         return False
     return False
 
@@ -161,8 +181,8 @@ def inspect_elf(path: str) -> ElfFacts:
                 path=path,
                 build_id=build_ids[0] if build_ids else None,
                 has_dwarf=_has_dwarf(elf),
-                has_symtab=_has_function_symbols(elf.get_section_by_name(".symtab")),
-                has_dynsym=_has_function_symbols(elf.get_section_by_name(".dynsym")),
+                has_symtab=_has_function_symbols(stream, elf, elf.get_section_by_name(".symtab")),
+                has_dynsym=_has_function_symbols(stream, elf, elf.get_section_by_name(".dynsym")),
                 debuglink=_debuglink(elf),
                 segments=segments,
                 size=st.st_size,
@@ -226,6 +246,20 @@ class SymbolTable:
 
     def __len__(self) -> int:
         return len(self._starts)
+
+    @property
+    def starts(self) -> array:
+        """Start address of each function symbol, ascending ('Q' array)."""
+        return self._starts
+
+    @property
+    def ends(self) -> array:
+        """End address (exclusive) of each function symbol ('Q' array)."""
+        return self._ends
+
+    def name(self, index: int) -> str:
+        """Name of symbol `index` ("" when it cannot be read)."""
+        return self._name(index)
 
     def _read_name(self, table: int, offset: int) -> str:
         base, size = self._strtabs[table]
@@ -302,9 +336,7 @@ def read_symbol_table(path: str) -> SymbolTable | None:
 
 def _read_symbol_table(path: str, stream: BinaryIO, elf: Any) -> SymbolTable | None:
     is64 = elf.elfclass == 64
-    endian = "<" if elf.little_endian else ">"
-    # Elf64_Sym: name, info, other, shndx, value, size; Elf32_Sym: name, value, size, info, other, shndx.
-    entry = struct.Struct(endian + ("IBBHQQ" if is64 else "IIIBBH"))
+    entry = _symbol_entry(elf)
     # (start << 32 | size) -> name offset * 2 + table: ints, not tuples, to stay small for
     # libraries with half a million symbols.
     best: dict[int, int] = {}
@@ -394,15 +426,25 @@ def _section_bytes(stream: BinaryIO, elf: Any, section: Any) -> bytes:
 
 def read_section(path: str, name: str) -> bytes | None:
     """One section's bytes, decompressed; None when the file has no such section (or NOBITS)."""
+    return read_sections(path, (name,))[0][name]
+
+
+def read_sections(path: str, names: Iterable[str]) -> tuple[dict[str, bytes | None], bool]:
+    """Sections by name, decompressed (None for those the file lacks or has as NOBITS), and
+    whether the file is little-endian."""
     stream, elf = _open_elf(path)
     try:
-        try:
-            section = elf.get_section_by_name(name) or elf.get_section_by_name(".z" + name[1:])
-            if section is None or section["sh_type"] == "SHT_NOBITS":
-                return None
-            return _section_bytes(stream, elf, section)
-        except Exception as error:
-            raise ElfFileError(f"{path}: unreadable section {name} ({_brief(error)})") from None
+        found: dict[str, bytes | None] = {}
+        for name in names:
+            try:
+                section = elf.get_section_by_name(name) or elf.get_section_by_name(".z" + name[1:])
+                if section is None or section["sh_type"] == "SHT_NOBITS":
+                    found[name] = None
+                else:
+                    found[name] = _section_bytes(stream, elf, section)
+            except Exception as error:
+                raise ElfFileError(f"{path}: unreadable section {name} ({_brief(error)})") from None
+        return found, elf.little_endian
     finally:
         stream.close()
 
@@ -413,6 +455,8 @@ def load_dwarf(path: str) -> Any:
     pyelftools itself reads zlib-compressed sections but not zstd ones (binutils >= 2.40 and
     recent distributions write zstd), so the sections are read and decompressed here.
     """
+    import inspect  # ~9 ms to import: only this rarely used path needs it
+
     from elftools.dwarf.dwarfinfo import DebugSectionDescriptor, DwarfConfig, DWARFInfo
 
     stream, elf = _open_elf(path)

@@ -15,7 +15,9 @@ The output is a `ResultChunk` keyed by lookup address, with raw (mangled) names.
 from __future__ import annotations
 
 import os
-from bisect import bisect_right
+import threading
+from array import array
+from typing import Sequence
 
 from tbpipe.pipeline.symbols.columns import ResultChunk
 from tbpipe.pipeline.symbols.elf import SymbolTable, read_symbol_table
@@ -23,12 +25,9 @@ from tbpipe.pipeline.symbols.lines import LineTable
 from tbpipe.pipeline.symbols.model import ElfFileError, ModuleStatus, Quality, short_build_id
 from tbpipe.pipeline.symbols.symcache import StringTable, SymCacheReader
 
-_MAX_ADDRESS = (1 << 64) - 1
 # Functions are aligned to at most 64 bytes by GCC/clang (-falign-functions); leave room for
 # page-aligned hand-written assembly without scanning far.
 _MAX_PADDING = 4096
-# inline flags of a chain of n frames: all but the outermost are inlined
-_INLINED = [[]] + [[1] * (n - 1) + [0] for n in range(1, 257)]
 
 
 def file_identity(path: str) -> tuple[str, int, int, int, int] | None:
@@ -40,23 +39,25 @@ def file_identity(path: str) -> tuple[str, int, int, int, int] | None:
     return (path, info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev)
 
 
-class _Builder:
-    """Accumulates entries of a ResultChunk whose ids index one StringTable."""
+class _Builder(ResultChunk):
+    """A ResultChunk being filled, whose ids index a string table that outlives it (a
+    SymCacheReader or a StringTable: anything with `intern` and `strings`)."""
 
-    def __init__(self, strings: StringTable):
-        self.strings = strings
-        self.keys: list[int] = []
-        self.counts: list[int] = []
-        self.reasons: list[int] = []
-        self.functions: list[int] = []
-        self.files: list[int] = []
-        self.lines: list[int] = []
-        self.inlined: list[int] = []
+    def __init__(self, table: SymCacheReader | StringTable):
+        super().__init__()
+        self.table = table
+
+    def extend(self, *columns: bytes) -> None:
+        """Append columns as the extension returns them (bytes in the arrays' typecodes, in
+        field order: keys, counts, reasons, functions, files, lines, inlined)."""
+        targets = (self.keys, self.counts, self.reasons, self.functions, self.files, self.lines, self.inlined)
+        for column, data in zip(targets, columns, strict=True):
+            column.frombytes(data)
 
     def single(self, key: int, function: int, file: int, line: int, reason: str | None) -> None:
         self.keys.append(key)
         self.counts.append(1)
-        self.reasons.append(self.strings.intern(reason))
+        self.reasons.append(self.table.intern(reason))
         self.functions.append(function)
         self.files.append(file)
         self.lines.append(line)
@@ -65,24 +66,64 @@ class _Builder:
     def nothing(self, key: int, reason: str) -> None:
         self.keys.append(key)
         self.counts.append(0)
-        self.reasons.append(self.strings.intern(reason))
+        self.reasons.append(self.table.intern(reason))
 
     def chunk(self) -> ResultChunk:
-        """The chunk, with only the strings it uses (the table is shared across calls)."""
-        used = sorted({*self.functions, *self.files, *self.reasons} - {-1})
-        remap = {old: new for new, old in enumerate(used)}
-        remap[-1] = -1
-        table = self.strings.strings
-        chunk = ResultChunk()
-        chunk.strings = [table[i] for i in used]
-        chunk.keys.extend(self.keys)
-        chunk.counts.extend(self.counts)
-        chunk.reasons.extend([remap[r] for r in self.reasons])
-        chunk.functions.extend([remap[f] for f in self.functions])
-        chunk.files.extend([remap[f] for f in self.files])
-        chunk.lines.extend(self.lines)
-        chunk.inlined.extend(self.inlined)
-        return chunk
+        """The chunk, with only the strings it uses (the table is shared across calls). The id
+        columns are renumbered in place: call once."""
+        from tbpipe import _native
+
+        used = _native.compact_string_ids(self.functions, self.files, self.reasons)
+        table = self.table.strings
+        return ResultChunk(
+            self.keys, self.counts, self.reasons, self.functions, self.files, self.lines, self.inlined,
+            [table[i] for i in used],
+        )
+
+
+# Symbol tables and line tables read ahead of need, by (path, identity): see `prefetch`.
+_prefetched: dict[tuple, tuple[SymbolTable | None, LineTable | None]] = {}
+_prefetch_lock = threading.Lock()
+
+
+def prefetch(path: str, dwarf: bool) -> threading.Thread:
+    """Read `path`'s symbol table (and, with `dwarf`, index its line table) in a thread.
+
+    Meant for the time a SymCache build of the same file takes: symbolic releases the GIL
+    while it builds, so on a second core this costs no wall time. A resolver for that file
+    takes what is ready when it is made; anything that fails here is simply redone there.
+    """
+
+    def work() -> None:
+        identity = file_identity(path)
+        if identity is None:
+            return
+        try:
+            symtab = read_symbol_table(path)
+        except ElfFileError:
+            return
+        lines = None
+        if dwarf:
+            lines = LineTable(path)
+            try:
+                lines.prepare()
+            except ElfFileError:
+                lines = None
+        with _prefetch_lock:
+            if len(_prefetched) >= 8:
+                _prefetched.clear()
+            _prefetched[identity] = (symtab, lines)
+
+    thread = threading.Thread(target=work, name="tbpipe-prefetch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _take_prefetched(identity: tuple | None) -> tuple[SymbolTable | None, LineTable | None] | None:
+    if identity is None:
+        return None
+    with _prefetch_lock:
+        return _prefetched.pop(identity, None)
 
 
 class ModuleResolver:
@@ -90,8 +131,8 @@ class ModuleResolver:
 
     def __init__(self, status: ModuleStatus, symcache: bytes | None, debug_identity: tuple | None = None):
         self.status = status
-        self.strings = StringTable()
-        self._reader = SymCacheReader(symcache, self.strings) if symcache is not None else None
+        self._reader = SymCacheReader(symcache) if symcache is not None else None
+        self.strings: SymCacheReader | StringTable = self._reader if self._reader is not None else StringTable()
         self._expected_identity = tuple(debug_identity) if debug_identity else None
         self._symtab: SymbolTable | None = None
         self._symtab_loaded = False
@@ -101,8 +142,17 @@ class ModuleResolver:
         # Only executable segments hold code: SymCache would stretch a size-less symbol such as
         # _fini over .rodata and beyond, and binutils/llvm say "??" there.
         ranges = sorted((vaddr, vaddr + memsz) for vaddr, memsz, flags in status.segments if memsz > 0 and flags & 1)
-        self._range_starts = [start for start, _end in ranges]
-        self._ranges = ranges
+        if self._reader is not None:
+            self._reader.set_code_ranges(ranges)
+        self._symbols_given = False
+        # Threads for the SymCache lookups of big batches (the symbolizer sets its job count).
+        self.threads = 1
+        if status.debug_file and self._debug_file_ok():
+            ready = _take_prefetched(file_identity(status.debug_file))
+            if ready is not None:
+                self._symtab, self._symtab_loaded = ready[0], True
+                if ready[1] is not None and status.quality is Quality.DWARF:
+                    self._lines, self._lines_loaded = ready[1], True
 
     def preload(self) -> None:
         """Load the symbol table now (done lazily otherwise)."""
@@ -188,12 +238,6 @@ class ModuleResolver:
 
     # ---- resolution
 
-    def _outside(self, address: int) -> bool:
-        if not self._ranges:
-            return False
-        index = bisect_right(self._range_starts, address) - 1
-        return index < 0 or address >= self._ranges[index][1]
-
     def _symbol_id(self, address: int) -> int:
         """String id of the function symbol containing `address`, -1 when none does."""
         named = self._symtab.lookup(address) if self._symtab is not None else None
@@ -201,77 +245,63 @@ class ModuleResolver:
             return -1
         return self.strings.intern(named[0])
 
-    def resolve(self, keys: list[int]) -> tuple[ResultChunk, list[int]]:
+    def _give_symbols(self) -> None:
+        """Hand the symbol table to the extension (once), which names outermost frames by it."""
+        if not self._symbols_given:
+            self._symbols_given = True
+            table = self.symtab()
+            if table is not None:
+                self._reader.set_symbols(table.starts, table.ends, table.name)
+
+    def resolve(self, keys: Sequence[int]) -> tuple[ResultChunk, list[int]]:
         """Frames for lookup addresses (already pc-1 for return addresses), and the addresses
         whose answer depended on a file that is gone (not worth storing)."""
         status = self.status
         out = _Builder(self.strings)
         incomplete: list[int] = []
-        todo: list[int] = []
-        module = status.module_path or status.debug_file or short_build_id(status.build_id)
-        for key in keys:
-            if key < 0 or key > _MAX_ADDRESS:
-                raise ValueError(f"lookup address out of range: {key}")
-            if status.quality is Quality.NONE or self._reader is None:
+        try:
+            batch = array("Q", keys)
+        except OverflowError:
+            raise ValueError(f"lookup address out of range: {min(keys)} .. {max(keys)}") from None
+        if status.quality is Quality.NONE or self._reader is None:
+            for key in batch:
                 out.nothing(key, status.reason)
-            elif self._outside(key):
-                out.nothing(key, f"address {key:#x} is outside every executable segment of {module}")
-            else:
-                todo.append(key)
-        if todo:
-            self._resolve_looked_up(todo, out, incomplete)
+        elif batch:
+            self._resolve_looked_up(batch, out, incomplete)
         return out.chunk(), incomplete
 
-    def _resolve_looked_up(self, keys: list[int], out: _Builder, incomplete: list[int]) -> None:
+    def _resolve_looked_up(self, keys: array, out: _Builder, incomplete: list[int]) -> None:
         status = self.status
         short = short_build_id(status.build_id)
         dwarf = status.quality is Quality.DWARF
         intern = self.strings.intern
-        symbols_only = None if dwarf else intern(f"symbols only: no DWARF for build-ID {short}")
-        no_line = intern("no line information for this address")
-        self.symtab()
-        has_symtab = self._symtab is not None
+        reason = -1 if dwarf else intern(f"symbols only: no DWARF for build-ID {short}")
+        self._give_symbols()
         symbol_id = self._symbol_id
 
-        counts, functions, files, lines = self._reader.lookup_flat(keys)
-        empty: list[int] = []
-        without_line: list[tuple[int, int, int]] = []  # (entry, frame position, key)
-        out_keys, out_counts, out_reasons, out_inlined = out.keys, out.counts, out.reasons, out.inlined
-        pos = 0
-        for key, count in zip(keys, counts):
-            if not count:
-                empty.append(key)
-                continue
-            last = pos + count - 1
-            if has_symtab:
-                named = symbol_id(key)
-                if named >= 0:
-                    functions[last] = named
-            if dwarf:
-                if count == 1 and not lines[pos]:
-                    without_line.append((len(out_keys), pos, key))
-                out_reasons.append(-1)
-            else:
-                out_reasons.append(symbols_only)
-            out_keys.append(key)
-            out_counts.append(count)
-            out_inlined.extend(_INLINED[count] if count < len(_INLINED) else [1] * (count - 1) + [0])
-            pos += count
-        out.functions.extend(functions)
-        out.files.extend(files)
-        out.lines.extend(lines)
+        base_entry, base_frame = len(out.keys), len(out.functions)
+        *columns, without_line, outside, empty = self._reader.resolve(keys, reason, self.threads)
+        out.extend(*columns)
+        if dwarf:
+            # A single frame without a line: code without a DWARF function; the line table may
+            # still place it.
+            no_line = intern("no line information for this address")
+            for entry, position in without_line:
+                entry += base_entry
+                key = out.keys[entry]
+                row = self._row(key)
+                if row is not None and row[1]:
+                    out.files[base_frame + position] = intern(row[0])
+                    out.lines[base_frame + position] = row[1]
+                elif self._lines_problem:
+                    incomplete.append(key)
+                    out.reasons[entry] = intern(f"no line information (line table unavailable: {self._lines_problem})")
+                else:
+                    out.reasons[entry] = no_line
 
-        base = len(out.functions) - len(functions)
-        for entry, position, key in without_line:
-            row = self._row(key)
-            if row is not None and row[1]:
-                out.files[base + position] = intern(row[0])
-                out.lines[base + position] = row[1]
-            elif self._lines_problem:
-                incomplete.append(key)
-                out_reasons[entry] = intern(f"no line information (line table unavailable: {self._lines_problem})")
-            else:
-                out_reasons[entry] = no_line
+        module = status.module_path or status.debug_file or short
+        for key in outside:
+            out.nothing(key, f"address {key:#x} is outside every executable segment of {module}")
 
         where = status.debug_file or status.module_path or short
         for key in empty:

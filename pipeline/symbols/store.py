@@ -23,10 +23,7 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Iterator
 
@@ -93,6 +90,8 @@ class SymbolStore:
     # ---- atomic writes
 
     def _write_atomic(self, path: Path, data: bytes) -> None:
+        import tempfile  # this and shutil below: imported when first needed, off the start-up path
+
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         try:
@@ -163,6 +162,8 @@ class SymbolStore:
 
     def drop_other_sources(self, build_id: str, keep: str | None) -> None:
         """Remove results of debug files other than `keep` (call under `lock`)."""
+        import shutil
+
         directory = self.build_id_dir(build_id)
         if not directory.is_dir():
             return
@@ -199,7 +200,7 @@ class SymbolStore:
     def append_known(self, build_id: str, key: str, chunk: ResultChunk) -> None:
         if not len(chunk):
             return
-        name = f"known-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.seg"
+        name = f"known-{time.time_ns():020d}-{os.urandom(4).hex()}.seg"
         data = _zstd().ZstdCompressor(level=1).compress(chunk.to_bytes())
         self._write_atomic(self.source_dir(build_id, key) / name, data)
 

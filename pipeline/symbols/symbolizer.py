@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 _MAX_ADDRESS = (1 << 64) - 1
 # Below this many new addresses in one call, worker processes cost more than they save
 # (~0.15 s to start two; resolving runs at ~5-8 us per address).
-_PARALLEL_MIN_ADDRESSES = 60_000
+_PARALLEL_MIN_ADDRESSES = 400_000
 _CHUNK_ADDRESSES = 20_000
 
 
@@ -389,8 +389,14 @@ class Symbolizer:
                         progress.advance("building SymCaches")
                     progress.poll()
             else:
-                for key, _status, p, _previous in builds:
+                from tbpipe.pipeline.symbols.resolve import prefetch
+
+                for key, status, p, _previous in builds:
+                    # The resolver will want the symbol and line tables right after the build:
+                    # read them on the other core meanwhile.
+                    reading = prefetch(p.path, status.quality is Quality.DWARF)
                     results[key], fresh[key] = worker.build_keeping(cache_dir, p.build_id, p.path, p.key)
+                    reading.join()
                     progress.advance("building SymCaches")
         for key, status, _pending, previous in builds:
             error = results.get(key)
@@ -557,6 +563,7 @@ class Symbolizer:
                     state.resolver = worker.resolver_for(self.store, fresh, identity)
             else:
                 state.resolver = ModuleResolver(status, state.symcache, identity)
+            state.resolver.threads = self.jobs
         return state.resolver
 
     def _rebuild(self, state: _ModuleState) -> None:
