@@ -7,7 +7,6 @@ import io
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import duckdb

@@ -14,6 +14,7 @@ from symbols_data.testlib import LIBC, build_libs, function_addresses, have_tool
 from tbpipe.pipeline.symbols import ModuleRef, Quality, Symbolizer, arrow_schema
 from tbpipe.pipeline.symbols.columns import KnownTable, ResultChunk
 from tbpipe.pipeline.symbols.elf import read_build_id
+from tbpipe.pipeline.symbols.model import ElfFileError
 from tbpipe.pipeline.symbols.progress import DelayedProgress
 
 _MISSING = have_tools("gcc", "g++", "objcopy", "strip")
@@ -54,6 +55,30 @@ def test_new_addresses_use_the_stored_symcache(libs, tmp_path):
     half.symbolize_module(ref, addresses[::2])
     later = Symbolizer(cache_dir=tmp_path / "b", jobs=1, debug_roots=[])
     assert later.symbolize_module(ref, addresses) == everything
+
+
+def test_module_build_id_is_remembered_while_the_file_is_unchanged(libs, tmp_path):
+    import shutil
+
+    module = tmp_path / "libmodule.so"
+    shutil.copy(libs.c_lib, module)
+    symbolizer = Symbolizer(cache_dir=tmp_path / "store", jobs=1, debug_roots=[])
+    assert symbolizer.build_id_of(str(module)) == libs.c_build_id == read_build_id(str(module))
+    (memo,) = (tmp_path / "store" / "modules").glob("*.json")
+
+    # Replaced by another build at the same path: the memo no longer matches, the file is read.
+    shutil.copy(libs.other_lib, module)
+    other = read_build_id(str(libs.other_lib))
+    assert other != libs.c_build_id
+    assert Symbolizer(cache_dir=tmp_path / "store", jobs=1).build_id_of(str(module)) == other
+
+    # A damaged memo is as good as none.
+    memo.write_text("{not json")
+    assert Symbolizer(cache_dir=tmp_path / "store", jobs=1).build_id_of(str(module)) == other
+    # A file that is gone is an error, whatever was remembered.
+    module.unlink()
+    with pytest.raises(ElfFileError):
+        symbolizer.build_id_of(str(module))
 
 
 def test_damaged_store_files_are_redone(libs, tmp_path):

@@ -197,7 +197,6 @@ def addr2line(
     ] = None,
 ) -> None:
     """Translate addresses into function names, file names and line numbers, like binutils' addr2line."""
-    from tbpipe.pipeline.symbols.elf import read_build_id
     from tbpipe.pipeline.symbols.model import ModuleRef, normalize_build_id
     from tbpipe.pipeline.symbols.symbolizer import Symbolizer
 
@@ -206,19 +205,18 @@ def addr2line(
     gc.disable()
     if build_id is not None and exe is not None:
         raise UsageError("give -e FILE or --build-id, not both")
-    if build_id is not None:
-        module = ModuleRef(normalize_build_id(build_id), None)
-    else:
-        path = str(exe) if exe is not None else "a.out"
-        found = read_build_id(path)  # ElfFileError (a TbpipeError) for missing/corrupt files
-        module = ModuleRef(found or "", os.path.abspath(path))
-
     symbolizer = Symbolizer(
         cache_dir=cache_dir,
         debug_dirs=[str(d) for d in debug_dir or ()],
         debug_roots=[str(r) for r in debug_root] if debug_root else None,
         jobs=jobs,
     )
+    if build_id is not None:
+        module = ModuleRef(normalize_build_id(build_id), None)
+    else:
+        path = str(exe) if exe is not None else "a.out"
+        found = symbolizer.build_id_of(path)  # ElfFileError (a TbpipeError) for missing/corrupt files
+        module = ModuleRef(found or "", os.path.abspath(path))
     # Find the debug info (and build the SymCache, most of a cold run) while stdin is read:
     # symbolic releases the GIL while it builds.
     preparing = threading.Thread(target=_prepare_quietly, args=(symbolizer, module), daemon=True)

@@ -198,6 +198,15 @@ def inspect_elf(path: str) -> ElfFacts:
         stream.close()
 
 
+def file_identity(path: str) -> tuple[str, int, int, int, int] | None:
+    """(path, size, mtime_ns, inode, device) of a file, None when it cannot be stat'ed."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (path, info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev)
+
+
 def read_build_id(path: str) -> str | None:
     """Only the build-ID (None when the file has no note); `ElfFileError` on a bad file."""
     stream, elf = _open_elf(path)

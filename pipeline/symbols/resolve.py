@@ -14,13 +14,12 @@ The output is a `ResultChunk` keyed by lookup address, with raw (mangled) names.
 
 from __future__ import annotations
 
-import os
 import threading
 from array import array
 from typing import Sequence
 
 from tbpipe.pipeline.symbols.columns import ResultChunk
-from tbpipe.pipeline.symbols.elf import SymbolTable, read_symbol_table
+from tbpipe.pipeline.symbols.elf import SymbolTable, file_identity, read_symbol_table
 from tbpipe.pipeline.symbols.lines import LineTable
 from tbpipe.pipeline.symbols.model import ElfFileError, ModuleStatus, Quality, short_build_id
 from tbpipe.pipeline.symbols.symcache import StringTable, SymCacheReader
@@ -28,15 +27,6 @@ from tbpipe.pipeline.symbols.symcache import StringTable, SymCacheReader
 # Functions are aligned to at most 64 bytes by GCC/clang (-falign-functions); leave room for
 # page-aligned hand-written assembly without scanning far.
 _MAX_PADDING = 4096
-
-
-def file_identity(path: str) -> tuple[str, int, int, int, int] | None:
-    """(path, size, mtime_ns, inode, device) of a file, None when it cannot be stat'ed."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return (path, info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev)
 
 
 class _Builder(ResultChunk):

@@ -8,6 +8,7 @@ Layout under the cache dir (TBPIPE_CACHE_DIR, else the user cache dir, else `--c
     symbols-v1/<ab>/<abcdef...>/<source>/symcache.zst SymCache (zstd), built once ever
     symbols-v1/<ab>/<abcdef...>/<source>/known-*.seg  resolved addresses (ResultChunk segments)
     debug-dirs/<hash>.json                            build-ID index of one --debug-dir
+    modules/<hash>.json                               build-ID of a module file, by path + identity
 
 `<source>` is a key over the debug file's identity, so results from a worse file are never mixed
 with results from a better one: when better debug info turns up, a new source directory is
@@ -82,6 +83,26 @@ class SymbolStore:
 
     def source_dir(self, build_id: str, key: str) -> Path:
         return self.build_id_dir(build_id) / key
+
+    def _module_memo_path(self, path: str) -> Path:
+        digest = hashlib.sha1(os.fsencode(path)).hexdigest()[:20]
+        return self.cache_dir / "modules" / f"{digest}.json"
+
+    def remembered_build_id(self, path: str, identity: tuple) -> tuple[bool, str | None]:
+        """(known, build-ID) of the module file at `path` as last read, while it is unchanged
+        (`identity` as `elf.file_identity` gives it): a warm `addr2line -e` reads no ELF."""
+        try:
+            memo = json.loads(self._module_memo_path(path).read_text())
+            if memo["identity"] == list(identity):
+                return True, memo["build_id"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return False, None
+
+    def remember_build_id(self, path: str, identity: tuple, build_id: str | None) -> None:
+        data = json.dumps({"identity": list(identity), "build_id": build_id}).encode()
+        with contextlib.suppress(OSError):
+            self._write_atomic(self._module_memo_path(path), data)
 
     def debug_dir_index_path(self, directory: str) -> Path:
         digest = hashlib.sha1(os.fsencode(directory)).hexdigest()[:20]

@@ -172,6 +172,22 @@ class Symbolizer:
 
     # ------------------------------------------------------------------ public API
 
+    def build_id_of(self, path: str) -> str | None:
+        """Build-ID of the ELF file at `path` (None when it has none), remembered in the store
+        while the file is unchanged; ElfFileError for a missing or unreadable file."""
+        from tbpipe.pipeline.symbols.elf import file_identity, read_build_id
+
+        path = os.path.abspath(path)
+        identity = file_identity(path)
+        if identity is not None:
+            known, build_id = self.store.remembered_build_id(path, identity)
+            if known:
+                return build_id
+        build_id = read_build_id(path)
+        if identity is not None and file_identity(path) == identity:
+            self.store.remember_build_id(path, identity, build_id)
+        return build_id
+
     def module_status(self, build_id: str, path: str | None = None) -> ModuleStatus:
         """What was found for `build_id` (DWARF / symbols only / nothing), where and why."""
         return self._state_for(ModuleRef(build_id, path)).status
