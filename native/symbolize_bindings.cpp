@@ -8,7 +8,6 @@
 
 #include <cstddef>
 #include <algorithm>
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +29,14 @@ py::str decode_utf8(const std::string& text) {
   PyObject* decoded = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "replace");
   if (decoded == nullptr) throw py::error_already_set();
   return py::reinterpret_steal<py::str>(decoded);
+}
+
+// The bytes of a Python bytes object (valid while it lives).
+std::string_view bytes_view(const py::bytes& data) {
+  char* buffer = nullptr;
+  Py_ssize_t size = 0;
+  if (PyBytes_AsStringAndSize(data.ptr(), &buffer, &size) != 0) throw py::error_already_set();
+  return std::string_view(buffer, static_cast<size_t>(size));
 }
 
 // A contiguous buffer of `itemsize`-byte integers (array.array, bytes, numpy).
@@ -165,7 +172,7 @@ class PyLineTable {
       : debug_line_(std::move(debug_line)),
         debug_line_str_(std::move(debug_line_str)),
         debug_str_(std::move(debug_str)),
-        index_(view(debug_line_), view(debug_line_str_), view(debug_str_), little_endian) {}
+        index_(bytes_view(debug_line_), bytes_view(debug_line_str_), bytes_view(debug_str_), little_endian) {}
 
   void build() {
     py::gil_scoped_release released;  // pure C++ over bytes this object keeps alive
@@ -192,13 +199,6 @@ class PyLineTable {
   std::string problem() const { return index_.problem(); }
 
  private:
-  static std::string_view view(const py::bytes& data) {
-    char* buffer = nullptr;
-    Py_ssize_t size = 0;
-    if (PyBytes_AsStringAndSize(data.ptr(), &buffer, &size) != 0) throw py::error_already_set();
-    return std::string_view(buffer, static_cast<size_t>(size));
-  }
-
   py::bytes debug_line_;
   py::bytes debug_line_str_;
   py::bytes debug_str_;
@@ -261,13 +261,14 @@ py::bytes format_addr2line(const py::buffer& addresses, const py::buffer& entrie
   TextColumn paths(file_texts);
   const std::string_view separator = pretty ? " at " : "\n";
   std::string out;
-  out.reserve(static_cast<size_t>(address_info.size) * 64);
-  char number[32];
+  out.reserve(static_cast<size_t>(address_info.size) * 160);
+  static constexpr char kHex[] = "0123456789abcdef";
   for (ssize_t i = 0; i < address_info.size; ++i) {
     if (show_addresses) {
-      const int length = std::snprintf(number, sizeof number, pretty ? "0x%016llx: " : "0x%016llx\n",
-                                       static_cast<unsigned long long>(address_of[i]));
-      out.append(number, static_cast<size_t>(length));
+      char text[20] = {'0', 'x'};
+      for (int digit = 0; digit < 16; ++digit) text[2 + digit] = kHex[(address_of[i] >> (60 - 4 * digit)) & 0xf];
+      out.append(text, 18);
+      out.append(pretty ? ": " : "\n");
     }
     const int64_t entry = entry_of[i];
     uint64_t start = 0;
@@ -292,8 +293,10 @@ py::bytes format_addr2line(const py::buffer& addresses, const py::buffer& entrie
       out.append(paths.at(file_of[frame]));
       out.push_back(':');
       if (line_of[frame] != 0) {
-        const int length = std::snprintf(number, sizeof number, "%u", line_of[frame]);
-        out.append(number, static_cast<size_t>(length));
+        char digits[10];
+        size_t count_digits = 0;
+        for (uint32_t value = line_of[frame]; value != 0; value /= 10) digits[count_digits++] = char('0' + value % 10);
+        while (count_digits > 0) out.push_back(digits[--count_digits]);
       } else {
         out.push_back('?');
       }
@@ -301,6 +304,41 @@ py::bytes format_addr2line(const py::buffer& addresses, const py::buffer& entrie
     }
   }
   return py::bytes(out);
+}
+
+// One address per line, read as binutils 2.40 addr2line reads them: leading
+// blanks, an optional 0x, hex digits up to the first other character; no
+// digits (a sign included) -> 0, more than 64 bits -> all ones.
+std::vector<uint64_t> parse_addresses(std::string_view text) {
+  std::vector<uint64_t> out;
+  out.reserve(static_cast<size_t>(std::count(text.begin(), text.end(), '\n')) + 1);
+  auto hex_value = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  size_t pos = 0;
+  while (true) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    size_t at = pos;
+    while (at < end && (text[at] == ' ' || (text[at] >= '\t' && text[at] <= '\r'))) ++at;
+    if (at + 2 < end && text[at] == '0' && (text[at + 1] == 'x' || text[at + 1] == 'X') &&
+        hex_value(text[at + 2]) >= 0) {
+      at += 2;
+    }
+    uint64_t value = 0;
+    bool overflow = false;
+    for (; at < end && hex_value(text[at]) >= 0; ++at) {
+      if (value >> 60) overflow = true;
+      value = (value << 4) | static_cast<uint64_t>(hex_value(text[at]));
+    }
+    out.push_back(overflow ? ~uint64_t{0} : value);
+    if (end == text.size()) break;
+    pos = end + 1;
+  }
+  return out;
 }
 
 }  // namespace
@@ -351,6 +389,9 @@ void register_symbolize_bindings(py::module_& m) {
         return as_bytes(out);
       }, py::arg("values"), py::arg("remap"),
       "int32 string ids through a table of new ids (-1 stays -1), as bytes.");
+  m.def("parse_addresses",
+        [](const py::bytes& text) { return as_bytes(parse_addresses(bytes_view(text))); },
+        py::arg("text"), "Addresses, one per line, read like binutils addr2line (strtoul base 16), as uint64 bytes.");
   m.def("compact_string_ids", &compact_ids,
         "Renumber the string ids in int32 buffers (in place) densely; returns the old id of each new id.");
 }

@@ -118,7 +118,9 @@ def test_stripped_binary_finds_its_debug_file(libs, tmp_path):
 
 def test_addresses_on_stdin_and_odd_input(libs, tmp_path):
     first = function_addresses(libs.c_lib, skip_cold=True)[0]
-    stdin = f"{first:#x}\n\n{first:x}\nzz\n  0X{first:X}  \n{first:#x}"  # no newline at the end
+    # ("+10" is binutils' symbol+offset form, with an empty symbol: not supported.)
+    odd = ["zz", "-10", "0x", "0xg", "0x_1", "ffffffffffffffffff", "10000000000000000", "  12 junk", "\t0X1f"]
+    stdin = f"{first:#x}\n\n{first:x}\n" + "\n".join(odd) + f"\n  0X{first:X}  \n{first:#x}"  # no newline at the end
     ours = tbpipe("addr2line", "--cache-dir", tmp_path, "-e", libs.c_lib, "-af", stdin=stdin).stdout
     assert ours == binutils("-e", libs.c_lib, "-af", stdin=stdin)
 

@@ -8,7 +8,8 @@ A stripped binary is fine: its debug file is found by build-ID.
 Known differences from binutils: file paths are normalized (`./a/../b.c` -> `b.c`, as
 llvm-symbolizer prints them), discriminators are not printed, an address in the padding
 between functions has no function name (binutils names the preceding symbol), and of several
-symbol-table aliases the last one is used (llvm-symbolizer's choice).
+symbol-table aliases the last one is used (llvm-symbolizer's choice); binutils' `symbol+offset`
+input form is not supported (a line is read as its leading hex digits).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import re
 import select
 import sys
 import threading
@@ -31,22 +31,9 @@ if TYPE_CHECKING:
 # `typer` is imported by `register`/`_standalone` only (the annotations below are strings that
 # typer evaluates then): `run_fast` answers plain binutils-style command lines without it.
 
-_HEX = re.compile(r"\s*(?:0[xX])?([0-9a-fA-F]*)")
-
-
-def parse_address(text: str) -> int:
-    """binutils' reading of an address: leading hex digits (0x optional); none -> 0."""
-    if "_" not in text:  # int() would accept digit-grouping underscores, binutils stops there
-        try:
-            return int(text, 16) & 0xFFFFFFFFFFFFFFFF
-        except ValueError:
-            pass
-    digits = _HEX.match(text).group(1)
-    return int(digits, 16) & 0xFFFFFFFFFFFFFFFF if digits else 0
-
-
-def _stdin_batches() -> Iterator[list[str]]:
-    """Lines from stdin, in batches of whatever has arrived (all of a file at once)."""
+def _stdin_batches() -> Iterator[bytes]:
+    """Lines from stdin (joined by newlines, without the last one), in batches of whatever has
+    arrived (all of a file at once)."""
     fd = sys.stdin.fileno()
     pending = b""
     while True:
@@ -65,11 +52,11 @@ def _stdin_batches() -> Iterator[list[str]]:
             pending += more
         head, newline, pending = pending.rpartition(b"\n")
         if newline:
-            yield head.decode("utf-8", "replace").split("\n")
+            yield head
         else:
             pending = head + pending
     if pending.strip():
-        yield [pending.decode("utf-8", "replace")]
+        yield pending
 
 
 class _Formatter:
@@ -197,6 +184,7 @@ def addr2line(
     ] = None,
 ) -> None:
     """Translate addresses into function names, file names and line numbers, like binutils' addr2line."""
+    from tbpipe import _native
     from tbpipe.pipeline.symbols.model import ModuleRef, normalize_build_id
     from tbpipe.pipeline.symbols.symbolizer import Symbolizer
 
@@ -221,14 +209,15 @@ def addr2line(
     # symbolic releases the GIL while it builds.
     preparing = threading.Thread(target=_prepare_quietly, args=(symbolizer, module), daemon=True)
     preparing.start()
-    batches = iter([addresses]) if addresses else _stdin_batches()
+    # Blank arguments are skipped; blank lines on stdin read as 0, as binutils reads them.
+    listed = [text for text in addresses or () if text.strip()]
+    batches = iter(["\n".join(listed).encode("utf-8", "surrogateescape")] if listed else []) if addresses else _stdin_batches()
     formatter = _Formatter(functions or as_json, inlines or as_json, demangle, pretty and not as_json, basenames)
     write = sys.stdout.write
     try:
         for batch in batches:
-            values = [parse_address(text) for text in batch if text.strip() or not addresses]
-            if not values:
-                continue
+            values = array("Q")
+            values.frombytes(_native.parse_addresses(batch))
             if preparing is not None:
                 preparing.join()
                 preparing = None

@@ -496,8 +496,11 @@ class Symbolizer:
         for ref, (addresses, exact) in modules.items():
             state = self._states[self._state_key(ref)]
             values = _as_int_list(addresses)
-            flags = _as_bool_list(exact, len(values))
-            keys = [a if e else a - 1 for a, e in zip(values, flags)]
+            if exact is None or exact is True:
+                keys = values  # all exact: looked up as they are
+            else:
+                flags = _as_bool_list(exact, len(values))
+                keys = [a if e else a - 1 for a, e in zip(values, flags)]
             prepared[ref] = (state, keys)
             known = self._known(state)
             new = set(keys)
