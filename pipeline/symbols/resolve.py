@@ -9,6 +9,8 @@ line table for what SymCache leaves open.
 - Addresses outside every PT_LOAD segment, or in a module without usable debug info, come back
   unsymbolized with the reason.
 
+The per-address work (SymCache lookups, symbol-table naming, the columns of the result) runs in
+the extension (`symcache.SymCacheReader`); what is left here is the rare cases, one by one.
 The output is a `ResultChunk` keyed by lookup address, with raw (mangled) names.
 """
 
