@@ -185,6 +185,42 @@ def test_arrow_table_equals_frame_lists(libs, tmp_path):
     assert table.cast(arrow_schema()).equals(plain)
 
 
+def test_threaded_lookups_equal_one_thread_and_python_api(libs):
+    """The extension's SymCache lookups on several threads give exactly what one thread gives,
+    and what symbolic's own Python API says, frame by frame."""
+    from array import array
+
+    from symbolic.symcache import SymCache
+
+    from tbpipe.pipeline.symbols.symcache import SymCacheReader, build_symcache
+
+    data, _features = build_symcache(str(libs.cxx_lib), None)
+    keys = array("Q", random_code_addresses(str(libs.cxx_lib), 20_000, seed=5))
+    one, several = SymCacheReader(data), SymCacheReader(data)
+    columns_one = one.resolve(keys, -1, 1)
+    columns_several = several.resolve(keys, -1, 4)
+    assert columns_one[:7] == columns_several[:7] and columns_one[7:] == columns_several[7:]
+    assert one.strings == several.strings
+
+    reference = SymCache.from_bytes(data)
+    for key, frames in zip(keys[::97], one.lookup_many(keys[::97])):
+        expected = [(f.symbol or None, f.full_path or None, f.line) for f in reference.lookup(key)]
+        assert frames == expected, hex(key)
+
+
+def test_symbolic_abi_mismatch_is_refused():
+    from symbolic._lowlevel import ffi, lib
+    from symbolic.symcache import SymCache
+
+    from tbpipe import _native
+    from tbpipe.pipeline.symbols.symcache import _abi_layout
+
+    layout = _abi_layout(ffi)
+    layout["line"] += 4
+    with pytest.raises(ValueError, match="C ABI"):
+        _native.SymCacheLookup(SymCache, 1, 1, 1, 1, layout)
+
+
 def test_result_chunk_round_trip():
     chunk = ResultChunk.from_resolved(
         [
