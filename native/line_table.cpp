@@ -177,6 +177,12 @@ bool LineTableIndex::parse_header(size_t offset, LineUnitHeader* header, size_t*
         formats.emplace_back(content, in.uleb());
       }
       const uint64_t count = in.uleb();
+      // Every entry takes at least one byte per format: a count the unit cannot hold is damage
+      // (and would otherwise grow the tables without reading anything).
+      if (count > 0 && (formats.empty() || count > in.limit() - in.pos())) {
+        *error = "unit at " + std::to_string(offset) + " has an impossible directory or file count";
+        return false;
+      }
       for (uint64_t entry = 0; entry < count && in.ok; ++entry) {
         std::string_view path;
         uint64_t directory = 0;
@@ -242,7 +248,8 @@ bool LineTableIndex::run(const LineUnitHeader& header, size_t begin, std::vector
     if (!any_row) first_address = address;
     any_row = true;
     if (rows != nullptr) {
-      rows->push_back({address, static_cast<uint32_t>(file), static_cast<uint32_t>(line < 0 ? 0 : line)});
+      const int64_t shown = line < 0 ? 0 : std::min<int64_t>(line, UINT32_MAX);
+      rows->push_back({address, static_cast<uint32_t>(file), static_cast<uint32_t>(shown)});
     }
   };
   while (in.ok && !in.at_end()) {
@@ -250,7 +257,8 @@ bool LineTableIndex::run(const LineUnitHeader& header, size_t begin, std::vector
     if (op >= opcode_base) {
       const uint8_t adjusted = op - opcode_base;
       address += (adjusted / line_range) * min_length;
-      line += header.line_base + adjusted % line_range;
+      line = static_cast<int64_t>(static_cast<uint64_t>(line) +
+                                  static_cast<uint64_t>(int64_t{header.line_base} + adjusted % line_range));
       emit();
     } else if (op == 0) {
       const uint64_t length = in.uleb();
@@ -275,7 +283,8 @@ bool LineTableIndex::run(const LineUnitHeader& header, size_t begin, std::vector
     } else if (op == kAdvancePc) {
       address += in.uleb() * min_length;
     } else if (op == kAdvanceLine) {
-      line += in.sleb();
+      // Wrapping arithmetic: damaged operands must not overflow a signed integer.
+      line = static_cast<int64_t>(static_cast<uint64_t>(line) + static_cast<uint64_t>(in.sleb()));
     } else if (op == kSetFile) {
       file = in.uleb();
     } else if (op == kConstAddPc) {

@@ -7,8 +7,10 @@
 #include <pybind11/stl.h>
 
 #include <cstddef>
+#include <deque>
 #include <algorithm>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -25,10 +27,30 @@ py::bytes as_bytes(const std::vector<T>& values) {
   return py::bytes(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
 }
 
+// Text as Python str. "surrogatepass" first: a string that came from Python
+// with lone surrogates (a file name that is not UTF-8, decoded with
+// surrogateescape) comes back as it was; other invalid bytes read as U+FFFD.
 py::str decode_utf8(const std::string& text) {
-  PyObject* decoded = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "replace");
+  const auto size = static_cast<Py_ssize_t>(text.size());
+  PyObject* decoded = PyUnicode_DecodeUTF8(text.data(), size, "surrogatepass");
+  if (decoded == nullptr) {
+    PyErr_Clear();
+    decoded = PyUnicode_DecodeUTF8(text.data(), size, "replace");
+  }
   if (decoded == nullptr) throw py::error_already_set();
   return py::reinterpret_steal<py::str>(decoded);
+}
+
+// The UTF-8 bytes of a str, lone surrogates included (encoded as they are).
+std::string utf8_of(PyObject* text) {
+  Py_ssize_t size = 0;
+  if (const char* data = PyUnicode_AsUTF8AndSize(text, &size)) return std::string(data, static_cast<size_t>(size));
+  PyErr_Clear();
+  PyObject* encoded = PyUnicode_AsEncodedString(text, "utf-8", "surrogatepass");
+  if (encoded == nullptr) throw py::error_already_set();
+  std::string bytes(PyBytes_AS_STRING(encoded), static_cast<size_t>(PyBytes_GET_SIZE(encoded)));
+  Py_DECREF(encoded);
+  return bytes;
 }
 
 // The bytes of a Python bytes object (valid while it lives).
@@ -100,10 +122,8 @@ class PySymCacheLookup {
 
   int32_t intern(const py::object& text) {
     if (text.is_none()) return -1;
-    Py_ssize_t size = 0;
-    const char* data = PyUnicode_AsUTF8AndSize(text.ptr(), &size);
-    if (data == nullptr) throw py::error_already_set();
-    return lookup_->intern(std::string_view(data, static_cast<size_t>(size)));
+    if (!PyUnicode_Check(text.ptr())) throw py::type_error("intern() takes a str or None");
+    return lookup_->intern(utf8_of(text.ptr()));
   }
 
   void set_symbols(const py::buffer& starts, const py::buffer& ends, py::object name_of) {
@@ -114,14 +134,8 @@ class PySymCacheLookup {
     py::object callback = name_of_;
     lookup_->set_symbols(std::move(start_values), std::move(end_values), [callback](size_t index) -> std::string {
       py::object name = callback(index);
-      if (name.is_none()) return std::string();
-      Py_ssize_t size = 0;
-      const char* data = PyUnicode_AsUTF8AndSize(name.ptr(), &size);
-      if (data == nullptr) {
-        PyErr_Clear();  // an unencodable name is as good as none: the SymCache's name stays
-        return std::string();
-      }
-      return std::string(data, static_cast<size_t>(size));
+      if (!PyUnicode_Check(name.ptr())) return std::string();  // None: the SymCache's name stays
+      return utf8_of(name.ptr());
     });
   }
 
@@ -176,16 +190,23 @@ class PyLineTable {
 
   void build() {
     py::gil_scoped_release released;  // pure C++ over bytes this object keeps alive
+    std::lock_guard<std::mutex> guard(mutex_);
     index_.build();
   }
 
   py::object row(uint64_t address) {
     uint32_t unit = 0, file = 0, line = 0;
-    if (!index_.row(address, &unit, &file, &line)) return py::none();
+    bool found = false;
+    {
+      std::lock_guard<std::mutex> guard(mutex_);  // against a build() on another thread
+      found = index_.row(address, &unit, &file, &line);
+    }
+    if (!found) return py::none();
     return py::make_tuple(unit, file, line);
   }
 
-  py::tuple unit(size_t index) const {
+  py::tuple unit(size_t index) {
+    std::lock_guard<std::mutex> guard(mutex_);
     if (index >= index_.units().size()) throw py::index_error("no such line-table unit");
     const LineUnitHeader& header = index_.units()[index];
     py::list directories, files;
@@ -194,14 +215,24 @@ class PyLineTable {
     return py::make_tuple(header.version, header.offset, directories, files);
   }
 
-  size_t unit_count() const { return index_.units().size(); }
-  size_t sequence_count() const { return index_.sequence_count(); }
-  std::string problem() const { return index_.problem(); }
+  size_t unit_count() {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return index_.units().size();
+  }
+  size_t sequence_count() {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return index_.sequence_count();
+  }
+  std::string problem() {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return index_.problem();
+  }
 
  private:
   py::bytes debug_line_;
   py::bytes debug_line_str_;
   py::bytes debug_str_;
+  std::mutex mutex_;  // build() runs without the GIL
   LineTableIndex index_;
 };
 
@@ -215,10 +246,15 @@ class TextColumn {
     if (id < 0 || static_cast<size_t>(id) >= views_.size()) return "??";
     const auto index = static_cast<size_t>(id);
     if (!made_[index]) {
+      PyObject* text = PyList_GET_ITEM(texts_.ptr(), static_cast<Py_ssize_t>(index));
+      if (!PyUnicode_Check(text)) throw py::type_error("text columns hold str");
       Py_ssize_t size = 0;
-      const char* data = PyUnicode_AsUTF8AndSize(texts_[index].ptr(), &size);
-      if (data == nullptr) throw py::error_already_set();
-      views_[index] = std::string_view(data, static_cast<size_t>(size));
+      if (const char* data = PyUnicode_AsUTF8AndSize(text, &size)) {
+        views_[index] = std::string_view(data, static_cast<size_t>(size));
+      } else {
+        PyErr_Clear();  // lone surrogates: printed as the bytes they stand for
+        views_[index] = owned_.emplace_back(utf8_of(text));
+      }
       made_[index] = true;
     }
     return views_[index];
@@ -228,6 +264,7 @@ class TextColumn {
   py::list texts_;
   std::vector<std::string_view> views_;
   std::vector<bool> made_;
+  std::deque<std::string> owned_;  // UTF-8 made here (a deque keeps views into it valid)
 };
 
 // binutils addr2line's text for each (address, table entry): what `tbpipe addr2line`

@@ -1,6 +1,7 @@
 #include "symcache_lookup.h"
 
 #include <algorithm>
+#include <system_error>
 #include <thread>
 
 namespace tbpipe {
@@ -85,18 +86,49 @@ void SymCacheBatchLookup::fetch(const uint64_t* keys, size_t begin, size_t end, 
   }
   std::vector<std::thread> helpers;
   const size_t share = (count + threads - 1) / threads;
-  for (unsigned t = 1; t < threads && begin + t * share < end; ++t) {
-    helpers.emplace_back(work, begin + t * share, std::min(end, begin + (t + 1) * share));
+  size_t next = std::min(end, begin + share);  // [begin, next) is this thread's; the rest is handed out
+  const size_t own_end = next;
+  for (unsigned t = 1; t < threads && next < end; ++t) {
+    const size_t to = std::min(end, next + share);
+    try {
+      helpers.emplace_back(work, next, to);
+    } catch (const std::system_error&) {
+      break;  // no more threads (a process limit): what is left is done here
+    }
+    next = to;
   }
-  work(begin, std::min(end, begin + share));
+  work(begin, own_end);
+  if (next < end) work(next, end);
   for (std::thread& helper : helpers) helper.join();
 }
 
+namespace {
+
+// A lookup result owns the strings marked owned (joined paths) besides its
+// array; freeing the array does not free them.
+void release_result(const SymbolicFunctions& functions, SymbolicLookupResultAbi* result) {
+  for (uintptr_t i = 0; i < result->len; ++i) {
+    SymbolicSourceLocationAbi& location = result->items[i];
+    for (SymbolicStrAbi* text : {&location.lang, &location.symbol, &location.full_path}) {
+      if (text->owned) functions.free_str(text);
+    }
+  }
+  functions.free_result(result);
+}
+
+}  // namespace
+
 uint32_t SymCacheBatchLookup::take_frames(SymbolicLookupResultAbi result, std::vector<int32_t>* functions,
                                           std::vector<int32_t>* files, std::vector<uint32_t>* lines) {
+  // Released however this returns: interning calls back into Python, which may throw.
+  struct Release {
+    const SymbolicFunctions& functions;
+    SymbolicLookupResultAbi& result;
+    ~Release() { release_result(functions, &result); }
+  } release{functions_, result};
   const auto count = static_cast<uint32_t>(result.len);
   for (uint32_t i = 0; i < count; ++i) {
-    SymbolicSourceLocationAbi& location = result.items[i];
+    const SymbolicSourceLocationAbi& location = result.items[i];
     int32_t name_id = -1;
     const SymbolicStrAbi& symbol = location.symbol;
     if (symbol.len != 0) {
@@ -115,13 +147,7 @@ uint32_t SymCacheBatchLookup::take_frames(SymbolicLookupResultAbi result, std::v
     functions->push_back(name_id);
     files->push_back(path_id);
     lines->push_back(location.line);
-    // The lookup result owns only the strings marked owned (joined paths);
-    // freeing the result array does not free them.
-    for (SymbolicStrAbi* text : {&location.lang, &location.symbol, &location.full_path}) {
-      if (text->owned) functions_.free_str(text);
-    }
   }
-  functions_.free_result(&result);
   return count;
 }
 
@@ -145,25 +171,34 @@ void SymCacheBatchLookup::resolve(const uint64_t* keys, size_t count, int32_t re
   for (size_t block = 0; block < inside.size(); block += kBlock) {
     const size_t block_end = std::min(inside.size(), block + kBlock);
     fetch(inside.data(), block, block_end, threads, &results);
-    for (size_t i = block; i < block_end; ++i) {
-      const uint64_t key = inside[i];
-      const size_t first = out->functions.size();
-      const uint32_t frames = take_frames(results[i - block], &out->functions, &out->files, &out->lines);
-      if (frames == 0) {
-        out->empty.push_back(key);
-        continue;
+    size_t i = block;
+    try {
+      for (; i < block_end; ++i) {
+        const uint64_t key = inside[i];
+        const size_t first = out->functions.size();
+        const uint32_t frames = take_frames(results[i - block], &out->functions, &out->files, &out->lines);
+        if (frames == 0) {
+          out->empty.push_back(key);
+          continue;
+        }
+        const size_t last = first + frames - 1;
+        const int32_t named = symbol_name_id(key);
+        if (named >= 0) out->functions[last] = named;
+        const auto entry = static_cast<uint32_t>(out->keys.size());
+        if (frames == 1 && out->lines[first] == 0) {
+          out->without_line.emplace_back(entry, static_cast<uint32_t>(first));
+        }
+        out->keys.push_back(key);
+        out->counts.push_back(frames);
+        out->reasons.push_back(reason);
+        // Every frame but the outermost (the function the code is in) is inlined.
+        out->inlined.insert(out->inlined.end(), frames - 1, 1);
+        out->inlined.push_back(0);
       }
-      const size_t last = first + frames - 1;
-      const int32_t named = symbol_name_id(key);
-      if (named >= 0) out->functions[last] = named;
-      const auto entry = static_cast<uint32_t>(out->keys.size());
-      if (frames == 1 && out->lines[first] == 0) out->without_line.emplace_back(entry, static_cast<uint32_t>(first));
-      out->keys.push_back(key);
-      out->counts.push_back(frames);
-      out->reasons.push_back(reason);
-      // Every frame but the outermost (the function the code is in) is inlined.
-      out->inlined.insert(out->inlined.end(), frames - 1, 1);
-      out->inlined.push_back(0);
+    } catch (...) {
+      // The result being taken released itself; the ones after it are still held.
+      for (size_t rest = i + 1; rest < block_end; ++rest) release_result(functions_, &results[rest - block]);
+      throw;
     }
   }
 }

@@ -125,6 +125,30 @@ def test_addresses_on_stdin_and_odd_input(libs, tmp_path):
     assert ours == binutils("-e", libs.c_lib, "-af", stdin=stdin)
 
 
+def test_module_path_that_is_not_utf8(libs, tmp_path):
+    """A path Python can only hold with surrogates: reasons and output keep working."""
+    folder = os.path.join(os.fsencode(tmp_path), b"d\xff")
+    os.mkdir(folder)
+    module = os.path.join(folder, b"lib.so")
+    shutil.copy(libs.c_lib, module)
+    first = function_addresses(libs.c_lib, skip_cold=True)[0]
+    command = tbpipe_command() + ["addr2line", "--cache-dir", str(tmp_path / "store"), "-e"]
+    for extra in ([], ["--json"]):
+        result = subprocess.run(
+            [os.fsencode(a) for a in command] + [module, b"-f", *map(str.encode, extra), b"0xffffffff", b"%#x" % first],
+            capture_output=True, timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        if not extra:
+            expected = subprocess.run(
+                ["addr2line", "-e", module, "-f", "0xffffffff", b"%#x" % first], capture_output=True, check=True
+            ).stdout
+            assert result.stdout == expected.replace(b" (discriminator 1)", b"")
+        else:
+            outside, inside = [json.loads(line) for line in result.stdout.splitlines()]
+            assert "outside every executable segment" in outside["reason"] and inside["frames"]
+
+
 def test_answers_each_line_as_it_arrives(libs, tmp_path):
     # Tools keep a pipe open and wait for each answer before sending the next address.
     address = f"{function_addresses(libs.c_lib, skip_cold=True)[0]:#x}\n"

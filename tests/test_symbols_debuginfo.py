@@ -410,6 +410,28 @@ def test_line_table_index_survives_damage(libs):
             table.row(probe)  # any answer or None: it must not crash
 
 
+def test_line_table_refuses_impossible_entry_counts():
+    """A DWARF 5 header that claims 2**62 directories described by no formats: refused at once
+    (reading it naively would grow a table forever without consuming a byte)."""
+    import struct
+
+    from tbpipe import _native
+
+    after_length = bytearray()
+    after_length += struct.pack("<HBB", 5, 8, 0)  # version, address size, segment selector size
+    header = bytearray()
+    header += bytes([1, 1, 1, (-5) & 0xFF, 14, 13])  # min length, max ops, is_stmt, line base/range, opcode base
+    header += bytes([0, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 1])  # standard opcode lengths
+    header += bytes([0]) + bytes([0x80] * 8 + [0x40])  # directory formats: none; count: 2**62
+    header += bytes([0, 0])  # file formats: none; count: 0
+    after_length += struct.pack("<I", len(header)) + header
+    unit = struct.pack("<I", len(after_length)) + bytes(after_length)
+    table = _native.LineTable(unit, b"", b"", True)
+    table.build()
+    assert "impossible" in table.problem
+    assert table.sequence_count == 0 and table.row(0x1000) is None
+
+
 def test_objcopy_zstd_support_is_reported(libs):
     # Not a skip: the note says whether the zstd test above really ran here.
     if libs.c_zstd is None:

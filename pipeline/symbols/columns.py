@@ -215,7 +215,8 @@ class KnownTable:
             self.inlined.extend(chunk.inlined)
             self.counts.extend(chunk.counts)
             self.reasons.frombytes(_native.remap_string_ids(chunk.reasons, table))
-            position.update(zip(chunk.keys, range(next_entry, next_entry + len(chunk.keys))))
+            # Reversed: of a key repeated within the chunk, the first entry wins, as below.
+            position.update(zip(reversed(chunk.keys), range(next_entry + len(chunk.keys) - 1, next_entry - 1, -1)))
             return
         start = 0
         for i, count in enumerate(chunk.counts):

@@ -42,9 +42,10 @@ class LineTable:
         return self._dwarf
 
     def prepare(self) -> None:
-        """Read and index the line table now (done on the first lookup otherwise)."""
+        """Read and index the line table now (done on the first lookup otherwise). The
+        compile-unit ranges, which only padding needs, stay lazy: without .debug_aranges they
+        mean reading every CU's DIE."""
         self._load_index()
-        self._load_ranges()
 
     def _load_index(self) -> Any:
         if self._index is None:

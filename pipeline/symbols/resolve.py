@@ -90,16 +90,18 @@ def prefetch(path: str, dwarf: bool) -> threading.Thread:
         identity = file_identity(path)
         if identity is None:
             return
+        # Whatever goes wrong here (a damaged file: pyelftools raises many types) is met again,
+        # and reported, where the resolver reads the file itself.
         try:
             symtab = read_symbol_table(path)
-        except ElfFileError:
+        except Exception:
             return
         lines = None
         if dwarf:
             lines = LineTable(path)
             try:
                 lines.prepare()
-            except ElfFileError:
+            except Exception:
                 lines = None
         with _prefetch_lock:
             if len(_prefetched) >= 8:

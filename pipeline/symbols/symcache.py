@@ -27,8 +27,17 @@ def build_symcache(path: str, build_id: str | None) -> tuple[bytes, frozenset[st
 
     from symbolic.debuginfo import Archive
 
+    contents = None  # must outlive every use of the archive: symbolic reads it in place
     try:
-        archive = Archive.open(path)
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:
+            # symbolic opens files by UTF-8 path only: a name that is not UTF-8 is read here.
+            with open(path, "rb") as stream:
+                contents = stream.read()
+            archive = Archive.from_bytes(contents)
+        else:
+            archive = Archive.open(path)
         objects = list(archive.iter_objects())
     except Exception as error:
         raise ElfFileError(f"{path}: symbolic cannot read it ({_brief(error)})") from None
@@ -48,6 +57,7 @@ def build_symcache(path: str, build_id: str | None) -> tuple[bytes, frozenset[st
         cache.dump_into(buffer)
     except Exception as error:
         raise ElfFileError(f"{path}: building the SymCache failed ({_brief(error)})") from None
+    del cache, chosen, objects, archive  # everything that points into `contents`, before it goes
     return buffer.getvalue(), features
 
 
