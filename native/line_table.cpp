@@ -328,6 +328,14 @@ void LineTableIndex::build() {
   }
   std::stable_sort(sequences_.begin(), sequences_.end(),
                    [](const Sequence& a, const Sequence& b) { return a.start < b.start; });
+  // The linker relocates the line programs of code it discarded (--gc-sections, duplicate
+  // COMDAT groups) to address 0, where they would shadow nothing real but answer for low
+  // addresses. In a linked module no code starts at 0 (the ELF header is there); only when
+  // everything starts at 0 (a relocatable object) are such sequences kept.
+  if (!sequences_.empty() && sequences_.back().start > 0) {
+    const auto at_zero = [](const Sequence& sequence) { return sequence.start == 0; };
+    sequences_.erase(std::remove_if(sequences_.begin(), sequences_.end(), at_zero), sequences_.end());
+  }
 }
 
 bool LineTableIndex::row(uint64_t address, uint32_t* unit, uint32_t* file, uint32_t* line) {

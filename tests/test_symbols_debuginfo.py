@@ -25,7 +25,7 @@ from symbols_data.testlib import (
     stripped_with_debuglink,
 )
 from tbpipe.pipeline.symbols import DebugDirIndex, ModuleRef, Quality, Symbolizer
-from tbpipe.pipeline.symbols.lines import read_aranges
+from tbpipe.pipeline.symbols.lines import line_index, read_aranges
 from tbpipe.pipeline.symbols.elf import read_section
 
 _MISSING = have_tools("llvm-symbolizer", "gcc", "objcopy", "strip")
@@ -327,7 +327,7 @@ def test_aranges_reader_matches_pyelftools(libs):
         assert mine == theirs
 
 
-def _pyelftools_rows(path: str, max_units: int | None = None) -> tuple[list, list]:
+def _pyelftools_rows(path: str, max_units: int | None = None, include_zero: bool = False) -> tuple[list, list]:
     """(unit file names per unit, [(address, file index, line)] of the last row at each address
     of every sequence), as pyelftools decodes the line programs."""
     from elftools.elf.elffile import ELFFile
@@ -347,7 +347,7 @@ def _pyelftools_rows(path: str, max_units: int | None = None) -> tuple[list, lis
                     continue
                 if state.end_sequence:
                     # Sequences of discarded code sit at 0; a row at the end address covers nothing.
-                    if sequence and min(sequence) > 0:
+                    if sequence and (include_zero or min(sequence) > 0):
                         rows.extend((a, file, line) for a, (file, line) in sequence.items() if a < state.address)
                     sequence = {}
                 else:
@@ -357,8 +357,6 @@ def _pyelftools_rows(path: str, max_units: int | None = None) -> tuple[list, lis
 
 @pytest.mark.parametrize("which", ["c_lib", "cxx_lib", "c_zlib", "libpython"])
 def test_line_table_index_matches_pyelftools(libs, which):
-    from tbpipe import _native
-    from tbpipe.pipeline.symbols.elf import read_sections
 
     if which == "libpython":
         if not LIBPYTHON.exists():
@@ -368,9 +366,7 @@ def test_line_table_index_matches_pyelftools(libs, which):
     else:
         path = str(getattr(libs, which))
         files_by_unit, rows = _pyelftools_rows(path)
-    sections, little = read_sections(path, (".debug_line", ".debug_line_str", ".debug_str"))
-    index = _native.LineTable(sections[".debug_line"], sections[".debug_line_str"] or b"", sections[".debug_str"] or b"", little)
-    index.build()
+    index = line_index(path)
     assert index.problem == ""
     assert rows and index.sequence_count > 0
     for unit, names in enumerate(files_by_unit):
@@ -408,6 +404,29 @@ def test_line_table_index_survives_damage(libs):
         table.build()
         for probe in range(0, 0x4000, 97):
             table.row(probe)  # any answer or None: it must not crash
+
+
+def test_line_table_ignores_code_the_linker_discarded(tmp_path):
+    """--gc-sections leaves the discarded function's line program at address 0: it must not answer
+    for the low addresses of the linked module."""
+
+    source = tmp_path / "gc.c"
+    source.write_text(
+        '__attribute__((visibility("hidden"))) int tb_discarded(int x) {\n'
+        "  int total = 0;\n"
+        "  for (int i = 0; i < x; ++i) total += i * x;\n"
+        "  return total;\n"
+        "}\n"
+        "int tb_kept(int x) { return x * 3 + 1; }\n"
+    )
+    library = tmp_path / "libgc.so"
+    run("gcc", "-O1", "-g", "-shared", "-fPIC", "-ffunction-sections", "-Wl,--gc-sections", "-o", library, source)
+    _files, rows = _pyelftools_rows(str(library), include_zero=True)
+    assert any(address < 0x10 for address, _file, _line in rows), "no discarded sequence at 0: nothing tested"
+    index = line_index(str(library))
+    assert all(index.row(address) is None for address in range(0, 0x20))
+    kept = [(address, line) for address, _file, line in rows if address >= 0x1000]
+    assert kept and all(index.row(address)[2] == line for address, line in kept)
 
 
 def test_line_table_refuses_impossible_entry_counts():

@@ -209,7 +209,7 @@ def test_threaded_lookups_equal_one_thread_and_python_api(libs):
 
 
 def test_symbolic_abi_mismatch_is_refused():
-    from symbolic._lowlevel import ffi, lib
+    from symbolic._lowlevel import ffi
     from symbolic.symcache import SymCache
 
     from tbpipe import _native

@@ -213,7 +213,10 @@ def addr2line(
     # binutils reads each argument up to its first non-hex character: a newline inside one ends
     # it there too (instead of starting another line).
     listed = [text.replace("\n", " ") for text in addresses or () if text.strip()]
-    batches = iter(["\n".join(listed).encode("utf-8", "surrogateescape")] if listed else []) if addresses else _stdin_batches()
+    if addresses:
+        batches = iter(["\n".join(listed).encode("utf-8", "surrogateescape")] if listed else [])
+    else:
+        batches = _stdin_batches()
     formatter = _Formatter(functions or as_json, inlines or as_json, demangle, pretty and not as_json, basenames)
     write = sys.stdout.write
     try:

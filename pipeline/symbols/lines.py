@@ -21,6 +21,20 @@ from typing import Any
 from tbpipe.pipeline.symbols.elf import load_dwarf, read_section, read_sections
 from tbpipe.pipeline.symbols.model import ElfFileError
 
+def line_index(path: str) -> Any:
+    """The built `tbpipe._native.LineTable` of the ELF file at `path`."""
+    from tbpipe import _native
+
+    sections, little_endian = read_sections(path, (".debug_line", ".debug_line_str", ".debug_str"))
+    if not sections[".debug_line"]:
+        raise ElfFileError(f"{path}: no DWARF line tables")
+    index = _native.LineTable(
+        sections[".debug_line"], sections[".debug_line_str"] or b"", sections[".debug_str"] or b"", little_endian
+    )
+    index.build()
+    return index
+
+
 class LineTable:
     """Line-table lookups for one debug file, loading what they need lazily."""
 
@@ -49,16 +63,7 @@ class LineTable:
 
     def _load_index(self) -> Any:
         if self._index is None:
-            from tbpipe import _native
-
-            sections, little_endian = read_sections(self._path, (".debug_line", ".debug_line_str", ".debug_str"))
-            if not sections[".debug_line"]:
-                raise ElfFileError(f"{self._path}: no DWARF line tables")
-            index = _native.LineTable(
-                sections[".debug_line"], sections[".debug_line_str"] or b"", sections[".debug_str"] or b"", little_endian
-            )
-            index.build()
-            self._index = index
+            self._index = line_index(self._path)
         return self._index
 
     def _load_ranges(self) -> None:
@@ -137,7 +142,10 @@ class LineTable:
             # DWARF 5 numbers files and directories from 0; directory 0 is the unit's
             # DW_AT_comp_dir, which relative directories are relative to.
             comp_dir = directories[0] if directories else ""
-            numbered = [(position, name, directories[d] if d < len(directories) else "") for position, (name, d) in enumerate(files)]
+            numbered = [
+                (position, name, directories[d] if d < len(directories) else "")
+                for position, (name, d) in enumerate(files)
+            ]
         else:
             numbered = [
                 (position + 1, name, directories[d - 1] if 0 < d <= len(directories) else "")
@@ -161,7 +169,8 @@ class LineTable:
                     try:
                         attributes = cu.get_top_DIE().attributes
                         if "DW_AT_stmt_list" in attributes and "DW_AT_comp_dir" in attributes:
-                            self._comp_dirs[attributes["DW_AT_stmt_list"].value] = _text(attributes["DW_AT_comp_dir"].value)
+                            comp_dir = _text(attributes["DW_AT_comp_dir"].value)
+                            self._comp_dirs[attributes["DW_AT_stmt_list"].value] = comp_dir
                     except Exception:
                         continue  # one unreadable unit must not hide the others
             except Exception:
