@@ -153,6 +153,8 @@ class PySymCacheLookup {
                           py::cast(out.outside), py::cast(out.empty));
   }
 
+  int32_t symbol_id(uint64_t address) { return lookup_->symbol_name_id(address); }
+
   py::tuple lookup_flat(const py::buffer& keys) {
     py::buffer_info info = integer_buffer(keys, 8, "keys", false);
     std::vector<uint32_t> counts, lines;
@@ -394,6 +396,8 @@ void register_symbolize_bindings(py::module_& m) {
       .def("resolve", &PySymCacheLookup::resolve, py::arg("keys"), py::arg("reason"), py::arg("threads") = 1,
            "(keys, counts, reasons, functions, files, lines, inlined) as bytes, then (entry, frame) "
            "pairs without a line, keys outside the code ranges, keys without frames")
+      .def("symbol_id", &PySymCacheLookup::symbol_id, py::arg("address"),
+           "string id of the function symbol containing an address, as set_symbols gave them (-1: none)")
       .def("lookup_flat", &PySymCacheLookup::lookup_flat, py::arg("keys"),
            "(frame count per key, function id, file id and line per frame) as lists");
   py::class_<PyLineTable>(m, "LineTable", "A DWARF .debug_line section indexed by sequence (see line_table.h).")

@@ -105,6 +105,9 @@ class SymCacheBatchLookup {
   // interned on the calling thread, in key order.
   void resolve(const uint64_t* keys, size_t count, int32_t reason, LookupColumns* out, unsigned threads = 1);
 
+  // String id of the name of the function symbol containing `address` (-1: none).
+  int32_t symbol_name_id(uint64_t address);
+
   // The SymCache's frames for each key alone, innermost first: frame count
   // per key, then function id, file id and line per frame.
   void lookup_flat(const uint64_t* keys, size_t count, std::vector<uint32_t>* counts,
@@ -118,7 +121,6 @@ class SymCacheBatchLookup {
   // The raw lookup results of keys[begin, end), on `threads` threads.
   void fetch(const uint64_t* keys, size_t begin, size_t end, unsigned threads,
              std::vector<SymbolicLookupResultAbi>* results) const;
-  int32_t symbol_name_id(uint64_t address);
   bool outside(uint64_t address) const;
 
   SymbolicFunctions functions_;

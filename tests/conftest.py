@@ -33,6 +33,14 @@ def manifest(run_dir: Path) -> dict:
     return json.loads((run_dir / "manifest.json").read_text())
 
 
+@pytest.fixture(scope="session")
+def libs(tmp_path_factory):
+    """The test libraries of the symbolization tests, built once per session (symbols_data/testlib.py)."""
+    from symbols_data.testlib import build_libs
+
+    return build_libs(str(tmp_path_factory.getbasetemp() / "symbols-libs"))
+
+
 @pytest.fixture
 def out_dir(tmp_path: Path) -> Path:
     return tmp_path / "runs"

@@ -171,10 +171,10 @@ def test_another_cupti_subscriber_is_named_in_one_line(double_library: Path, tmp
     assert [(r["kind"], r["name"]) for r in events(run)] == [("user", "still recorded")]
 
 
-def test_missing_library_is_one_line_and_the_program_runs_on(tmp_path: Path) -> None:
-    code = f"""
-import os
-os.environ["TBPIPE_CUPTI_LIBRARY"] = {str(tmp_path / 'no' / 'libcupti.so')!r}
+def _only_stderr_line_of_a_cuda_session(tmp_path: Path, prelude: str = "") -> str:
+    """Runs a program that records one event with the cuda source on; it must run to its end.
+    Returns the one line tbpipe wrote to stderr."""
+    code = f"""{prelude}
 from tbpipe import capture
 with capture.session({str(tmp_path / 'runs')!r}, sources=["cuda"]):
     capture.record("user", "x")
@@ -184,6 +184,12 @@ print("program ran")
     assert result.returncode == 0, result.stderr
     assert "program ran" in result.stdout
     (line,) = result.stderr.strip().splitlines()
+    return line
+
+
+def test_missing_library_is_one_line_and_the_program_runs_on(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no" / "libcupti.so")
+    line = _only_stderr_line_of_a_cuda_session(tmp_path, f"import os\nos.environ['TBPIPE_CUPTI_LIBRARY'] = {missing!r}")
     assert line.startswith("tbpipe: cuda source: no CUPTI library found")
     (run,) = read_runs(tmp_path / "runs")
     assert run.complete and run.tables["events"].num_rows == 1
@@ -249,16 +255,7 @@ def _has_cuda_driver() -> bool:
 @pytest.mark.skipif(_real_cupti_library() is None, reason="no real libcupti on this machine")
 @pytest.mark.skipif(_has_cuda_driver(), reason="this machine has a CUDA driver; the no-GPU message is not expected")
 def test_real_libcupti_without_a_gpu_says_so_in_one_line(tmp_path: Path) -> None:
-    code = f"""
-from tbpipe import capture
-with capture.session({str(tmp_path / 'runs')!r}, sources=["cuda"]):
-    capture.record("user", "x")
-print("program ran")
-"""
-    result = run_python(code, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "program ran" in result.stdout
-    (line,) = result.stderr.strip().splitlines()
+    line = _only_stderr_line_of_a_cuda_session(tmp_path)
     assert line.startswith("tbpipe: cuda source: cuptiSubscribe failed:")
     assert "no CUDA driver (libcuda.so.1) on this machine" in line
 

@@ -14,7 +14,6 @@ import pytest
 
 from symbols_data.testlib import (
     LIBC,
-    build_libs,
     function_addresses,
     have_tools,
     random_code_addresses,
@@ -23,11 +22,6 @@ from symbols_data.testlib import (
 
 _MISSING = have_tools("addr2line", "gcc", "g++", "objcopy", "strip")
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=_MISSING)
-
-
-@pytest.fixture(scope="session")
-def libs(tmp_path_factory):
-    return build_libs(str(tmp_path_factory.getbasetemp() / "symbols-libs"))
 
 
 def tbpipe_command() -> list[str]:

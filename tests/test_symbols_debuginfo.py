@@ -16,7 +16,6 @@ import pytest
 from symbols_data.testlib import (
     DATA,
     LIBPYTHON,
-    build_libs,
     function_addresses,
     have_tools,
     llvm_chains,
@@ -30,11 +29,6 @@ from tbpipe.pipeline.symbols.elf import read_section
 
 _MISSING = have_tools("llvm-symbolizer", "gcc", "objcopy", "strip")
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=_MISSING)
-
-
-@pytest.fixture(scope="session")
-def libs(tmp_path_factory):
-    return build_libs(str(tmp_path_factory.getbasetemp() / "symbols-libs"))
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,6 @@ from symbols_data.testlib import (
     LIBC,
     LIBPYTHON,
     agreement,
-    build_libs,
     function_addresses,
     have_tools,
     llvm_chains,
@@ -31,11 +30,6 @@ from tbpipe.pipeline.symbols.elf import executable_ranges, inspect_elf, read_bui
 
 _MISSING = have_tools("llvm-symbolizer", "gcc", "g++", "objcopy", "strip")
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=_MISSING)
-
-
-@pytest.fixture(scope="session")
-def libs(tmp_path_factory):
-    return build_libs(str(tmp_path_factory.getbasetemp() / "symbols-libs"))
 
 
 def fresh_symbolizer(tmp_path, **kwargs) -> Symbolizer:

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from symbols_data.testlib import LIBC, build_libs, function_addresses, have_tools, random_code_addresses
+from symbols_data.testlib import LIBC, function_addresses, have_tools, random_code_addresses
 from tbpipe.pipeline.symbols import ModuleRef, Quality, Symbolizer, arrow_schema
 from tbpipe.pipeline.symbols.columns import KnownTable, ResultChunk
 from tbpipe.pipeline.symbols.elf import read_build_id
@@ -19,11 +19,6 @@ from tbpipe.pipeline.symbols.progress import DelayedProgress
 
 _MISSING = have_tools("gcc", "g++", "objcopy", "strip")
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=_MISSING)
-
-
-@pytest.fixture(scope="session")
-def libs(tmp_path_factory):
-    return build_libs(str(tmp_path_factory.getbasetemp() / "symbols-libs"))
 
 
 def store_files(root, pattern):

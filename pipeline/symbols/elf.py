@@ -7,12 +7,12 @@ Everything here treats files as untrusted: a missing, truncated or corrupt file 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import struct
 import zlib
 from array import array
-from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterable, Iterator
 
@@ -88,6 +88,22 @@ def _open_elf(path: str) -> tuple[BinaryIO, Any]:
 def _brief(error: BaseException) -> str:
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return text[:160]
+
+
+@contextlib.contextmanager
+def _reading(path: str, problem: str) -> Iterator[tuple[BinaryIO, Any]]:
+    """`path` opened with pyelftools, closed afterwards; whatever goes wrong while it is read
+    (pyelftools raises many types on corrupt input) becomes one ElfFileError:
+    "<path>: <problem> (<first line of the error>)"."""
+    stream, elf = _open_elf(path)
+    try:
+        yield stream, elf
+    except ElfFileError:
+        raise
+    except Exception as error:
+        raise ElfFileError(f"{path}: {problem} ({_brief(error)})") from None
+    finally:
+        stream.close()
 
 
 def _iter_build_id_notes(elf: Any) -> Iterator[str]:
@@ -167,35 +183,27 @@ def _debuglink(elf: Any) -> tuple[str, int] | None:
 
 def inspect_elf(path: str) -> ElfFacts:
     """Build-ID, debug sections, symbol tables, debuglink and PT_LOAD segments of `path`."""
-    stream, elf = _open_elf(path)
-    try:
+    with _reading(path, "corrupt or truncated ELF") as (stream, elf):
         st = os.fstat(stream.fileno())
-        try:
-            build_ids = list(_iter_build_id_notes(elf))
-            segments = [
-                (int(seg["p_vaddr"]), int(seg["p_memsz"]), int(seg["p_flags"]))
-                for seg in elf.iter_segments()
-                if seg["p_type"] == "PT_LOAD"
-            ]
-            return ElfFacts(
-                path=path,
-                build_id=build_ids[0] if build_ids else None,
-                has_dwarf=_has_dwarf(elf),
-                has_symtab=_has_function_symbols(stream, elf, elf.get_section_by_name(".symtab")),
-                has_dynsym=_has_function_symbols(stream, elf, elf.get_section_by_name(".dynsym")),
-                debuglink=_debuglink(elf),
-                segments=segments,
-                size=st.st_size,
-                mtime_ns=st.st_mtime_ns,
-                inode=st.st_ino,
-                device=st.st_dev,
-            )
-        except ElfFileError:
-            raise
-        except Exception as error:
-            raise ElfFileError(f"{path}: corrupt or truncated ELF ({_brief(error)})") from None
-    finally:
-        stream.close()
+        build_ids = list(_iter_build_id_notes(elf))
+        segments = [
+            (int(seg["p_vaddr"]), int(seg["p_memsz"]), int(seg["p_flags"]))
+            for seg in elf.iter_segments()
+            if seg["p_type"] == "PT_LOAD"
+        ]
+        return ElfFacts(
+            path=path,
+            build_id=build_ids[0] if build_ids else None,
+            has_dwarf=_has_dwarf(elf),
+            has_symtab=_has_function_symbols(stream, elf, elf.get_section_by_name(".symtab")),
+            has_dynsym=_has_function_symbols(stream, elf, elf.get_section_by_name(".dynsym")),
+            debuglink=_debuglink(elf),
+            segments=segments,
+            size=st.st_size,
+            mtime_ns=st.st_mtime_ns,
+            inode=st.st_ino,
+            device=st.st_dev,
+        )
 
 
 def file_identity(path: str) -> tuple[str, int, int, int, int] | None:
@@ -209,14 +217,8 @@ def file_identity(path: str) -> tuple[str, int, int, int, int] | None:
 
 def read_build_id(path: str) -> str | None:
     """Only the build-ID (None when the file has no note); `ElfFileError` on a bad file."""
-    stream, elf = _open_elf(path)
-    try:
-        try:
-            return next(_iter_build_id_notes(elf), None)
-        except Exception as error:
-            raise ElfFileError(f"{path}: corrupt or truncated ELF ({_brief(error)})") from None
-    finally:
-        stream.close()
+    with _reading(path, "corrupt or truncated ELF") as (_stream, elf):
+        return next(_iter_build_id_notes(elf), None)
 
 
 def file_crc32(path: str) -> int:
@@ -233,7 +235,8 @@ def file_crc32(path: str) -> int:
 
 
 class SymbolTable:
-    """Function symbols of one file, for naming the outermost frame of an address.
+    """Function symbols of one file, for naming the outermost frame of an address (the extension
+    searches `starts`/`ends` and asks `name` for the symbols it hits).
 
     Entries are read straight from the .symtab/.dynsym bytes (pyelftools locates the sections;
     decoding 10^5..10^6 symbols through its per-symbol objects would take seconds) into compact
@@ -251,7 +254,6 @@ class SymbolTable:
         self._strtabs = strtabs  # (file offset, size) per table
         self._cache: dict[int, str] = {}
         self._stream: BinaryIO | None = None
-        self._last = -1  # index of the last symbol found
 
     def __len__(self) -> int:
         return len(self._starts)
@@ -300,28 +302,6 @@ class SymbolTable:
             self._cache[index] = name
         return name
 
-    def lookup(self, address: int) -> tuple[str, int] | None:
-        """(name, start) of the function symbol containing `address`, or None."""
-        starts, ends = self._starts, self._ends
-        last = self._last
-        # Addresses come sorted in bulk, many in a row inside the same function.
-        if (
-            last >= 0
-            and starts[last] <= address < ends[last]
-            and (last + 1 == len(starts) or address < starts[last + 1])
-        ):
-            name = self._name(last)
-            return (name, starts[last]) if name else None
-        index = bisect_right(starts, address) - 1
-        # Function symbols rarely overlap; a few steps back covers a large symbol that
-        # encloses a smaller one (hand-written assembly does this).
-        for candidate in range(index, max(index - 8, -1), -1):
-            if starts[candidate] <= address < ends[candidate]:
-                self._last = candidate
-                name = self._name(candidate)
-                return (name, starts[candidate]) if name else None
-        return None
-
     def close(self) -> None:
         if self._stream is not None:
             self._stream.close()
@@ -333,14 +313,8 @@ class SymbolTable:
 
 def read_symbol_table(path: str) -> SymbolTable | None:
     """Function symbols from .symtab and .dynsym of `path`, or None when it has neither."""
-    stream, elf = _open_elf(path)
-    try:
-        try:
-            return _read_symbol_table(path, stream, elf)
-        except Exception as error:
-            raise ElfFileError(f"{path}: corrupt symbol table ({_brief(error)})") from None
-    finally:
-        stream.close()
+    with _reading(path, "corrupt symbol table") as (stream, elf):
+        return _read_symbol_table(path, stream, elf)
 
 
 def _read_symbol_table(path: str, stream: BinaryIO, elf: Any) -> SymbolTable | None:
@@ -433,6 +407,15 @@ def _section_bytes(stream: BinaryIO, elf: Any, section: Any) -> bytes:
     return raw
 
 
+def _section_data(stream: BinaryIO, elf: Any, name: str) -> bytes | None:
+    """A section's bytes by name (or its legacy .zdebug twin), decompressed; None when the file
+    has no such section or only a NOBITS placeholder (a stripped file's debug sections)."""
+    section = elf.get_section_by_name(name) or elf.get_section_by_name(".z" + name[1:])
+    if section is None or section["sh_type"] == "SHT_NOBITS":
+        return None
+    return _section_bytes(stream, elf, section)
+
+
 def read_section(path: str, name: str) -> bytes | None:
     """One section's bytes, decompressed; None when the file has no such section (or NOBITS)."""
     return read_sections(path, (name,))[0][name]
@@ -441,21 +424,14 @@ def read_section(path: str, name: str) -> bytes | None:
 def read_sections(path: str, names: Iterable[str]) -> tuple[dict[str, bytes | None], bool]:
     """Sections by name, decompressed (None for those the file lacks or has as NOBITS), and
     whether the file is little-endian."""
-    stream, elf = _open_elf(path)
-    try:
-        found: dict[str, bytes | None] = {}
+    found: dict[str, bytes | None] = {}
+    with _reading(path, "unreadable section") as (stream, elf):
         for name in names:
             try:
-                section = elf.get_section_by_name(name) or elf.get_section_by_name(".z" + name[1:])
-                if section is None or section["sh_type"] == "SHT_NOBITS":
-                    found[name] = None
-                else:
-                    found[name] = _section_bytes(stream, elf, section)
+                found[name] = _section_data(stream, elf, name)
             except Exception as error:
                 raise ElfFileError(f"{path}: unreadable section {name} ({_brief(error)})") from None
         return found, elf.little_endian
-    finally:
-        stream.close()
 
 
 def load_dwarf(path: str) -> Any:
@@ -468,50 +444,42 @@ def load_dwarf(path: str) -> Any:
 
     from elftools.dwarf.dwarfinfo import DebugSectionDescriptor, DwarfConfig, DWARFInfo
 
-    stream, elf = _open_elf(path)
-    try:
-        try:
-            sections: dict[str, Any] = {}
-            for name in _DWARF_SECTIONS:
-                section = elf.get_section_by_name(name) or elf.get_section_by_name(".z" + name[1:])
-                if section is None or section["sh_type"] == "SHT_NOBITS":
-                    sections[name] = None
-                    continue
-                data = _section_bytes(stream, elf, section)
-                sections[name] = DebugSectionDescriptor(
+    with _reading(path, "unreadable DWARF") as (stream, elf):
+        sections: dict[str, Any] = {}
+        for name in _DWARF_SECTIONS:
+            data = _section_data(stream, elf, name)
+            sections[name] = (
+                None
+                if data is None
+                else DebugSectionDescriptor(
                     stream=io.BytesIO(data), name=name, global_offset=0, size=len(data), address=0
                 )
-            if sections[".debug_info"] is None or sections[".debug_line"] is None:
-                raise ElfFileError(f"{path}: no DWARF line tables")
-            arguments = {
-                "debug_info_sec": sections[".debug_info"],
-                "debug_aranges_sec": sections[".debug_aranges"],
-                "debug_abbrev_sec": sections[".debug_abbrev"],
-                "debug_str_sec": sections[".debug_str"],
-                "debug_ranges_sec": sections[".debug_ranges"],
-                "debug_line_sec": sections[".debug_line"],
-                "debug_addr_sec": sections[".debug_addr"],
-                "debug_str_offsets_sec": sections[".debug_str_offsets"],
-                "debug_line_str_sec": sections[".debug_line_str"],
-                "debug_rnglists_sec": sections[".debug_rnglists"],
-            }
-            # The constructor grew parameters across pyelftools releases; pass None for the
-            # sections this reader never needs, whatever this release calls them.
-            for name in inspect.signature(DWARFInfo.__init__).parameters:
-                if name.endswith("_sec"):
-                    arguments.setdefault(name, None)
-            config = DwarfConfig(
-                little_endian=elf.little_endian,
-                default_address_size=elf.elfclass // 8,
-                machine_arch=elf.get_machine_arch(),
             )
-            return DWARFInfo(config=config, **arguments)
-        except ElfFileError:
-            raise
-        except Exception as error:
-            raise ElfFileError(f"{path}: unreadable DWARF ({_brief(error)})") from None
-    finally:
-        stream.close()
+        if sections[".debug_info"] is None or sections[".debug_line"] is None:
+            raise ElfFileError(f"{path}: no DWARF line tables")
+        arguments = {
+            "debug_info_sec": sections[".debug_info"],
+            "debug_aranges_sec": sections[".debug_aranges"],
+            "debug_abbrev_sec": sections[".debug_abbrev"],
+            "debug_str_sec": sections[".debug_str"],
+            "debug_ranges_sec": sections[".debug_ranges"],
+            "debug_line_sec": sections[".debug_line"],
+            "debug_addr_sec": sections[".debug_addr"],
+            "debug_str_offsets_sec": sections[".debug_str_offsets"],
+            "debug_line_str_sec": sections[".debug_line_str"],
+            "debug_rnglists_sec": sections[".debug_rnglists"],
+        }
+        # The constructor grew parameters across pyelftools releases; pass None for the
+        # sections this reader never needs, whatever this release calls them.
+        for name in inspect.signature(DWARFInfo.__init__).parameters:
+            if name.endswith("_sec"):
+                arguments.setdefault(name, None)
+        config = DwarfConfig(
+            little_endian=elf.little_endian,
+            default_address_size=elf.elfclass // 8,
+            machine_arch=elf.get_machine_arch(),
+        )
+        return DWARFInfo(config=config, **arguments)
 
 
 def executable_ranges(segments: list[tuple[int, int, int]]) -> list[tuple[int, int]]:

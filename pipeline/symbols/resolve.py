@@ -232,13 +232,6 @@ class ModuleResolver:
 
     # ---- resolution
 
-    def _symbol_id(self, address: int) -> int:
-        """String id of the function symbol containing `address`, -1 when none does."""
-        named = self._symtab.lookup(address) if self._symtab is not None else None
-        if named is None:
-            return -1
-        return self.strings.intern(named[0])
-
     def _give_symbols(self) -> None:
         """Hand the symbol table to the extension (once), which names outermost frames by it."""
         if not self._symbols_given:
@@ -271,7 +264,7 @@ class ModuleResolver:
         intern = self.strings.intern
         reason = -1 if dwarf else intern(f"symbols only: no DWARF for build-ID {short}")
         self._give_symbols()
-        symbol_id = self._symbol_id
+        symbol_id = self._reader.symbol_id  # the function symbol containing an address (-1: none)
 
         base_entry, base_frame = len(out.keys), len(out.functions)
         *columns, without_line, outside, empty = self._reader.resolve(keys, reason, self.threads)

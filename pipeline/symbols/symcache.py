@@ -118,6 +118,7 @@ class SymCacheReader:
         self.set_symbols = self._lookup.set_symbols
         self.set_code_ranges = self._lookup.set_code_ranges
         self.resolve = self._lookup.resolve
+        self.symbol_id = self._lookup.symbol_id
 
     def lookup_flat(self, addresses: Sequence[int]) -> tuple[list[int], list[int], list[int], list[int]]:
         """(frame count per address, then per frame: function id, file id, line), frames of each
