@@ -8,7 +8,10 @@ PIP_FLAGS ?= -q --disable-pip-version-check
 
 NATIVE_SOURCES := $(wildcard native/*.cpp native/*.h) CMakeLists.txt pyproject.toml
 
-.PHONY: install run test test-default test-matrix bench clean
+.PHONY: install run test lint format test-default test-matrix bench clean
+
+# C/C++ sources under clang-format (test fixtures whose line numbers the oracles read stay as written).
+CLANG_FORMAT_SOURCES := $(wildcard native/*.cpp native/*.h tests/cupti_double/*.c)
 
 install: $(VENV)/.installed
 
@@ -26,7 +29,18 @@ $(VENV)/.installed: $(NATIVE_SOURCES)
 run: install
 	$(VENV)/bin/tbpipe demo --out demo-runs
 
-test: test-default test-matrix
+test: lint test-default test-matrix
+
+# Style as configured in pyproject.toml (ruff) and .clang-format; `make format` applies it.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/clang-format --dry-run --Werror $(CLANG_FORMAT_SOURCES)
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/clang-format -i $(CLANG_FORMAT_SOURCES)
 
 test-default: install
 	$(VENV)/bin/python -m pytest -q tests

@@ -17,8 +17,8 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from tbpipe import capture
 
@@ -80,7 +80,9 @@ def print_gather_table(results: dict[tuple[str, int], float]) -> None:
         ours = results[("tbpipe combined", depth)]
         line = f"depth {depth:3d}: "
         if ("torch combined", depth) in results:
-            line += f"combined tbpipe/torch = {ours / results[('torch combined', depth)]:.2f}x (target <= 0.7, goal 0.5); "
+            line += (
+                f"combined tbpipe/torch = {ours / results[('torch combined', depth)]:.2f}x (target <= 0.7, goal 0.5); "
+            )
             line += f"native-only tbpipe/torch = {results[('tbpipe native-only', depth)] / results[('torch native-only', depth)]:.2f}x; "
         speedup = results[("traceback.extract_stack", depth)] / results[("tbpipe python-only", depth)]
         line += f"python-only is {speedup:.0f}x faster than extract_stack (target >= 20x)"
@@ -89,10 +91,11 @@ def print_gather_table(results: dict[tuple[str, int], float]) -> None:
 
 def record_amortized_us(events: int, depth: int) -> float:
     with tempfile.TemporaryDirectory() as out:
+
         def work() -> float:
             start = time.perf_counter()
             with capture.session(out):
-                for i in range(events):
+                for _i in range(events):
                     capture.record("kernel_launch", "gemm")
             return time.perf_counter() - start
 
@@ -123,12 +126,16 @@ def main() -> None:
     events = 20_000 if args.quick else 300_000
     baseline = at_depth(30, lambda: per_call_us(lambda: capture.gather(True, True), 2000, 3))
     amortized = record_amortized_us(events, 30)
-    print(f"\nrecord() at depth 30, {events} events, flush included: {amortized:.3f} µs/event amortized "
-          f"(target <= 1.5 µs); a bare combined gather there costs {baseline:.3f} µs")
+    print(
+        f"\nrecord() at depth 30, {events} events, flush included: {amortized:.3f} µs/event amortized "
+        f"(target <= 1.5 µs); a bare combined gather there costs {baseline:.3f} µs"
+    )
     n_events = 100_000 if args.quick else 1_000_000
     per_event, total = bytes_per_event(n_events, 1000)
-    print(f"{n_events} events sharing 1000 stacks: {total / 1e6:.2f} MB on disk, "
-          f"{per_event:.1f} bytes/event (target <= 32)")
+    print(
+        f"{n_events} events sharing 1000 stacks: {total / 1e6:.2f} MB on disk, "
+        f"{per_event:.1f} bytes/event (target <= 32)"
+    )
 
 
 if __name__ == "__main__":

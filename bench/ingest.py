@@ -45,7 +45,9 @@ def _generate(args: argparse.Namespace):
     stamp = args.work / "runs.json"
     if stamp.is_file() and json.loads(stamp.read_text()).get("key") == key:
         info = json.loads(stamp.read_text())
-        print(f"runs: reusing {runs_dir} ({info['runs']} runs, {info['events']:,} events, {info['stacks_used']:,} stacks used)")
+        print(
+            f"runs: reusing {runs_dir} ({info['runs']} runs, {info['events']:,} events, {info['stacks_used']:,} stacks used)"
+        )
         return info
     shutil.rmtree(runs_dir, ignore_errors=True)
     started = time.perf_counter()
@@ -94,7 +96,9 @@ def _warm_symbols(runs_dir: Path, cache_dir: Path) -> None:
         requests[ModuleRef(row["build_id"], row["path"])] = ([k["a"] for k in keys], [k["e"] for k in keys])
     with Symbolizer(cache_dir=cache_dir, progress=False) as symbolizer:
         symbolizer.symbolize_arrow(requests)
-    print(f"symbols: {total:,} distinct native addresses in {len(requests)} modules warmed in {time.perf_counter() - started:.1f} s")
+    print(
+        f"symbols: {total:,} distinct native addresses in {len(requests)} modules warmed in {time.perf_counter() - started:.1f} s"
+    )
 
 
 def _ingest(runs_dir: Path, db: Path, cache_dir: Path, label: str):
@@ -155,7 +159,9 @@ def _sizes(db: Path) -> tuple[int, int]:
     size = db.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
     con = open_database(db, read_only=True)
     try:
-        block_size, total, free = query_rows(con, "SELECT block_size, total_blocks, free_blocks FROM pragma_database_size()")[0]
+        block_size, total, free = query_rows(
+            con, "SELECT block_size, total_blocks, free_blocks FROM pragma_database_size()"
+        )[0]
     finally:
         con.close()
     return size, (total - free) * block_size

@@ -116,8 +116,7 @@ def main() -> None:
     )
     print(f"cost per op (every op)      {(on_ms - off_ms) * 1e3 / max(ops_per_step, 1):8.2f} us")
     print(
-        f"events recorded {counters['recorded']}, dropped {counters['dropped']}, "
-        f"sampled out {overhead['sampled_out']}"
+        f"events recorded {counters['recorded']}, dropped {counters['dropped']}, sampled out {overhead['sampled_out']}"
     )
     verdict = "meets" if on_ratio <= 1.5 else "MISSES"
     goal = "meets" if on_ratio <= 1.15 else "misses"

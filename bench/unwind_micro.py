@@ -52,23 +52,27 @@ def main() -> None:
 
     rows = []
     for depth in depths:
+
         def measure():
             # Best of a few runs: this is about the code, not about neighbours.
             ours_ns, ours_frames = min(native._time_unwind(iters, False) for _ in range(5))
-            glibc_ns, glibc_frames = min(
-                native._time_glibc_backtrace(max(iters // 20, 50)) for _ in range(5))
+            glibc_ns, glibc_frames = min(native._time_glibc_backtrace(max(iters // 20, 50)) for _ in range(5))
             py_ours = min(python_loop(native._unwind_pcs, max(iters // 10, 100)) for _ in range(5))
-            py_glibc = min(
-                python_loop(native._glibc_backtrace_pcs, max(iters // 50, 20)) for _ in range(5))
+            py_glibc = min(python_loop(native._glibc_backtrace_pcs, max(iters // 50, 20)) for _ in range(5))
             return ours_ns, ours_frames, glibc_ns, glibc_frames, py_ours, py_glibc
+
         rows.append((depth, *at_depth(depth, measure)))
 
-    print(f"{'depth':>5} {'frames':>6} {'unwind ns':>10} {'ns/frame':>8} "
-          f"{'glibc ns':>10} {'ns/frame':>8} {'_unwind_pcs':>11} {'_glibc_bt':>10}")
+    print(
+        f"{'depth':>5} {'frames':>6} {'unwind ns':>10} {'ns/frame':>8} "
+        f"{'glibc ns':>10} {'ns/frame':>8} {'_unwind_pcs':>11} {'_glibc_bt':>10}"
+    )
     for depth, ours_ns, ours_frames, glibc_ns, glibc_frames, py_ours, py_glibc in rows:
-        print(f"{depth:>5} {ours_frames:>6} {ours_ns:>10.0f} {ours_ns / ours_frames:>8.1f} "
-              f"{glibc_ns:>10.0f} {glibc_ns / max(glibc_frames, 1):>8.1f} "
-              f"{py_ours:>11.0f} {py_glibc:>10.0f}")
+        print(
+            f"{depth:>5} {ours_frames:>6} {ours_ns:>10.0f} {ours_ns / ours_frames:>8.1f} "
+            f"{glibc_ns:>10.0f} {glibc_ns / max(glibc_frames, 1):>8.1f} "
+            f"{py_ours:>11.0f} {py_glibc:>10.0f}"
+        )
 
     ours_slope, ours_fixed = fit([(r[2], r[1]) for r in rows])
     glibc_slope, glibc_fixed = fit([(r[4], r[3]) for r in rows])

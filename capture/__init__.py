@@ -1,10 +1,10 @@
 """In-process capture of combined Python + native tracebacks.
 
-    from tbpipe import capture
-    tb = capture.gather()                  # raw: addresses and code ids, nothing symbolized
-    frames = capture.symbolize([tb])[0]    # [{"kind", "name", "filename", "line", "module"}, ...]
-    with capture.session("runs", labels={"suite": "bert"}):
-        capture.record("kernel_launch", "gemm", grid=(4, 1, 1))
+from tbpipe import capture
+tb = capture.gather()                  # raw: addresses and code ids, nothing symbolized
+frames = capture.symbolize([tb])[0]    # [{"kind", "name", "filename", "line", "module"}, ...]
+with capture.session("runs", labels={"suite": "bert"}):
+    capture.record("kernel_launch", "gemm", grid=(4, 1, 1))
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class AfterImport(importlib.abc.MetaPathFinder):

@@ -13,8 +13,9 @@ import os
 import shutil
 import sys
 import threading
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from tbpipe import _native
 from tbpipe.capture.errors import SessionError
@@ -117,8 +118,7 @@ class Session:
         with _active_lock:
             if _active is not None:
                 raise SessionError(
-                    f"a tbpipe session is already active in this process (run {_active.run_id}); "
-                    "sessions do not nest"
+                    f"a tbpipe session is already active in this process (run {_active.run_id}); sessions do not nest"
                 )
             out_dir = prepare_out_dir(self.out_dir)
             self.run_id = new_run_id()

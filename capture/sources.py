@@ -18,8 +18,8 @@ starts them, so importing tbpipe never imports torch or triton.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from tbpipe.capture.errors import SourceError
 

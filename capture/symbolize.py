@@ -9,7 +9,8 @@ through the code objects interned in this process.
 from __future__ import annotations
 
 import array
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 

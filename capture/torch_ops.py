@@ -123,7 +123,7 @@ def _resolve(op: Any) -> tuple[str, Any]:
         name = repr(op)
     # OpOverload.__call__ only forwards to `_op`: calling `_op` saves a Python frame per op.
     raw = getattr(op, "_op", None)
-    runner = raw if raw is not None and getattr(type(op), "__call__", None) is OpOverload.__call__ else op
+    runner = raw if raw is not None and getattr(type(op), "__call__", None) is OpOverload.__call__ else op  # noqa: B004
     return sys.intern(name), runner
 
 

@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tbpipe import _native
-from tbpipe.schemas import raw
 from tbpipe.capture.manifest import write_manifest
+from tbpipe.schemas import raw
 
 # zstd level 3 keeps the flusher cheap; repeated stack ids and names are
 # dictionary-encoded by Parquet, timestamps delta-encoded.

@@ -24,8 +24,8 @@ namespace py = pybind11;
 
 namespace tbpipe {
 
-void register_unwind_bindings(py::module_& m);  // native/unwind_bindings.cpp
-void register_source_bindings(py::module_& m);   // native/source_bindings.cpp
+void register_unwind_bindings(py::module_& m);     // native/unwind_bindings.cpp
+void register_source_bindings(py::module_& m);     // native/source_bindings.cpp
 void register_symbolize_bindings(py::module_& m);  // native/symbolize_bindings.cpp
 
 namespace {
@@ -158,11 +158,10 @@ PyObject* record_fast(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObje
   Py_RETURN_NONE;
 }
 
-PyMethodDef record_method = {
-    "record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(record_fast)),
-    METH_FASTCALL | METH_KEYWORDS,
-    "record(kind, name, **attrs): record an event with the calling thread's combined stack "
-    "(a no-op when no session is active)."};
+PyMethodDef record_method = {"record", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(record_fast)),
+                             METH_FASTCALL | METH_KEYWORDS,
+                             "record(kind, name, **attrs): record an event with the calling thread's combined stack "
+                             "(a no-op when no session is active)."};
 
 }  // namespace
 }  // namespace tbpipe
@@ -171,71 +170,70 @@ PYBIND11_MODULE(_native, m) {
   using namespace tbpipe;
   m.doc() = "tbpipe's in-process capture library (raw stacks, no symbolization).";
 
-  py::class_<RawTraceback>(m, "RawTraceback",
-                           "A combined stack as captured: native PCs and Python (code id, offset).")
-      .def_property_readonly("native",
-                             [](const RawTraceback& t) {
-                               py::list frames;
-                               for (const NativeFrame& f : t.native)
-                                 frames.append(py::make_tuple(f.pc, f.module, f.flags));
-                               return frames;
-                             },
-                             "(pc, module index, flags) per native frame, innermost first")
-      .def_property_readonly("python",
-                             [](const RawTraceback& t) {
-                               py::list frames;
-                               for (const PythonFrame& f : t.python)
-                                 frames.append(py::make_tuple(f.code_id, f.instr_offset, f.flags));
-                               return frames;
-                             },
-                             "(code id, instruction offset or line, flags) per Python frame")
+  py::class_<RawTraceback>(m, "RawTraceback", "A combined stack as captured: native PCs and Python (code id, offset).")
+      .def_property_readonly(
+          "native",
+          [](const RawTraceback& t) {
+            py::list frames;
+            for (const NativeFrame& f : t.native) frames.append(py::make_tuple(f.pc, f.module, f.flags));
+            return frames;
+          },
+          "(pc, module index, flags) per native frame, innermost first")
+      .def_property_readonly(
+          "python",
+          [](const RawTraceback& t) {
+            py::list frames;
+            for (const PythonFrame& f : t.python) frames.append(py::make_tuple(f.code_id, f.instr_offset, f.flags));
+            return frames;
+          },
+          "(code id, instruction offset or line, flags) per Python frame")
       .def_readonly("status", &RawTraceback::status)
       .def("__len__", [](const RawTraceback& t) { return t.native.size() + t.python.size(); });
 
   m.def("gather", &gather, py::arg("python") = true, py::arg("native") = true,
         "Combined raw stack of the calling thread, without tbpipe's own frames.");
-  m.def("_gather_with_gil_released",
-        [](bool python, bool native) {
-          // What a C callback that released the GIL sees (CUPTI, a C++ extension).
-          py::gil_scoped_release released;
-          return gather(python, native);
-        },
-        py::arg("python") = true, py::arg("native") = true,
-        "Test hook: gather() called with the GIL released.");
-  m.def("_record_with_gil_released",
-        [](const std::string& kind, const std::string& name, const std::string& attrs_json) {
-          // The path native sources take: interned text, JSON attributes, no GIL.
-          py::gil_scoped_release released;
-          StringTable& strings = StringTable::instance();
-          Recorder::instance().record_native(strings.intern_utf8(kind.data(), kind.size()),
-                                             strings.intern_utf8(name.data(), name.size()),
-                                             attrs_json.data(), attrs_json.size(),
-                                             options_for_python_caller());
-        },
-        "Test hook: record an event the way native sources do, with the GIL released.");
-  m.def("_gather_on_native_thread",
-        []() {
-          // A thread the interpreter has never seen: no thread state, no Python frames.
-          std::unique_ptr<RawTraceback> result;
-          py::gil_scoped_release released;
-          std::thread worker([&result]() {
-            RawStack& stack = thread_scratch_stack();
-            UnwindOptions options;
-            gather_stack(&stack, true, true, options);
-            result = traceback_of(stack);
-          });
-          worker.join();
-          return result;
-        },
-        "Test hook: gather() on a new native thread that has no Python thread state.");
+  m.def(
+      "_gather_with_gil_released",
+      [](bool python, bool native) {
+        // What a C callback that released the GIL sees (CUPTI, a C++ extension).
+        py::gil_scoped_release released;
+        return gather(python, native);
+      },
+      py::arg("python") = true, py::arg("native") = true, "Test hook: gather() called with the GIL released.");
+  m.def(
+      "_record_with_gil_released",
+      [](const std::string& kind, const std::string& name, const std::string& attrs_json) {
+        // The path native sources take: interned text, JSON attributes, no GIL.
+        py::gil_scoped_release released;
+        StringTable& strings = StringTable::instance();
+        Recorder::instance().record_native(strings.intern_utf8(kind.data(), kind.size()),
+                                           strings.intern_utf8(name.data(), name.size()), attrs_json.data(),
+                                           attrs_json.size(), options_for_python_caller());
+      },
+      "Test hook: record an event the way native sources do, with the GIL released.");
+  m.def(
+      "_gather_on_native_thread",
+      []() {
+        // A thread the interpreter has never seen: no thread state, no Python frames.
+        std::unique_ptr<RawTraceback> result;
+        py::gil_scoped_release released;
+        std::thread worker([&result]() {
+          RawStack& stack = thread_scratch_stack();
+          UnwindOptions options;
+          gather_stack(&stack, true, true, options);
+          result = traceback_of(stack);
+        });
+        worker.join();
+        return result;
+      },
+      "Test hook: gather() on a new native thread that has no Python thread state.");
 
-  m.attr("record") = py::reinterpret_steal<py::object>(
-      PyCFunction_NewEx(&record_method, nullptr, nullptr));
+  m.attr("record") = py::reinterpret_steal<py::object>(PyCFunction_NewEx(&record_method, nullptr, nullptr));
 
-  m.def("start", [](bool python, bool native, uint64_t max_buffered) {
-          Recorder::instance().start(python, native, max_buffered);
-        },
-        py::arg("python") = true, py::arg("native") = true, py::arg("max_buffered_events") = 1u << 22);
+  m.def(
+      "start",
+      [](bool python, bool native, uint64_t max_buffered) { Recorder::instance().start(python, native, max_buffered); },
+      py::arg("python") = true, py::arg("native") = true, py::arg("max_buffered_events") = 1u << 22);
   m.def("stop", []() { Recorder::instance().stop(); });
   m.def("active", []() { return Recorder::instance().active(); });
   m.def("drain", &drain, "Move every thread's buffered events and new stacks out, columnar.");
@@ -247,28 +245,29 @@ PYBIND11_MODULE(_native, m) {
     out["stacks"] = c.stacks;
     return out;
   });
-  m.def("strings_since", [](uint32_t first_id) { return StringTable::instance().since(first_id); },
-        "Interned strings with ids first_id, first_id + 1, ...");
-  m.def("code_info",
-        [](const std::vector<uint64_t>& ids) {
-          py::list out;
-          CodeRegistry& registry = CodeRegistry::instance();
-          for (uint64_t id : ids) {
-            CodeInfo info;
-            if (registry.info(id, &info)) {
-              out.append(py::make_tuple(info.filename, info.qualname, info.first_line));
-            } else {
-              out.append(py::none());
-            }
+  m.def(
+      "strings_since", [](uint32_t first_id) { return StringTable::instance().since(first_id); },
+      "Interned strings with ids first_id, first_id + 1, ...");
+  m.def(
+      "code_info",
+      [](const std::vector<uint64_t>& ids) {
+        py::list out;
+        CodeRegistry& registry = CodeRegistry::instance();
+        for (uint64_t id : ids) {
+          CodeInfo info;
+          if (registry.info(id, &info)) {
+            out.append(py::make_tuple(info.filename, info.qualname, info.first_line));
+          } else {
+            out.append(py::none());
           }
-          return out;
-        },
-        "(filename, qualname, first line) per code id, None when unknown.");
+        }
+        return out;
+      },
+      "(filename, qualname, first line) per code id, None when unknown.");
   m.def("resolve_lines", &resolve_lines, py::arg("code_ids"), py::arg("offsets"), py::arg("flags"),
         "Line per Python frame, from raw uint64 code ids, int32 offsets and uint32 flags; "
         "returns raw int32 lines (-1 when unknown). The GIL must be held.");
-  m.def("demangle", &demangle_all, py::arg("names"),
-        "Demangle C++ names in bulk; other names come back unchanged.");
+  m.def("demangle", &demangle_all, py::arg("names"), "Demangle C++ names in bulk; other names come back unchanged.");
 
   m.attr("NATIVE_FRAME_EVAL_LOOP") = static_cast<uint32_t>(kFrameEvalLoop);
   m.attr("NATIVE_FRAME_BY_FRAME_POINTER") = static_cast<uint32_t>(kFrameByFramePointer);

@@ -134,16 +134,35 @@ bool cursor_at(const Module& m, uintptr_t addr, Cursor* c) {
 // Reads the value part of an encoded pointer (no base applied).
 bool read_encoded_value(Cursor& c, uint8_t enc, uint64_t* out) {
   switch (enc & 0x0f) {
-    case kPeAbsptr: *out = c.read<uint64_t>(); break;
-    case kPeUleb128: *out = c.uleb(); break;
-    case kPeUdata2: *out = c.read<uint16_t>(); break;
-    case kPeUdata4: *out = c.read<uint32_t>(); break;
-    case kPeUdata8: *out = c.read<uint64_t>(); break;
-    case kPeSleb128: *out = static_cast<uint64_t>(c.sleb()); break;
-    case kPeSdata2: *out = static_cast<uint64_t>(static_cast<int64_t>(c.read<int16_t>())); break;
-    case kPeSdata4: *out = static_cast<uint64_t>(static_cast<int64_t>(c.read<int32_t>())); break;
-    case kPeSdata8: *out = static_cast<uint64_t>(c.read<int64_t>()); break;
-    default: return false;
+    case kPeAbsptr:
+      *out = c.read<uint64_t>();
+      break;
+    case kPeUleb128:
+      *out = c.uleb();
+      break;
+    case kPeUdata2:
+      *out = c.read<uint16_t>();
+      break;
+    case kPeUdata4:
+      *out = c.read<uint32_t>();
+      break;
+    case kPeUdata8:
+      *out = c.read<uint64_t>();
+      break;
+    case kPeSleb128:
+      *out = static_cast<uint64_t>(c.sleb());
+      break;
+    case kPeSdata2:
+      *out = static_cast<uint64_t>(static_cast<int64_t>(c.read<int16_t>()));
+      break;
+    case kPeSdata4:
+      *out = static_cast<uint64_t>(static_cast<int64_t>(c.read<int32_t>()));
+      break;
+    case kPeSdata8:
+      *out = static_cast<uint64_t>(c.read<int64_t>());
+      break;
+    default:
+      return false;
   }
   return c.ok;
 }
@@ -157,13 +176,17 @@ bool read_encoded_pointer(Cursor& c, uint8_t enc, uintptr_t datarel_base, uint64
   uint64_t v;
   if (!read_encoded_value(c, enc, &v)) return false;
   switch (enc & 0x70) {
-    case 0x00: break;
-    case kPePcrel: v += field; break;
+    case 0x00:
+      break;
+    case kPePcrel:
+      v += field;
+      break;
     case kPeDatarel:
       if (!datarel_base) return false;
       v += datarel_base;
       break;
-    default: return false;  // textrel, funcrel, aligned: not produced for these tables
+    default:
+      return false;  // textrel, funcrel, aligned: not produced for these tables
   }
   *out = v;
   return true;
@@ -172,14 +195,19 @@ bool read_encoded_pointer(Cursor& c, uint8_t enc, uintptr_t datarel_base, uint64
 // Size of a fixed-size encoding, 0 for variable-size ones.
 size_t encoded_size(uint8_t enc) {
   switch (enc & 0x0f) {
-    case kPeAbsptr: return sizeof(uint64_t);
+    case kPeAbsptr:
+      return sizeof(uint64_t);
     case kPeUdata2:
-    case kPeSdata2: return 2;
+    case kPeSdata2:
+      return 2;
     case kPeUdata4:
-    case kPeSdata4: return 4;
+    case kPeSdata4:
+      return 4;
     case kPeUdata8:
-    case kPeSdata8: return 8;
-    default: return 0;
+    case kPeSdata8:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -206,8 +234,7 @@ bool find_fde_address(const Module& m, uintptr_t pc, uintptr_t* fde) {
 
   auto entry = [&](uint64_t i, uint64_t* loc, uint64_t* addr) {
     Cursor e{table + i * 2 * field, table + (i + 1) * 2 * field, true};
-    return read_encoded_pointer(e, table_enc, hdr, loc) &&
-           read_encoded_pointer(e, table_enc, hdr, addr);
+    return read_encoded_pointer(e, table_enc, hdr, loc) && read_encoded_pointer(e, table_enc, hdr, addr);
   };
 
   // Largest initial location <= pc.
@@ -291,15 +318,21 @@ bool parse_cie(const Module& m, uintptr_t addr, Cie* cie) {
     c.skip(data_len);
     for (size_t i = 1; i < aug_len && d.ok; ++i) {
       switch (aug[i]) {
-        case 'L': d.read<uint8_t>(); break;
-        case 'R': cie->fde_enc = d.read<uint8_t>(); break;
+        case 'L':
+          d.read<uint8_t>();
+          break;
+        case 'R':
+          cie->fde_enc = d.read<uint8_t>();
+          break;
         case 'P': {
           uint8_t enc = d.read<uint8_t>();
           uint64_t ignored;
           if (!read_encoded_value(d, enc, &ignored)) return false;
           break;
         }
-        case 'S': cie->signal = true; break;
+        case 'S':
+          cie->signal = true;
+          break;
         case 'B':  // aarch64 BTI
         case 'G':  // MTE-tagged frames
           break;
@@ -371,7 +404,7 @@ constexpr int kMaxRememberDepth = 16;
 
 struct Interpreter {
   const Cie& cie;
-  uintptr_t target;  // run rows with loc <= target
+  uintptr_t target;              // run rows with loc <= target
   const Row* initial = nullptr;  // row after the CIE program, for DW_CFA_restore
   Row stack[kMaxRememberDepth];
   int depth = 0;
@@ -382,8 +415,8 @@ struct Interpreter {
     return nullptr;
   }
 
-  void set(Row& row, uint64_t reg, RuleKind kind, int64_t off = 0, uint64_t other = 0,
-           const uint8_t* expr = nullptr, uint64_t len = 0) {
+  void set(Row& row, uint64_t reg, RuleKind kind, int64_t off = 0, uint64_t other = 0, const uint8_t* expr = nullptr,
+           uint64_t len = 0) {
     RegRule* r = rule_for(row, reg);
     if (!r) return;
     r->kind = kind;
@@ -428,8 +461,9 @@ struct Interpreter {
           break;
       }
       switch (op) {
-        case 0x00: break;  // nop
-        case 0x01: {       // set_loc
+        case 0x00:
+          break;      // nop
+        case 0x01: {  // set_loc
           uint64_t v;
           if (!read_encoded_pointer(c, cie.fde_enc, 0, &v)) return false;
           loc = v;
@@ -453,9 +487,15 @@ struct Interpreter {
           set(row, reg, RuleKind::kOffset, static_cast<int64_t>(c.uleb()) * daf);
           break;
         }
-        case 0x06: restore(row, c.uleb()); break;  // restore_extended
-        case 0x07: set(row, c.uleb(), RuleKind::kUndefined); break;
-        case 0x08: set(row, c.uleb(), RuleKind::kSame); break;
+        case 0x06:
+          restore(row, c.uleb());
+          break;  // restore_extended
+        case 0x07:
+          set(row, c.uleb(), RuleKind::kUndefined);
+          break;
+        case 0x08:
+          set(row, c.uleb(), RuleKind::kSame);
+          break;
         case 0x09: {  // register
           uint64_t reg = c.uleb();
           uint64_t other = c.uleb();
@@ -524,8 +564,10 @@ struct Interpreter {
           set(row, reg, RuleKind::kValOffset, c.sleb() * daf);
           break;
         }
-        case 0x2e: c.uleb(); break;  // GNU_args_size: only matters for EH landing pads
-        case 0x2f: {                 // GNU_negative_offset_extended
+        case 0x2e:
+          c.uleb();
+          break;      // GNU_args_size: only matters for EH landing pads
+        case 0x2f: {  // GNU_negative_offset_extended
           uint64_t reg = c.uleb();
           set(row, reg, RuleKind::kOffset, -static_cast<int64_t>(c.uleb()) * daf);
           break;
@@ -560,9 +602,8 @@ bool decode_ops(const uint8_t* p, uint64_t len, Op* ops, int max, int* count) {
       op.arg = c.sleb();
     } else if (op.code == kOpPlusUconst) {
       op.arg = static_cast<int64_t>(c.uleb());
-    } else if (!(op.code >= kOpLit0 && op.code < kOpLit0 + 32) && op.code != kOpDeref &&
-               op.code != kOpAnd && op.code != kOpPlus && op.code != kOpShl &&
-               op.code != kOpGe) {
+    } else if (!(op.code >= kOpLit0 && op.code < kOpLit0 + 32) && op.code != kOpDeref && op.code != kOpAnd &&
+               op.code != kOpPlus && op.code != kOpShl && op.code != kOpGe) {
       return false;
     }
     if (!c.ok) return false;
@@ -596,9 +637,8 @@ bool compile_cfa_expr(const Row& row, Recipe* r) {
     }
     // PLT stubs: rsp + k, plus 8 once rip is past the stub's push.
     // breg7 k; breg16 0; lit15; and; litN; ge; lit3; shl; plus
-    if (n == 9 && rsp && is_breg(ops[1], kRegRip) && ops[1].arg == 0 &&
-        ops[2].code == kOpLit0 + 15 && ops[3].code == kOpAnd &&
-        ops[4].code >= kOpLit0 && ops[4].code < kOpLit0 + 16 && ops[5].code == kOpGe &&
+    if (n == 9 && rsp && is_breg(ops[1], kRegRip) && ops[1].arg == 0 && ops[2].code == kOpLit0 + 15 &&
+        ops[3].code == kOpAnd && ops[4].code >= kOpLit0 && ops[4].code < kOpLit0 + 16 && ops[5].code == kOpGe &&
         ops[6].code == kOpLit0 + 3 && ops[7].code == kOpShl && ops[8].code == kOpPlus) {
       r->cfa_rule = CfaRule::kPlt;
       r->cfa_off = static_cast<int32_t>(ops[0].arg);
@@ -654,7 +694,9 @@ Recipe compile_row(const Row& row, const Cie& cie) {
   }
 
   switch (row.ra.kind) {
-    case RuleKind::kUndefined: r.ra_rule = RaRule::kUndefined; break;
+    case RuleKind::kUndefined:
+      r.ra_rule = RaRule::kUndefined;
+      break;
     case RuleKind::kOffset:
       if (!fits16(row.ra.off)) return unsupported(r);
       r.ra_rule = RaRule::kAtCfa;
@@ -664,18 +706,19 @@ Recipe compile_row(const Row& row, const Cie& cie) {
       SavedAt base;
       int16_t off;
       if (!compile_saved_at(row.ra, &base, &off)) return unsupported(r);
-      r.ra_rule = base == SavedAt::kCfa ? RaRule::kAtCfa
-                  : base == SavedAt::kRsp ? RaRule::kAtRsp
-                                          : RaRule::kAtRbp;
+      r.ra_rule = base == SavedAt::kCfa ? RaRule::kAtCfa : base == SavedAt::kRsp ? RaRule::kAtRsp : RaRule::kAtRbp;
       r.ra_off = off;
       break;
     }
-    default: return unsupported(r);
+    default:
+      return unsupported(r);
   }
 
   switch (row.rbp.kind) {
     case RuleKind::kUnset:
-    case RuleKind::kSame: r.rbp_rule = RbpRule::kSame; break;
+    case RuleKind::kSame:
+      r.rbp_rule = RbpRule::kSame;
+      break;
     case RuleKind::kOffset:
       if (!fits16(row.rbp.off)) return unsupported(r);
       r.rbp_rule = RbpRule::kAtCfa;
@@ -696,9 +739,7 @@ Recipe compile_row(const Row& row, const Cie& cie) {
         r.rbp_rule = RbpRule::kLost;
         break;
       }
-      r.rbp_rule = base == SavedAt::kCfa ? RbpRule::kAtCfa
-                   : base == SavedAt::kRsp ? RbpRule::kAtRsp
-                                           : RbpRule::kAtRbp;
+      r.rbp_rule = base == SavedAt::kCfa ? RbpRule::kAtCfa : base == SavedAt::kRsp ? RbpRule::kAtRsp : RbpRule::kAtRbp;
       r.rbp_off = off;
       break;
     }
@@ -708,8 +749,7 @@ Recipe compile_row(const Row& row, const Cie& cie) {
       r.rbp_rule = RbpRule::kLost;
       break;
   }
-  if ((r.cfa_rule == CfaRule::kRspOffset || r.cfa_rule == CfaRule::kRbpOffset) &&
-      r.ra_rule == RaRule::kAtCfa &&
+  if ((r.cfa_rule == CfaRule::kRspOffset || r.cfa_rule == CfaRule::kRbpOffset) && r.ra_rule == RaRule::kAtCfa &&
       (r.rbp_rule == RbpRule::kSame || r.rbp_rule == RbpRule::kAtCfa) && !cie.signal) {
     r.flags |= kRecipeSimple;
   }
@@ -747,13 +787,20 @@ Recipe compile_recipe(const Module& m, uintptr_t pc) {
 
 const char* cfa_rule_name(CfaRule rule) {
   switch (rule) {
-    case CfaRule::kRspOffset: return "rsp+k";
-    case CfaRule::kRbpOffset: return "rbp+k";
-    case CfaRule::kDerefRsp: return "*(rsp+k)";
-    case CfaRule::kDerefRbp: return "*(rbp+k)";
-    case CfaRule::kPlt: return "plt";
-    case CfaRule::kNoInfo: return "no-info";
-    case CfaRule::kUnsupported: return "unsupported";
+    case CfaRule::kRspOffset:
+      return "rsp+k";
+    case CfaRule::kRbpOffset:
+      return "rbp+k";
+    case CfaRule::kDerefRsp:
+      return "*(rsp+k)";
+    case CfaRule::kDerefRbp:
+      return "*(rbp+k)";
+    case CfaRule::kPlt:
+      return "plt";
+    case CfaRule::kNoInfo:
+      return "no-info";
+    case CfaRule::kUnsupported:
+      return "unsupported";
   }
   return "?";
 }

@@ -63,7 +63,7 @@ struct Recipe {
   CfaRule cfa_rule = CfaRule::kNoInfo;
   RaRule ra_rule = RaRule::kAtCfa;
   RbpRule rbp_rule = RbpRule::kSame;
-  uint8_t flags = 0;         // RecipeFlags
+  uint8_t flags = 0;  // RecipeFlags
   uint8_t plt_threshold = 0;
   uint8_t reserved[3] = {0, 0, 0};
 };

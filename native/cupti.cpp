@@ -168,16 +168,14 @@ constexpr LaunchCallback kLaunchCallbacks[] = {
      "CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000"},
     {abi::kDomainRuntime, 506, Layout::kRuntimeLaunch, true, "__cudaLaunchKernel_ptsz",
      "CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000"},
-    {abi::kDomainRuntime, 13, Layout::kNoParams, false, "cudaLaunch",
-     "CUPTI_RUNTIME_TRACE_CBID_cudaLaunch_v3020"},
+    {abi::kDomainRuntime, 13, Layout::kNoParams, false, "cudaLaunch", "CUPTI_RUNTIME_TRACE_CBID_cudaLaunch_v3020"},
     {abi::kDomainRuntime, 213, Layout::kNoParams, true, "cudaLaunch_ptsz",
      "CUPTI_RUNTIME_TRACE_CBID_cudaLaunch_ptsz_v7000"},
     {abi::kDomainRuntime, 311, Layout::kGraph, false, "cudaGraphLaunch",
      "CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000"},
     {abi::kDomainRuntime, 312, Layout::kGraph, true, "cudaGraphLaunch_ptsz",
      "CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000"},
-    {abi::kDomainDriver, 307, Layout::kDriverLaunch, false, "cuLaunchKernel",
-     "CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel"},
+    {abi::kDomainDriver, 307, Layout::kDriverLaunch, false, "cuLaunchKernel", "CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel"},
     {abi::kDomainDriver, 442, Layout::kDriverLaunch, true, "cuLaunchKernel_ptsz",
      "CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz"},
     {abi::kDomainDriver, 477, Layout::kDriverLaunch, false, "cuLaunchCooperativeKernel",
@@ -188,16 +186,12 @@ constexpr LaunchCallback kLaunchCallbacks[] = {
      "CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx"},
     {abi::kDomainDriver, 653, Layout::kDriverLaunchEx, true, "cuLaunchKernelEx_ptsz",
      "CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz"},
-    {abi::kDomainDriver, 115, Layout::kNoParams, false, "cuLaunch",
-     "CUPTI_DRIVER_TRACE_CBID_cuLaunch"},
-    {abi::kDomainDriver, 116, Layout::kNoParams, false, "cuLaunchGrid",
-     "CUPTI_DRIVER_TRACE_CBID_cuLaunchGrid"},
+    {abi::kDomainDriver, 115, Layout::kNoParams, false, "cuLaunch", "CUPTI_DRIVER_TRACE_CBID_cuLaunch"},
+    {abi::kDomainDriver, 116, Layout::kNoParams, false, "cuLaunchGrid", "CUPTI_DRIVER_TRACE_CBID_cuLaunchGrid"},
     {abi::kDomainDriver, 117, Layout::kNoParams, false, "cuLaunchGridAsync",
      "CUPTI_DRIVER_TRACE_CBID_cuLaunchGridAsync"},
-    {abi::kDomainDriver, 514, Layout::kGraph, false, "cuGraphLaunch",
-     "CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch"},
-    {abi::kDomainDriver, 515, Layout::kGraph, true, "cuGraphLaunch_ptsz",
-     "CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz"},
+    {abi::kDomainDriver, 514, Layout::kGraph, false, "cuGraphLaunch", "CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch"},
+    {abi::kDomainDriver, 515, Layout::kGraph, true, "cuGraphLaunch_ptsz", "CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz"},
 };
 
 const LaunchCallback* find_launch_callback(abi::CallbackDomain domain, abi::CallbackId cbid) {
@@ -323,8 +317,8 @@ void* add_launch_config(JsonAttrs& attrs, const LaunchCallback& launch, const ab
 const char* kernel_name(const abi::CallbackData& data, void* function) {
   if (data.symbol_name != nullptr && data.symbol_name[0] != '\0') return data.symbol_name;
   const char* name = nullptr;
-  if (function != nullptr && g_library.func_get_name != nullptr &&
-      g_library.func_get_name(&name, function) == 0 && name != nullptr && name[0] != '\0') {
+  if (function != nullptr && g_library.func_get_name != nullptr && g_library.func_get_name(&name, function) == 0 &&
+      name != nullptr && name[0] != '\0') {
     return name;
   }
   return "<unknown kernel>";
@@ -456,8 +450,8 @@ abi::CUptiResult subscribe(std::string* holder) {
 std::vector<CuptiCallbackInfo> cupti_launch_callbacks() {
   std::vector<CuptiCallbackInfo> out;
   for (const LaunchCallback& launch : kLaunchCallbacks) {
-    out.push_back(CuptiCallbackInfo{launch.domain, launch.cbid, launch.api, launch.cbid_name,
-                                    launch.layout == Layout::kGraph});
+    out.push_back(
+        CuptiCallbackInfo{launch.domain, launch.cbid, launch.api, launch.cbid_name, launch.layout == Layout::kGraph});
   }
   return out;
 }

@@ -29,19 +29,19 @@ enum NativeFrameFlags : uint32_t {
 
 // Why a native walk ended early. Stored in a marker frame's `pc` field.
 enum class StopReason : uint32_t {
-  kComplete = 0,          // reached the outermost frame (return address undefined / zero)
-  kUnknownPc = 1,         // PC outside every loaded module, even after a refresh
-  kNoUnwindInfo = 2,      // module has no CFI for this PC and frame pointers did not help
-  kUnsupportedRule = 3,   // CFI rule the recipe compiler does not handle
-  kBadStackRead = 4,      // a needed stack read fell outside the thread's stack
-  kDepthLimit = 5,        // kMaxNativeFrames reached
-  kNotSupported = 6,      // no native unwinder on this platform
+  kComplete = 0,         // reached the outermost frame (return address undefined / zero)
+  kUnknownPc = 1,        // PC outside every loaded module, even after a refresh
+  kNoUnwindInfo = 2,     // module has no CFI for this PC and frame pointers did not help
+  kUnsupportedRule = 3,  // CFI rule the recipe compiler does not handle
+  kBadStackRead = 4,     // a needed stack read fell outside the thread's stack
+  kDepthLimit = 5,       // kMaxNativeFrames reached
+  kNotSupported = 6,     // no native unwinder on this platform
 };
 
 struct NativeFrame {
-  uintptr_t pc;     // absolute address (return address for callers), or StopReason for markers
-  int32_t module;   // index in ModuleRegistry, -1 for markers / unknown
-  uint32_t flags;   // NativeFrameFlags
+  uintptr_t pc;    // absolute address (return address for callers), or StopReason for markers
+  int32_t module;  // index in ModuleRegistry, -1 for markers / unknown
+  uint32_t flags;  // NativeFrameFlags
 };
 
 enum PythonFrameFlags : uint32_t {
@@ -53,9 +53,9 @@ enum PythonFrameFlags : uint32_t {
 };
 
 struct PythonFrame {
-  uint64_t code_id;       // interned code id (CodeRegistry)
-  int32_t instr_offset;   // byte offset of the current instruction in co_code, or a line
-  uint32_t flags;         // PythonFrameFlags
+  uint64_t code_id;      // interned code id (CodeRegistry)
+  int32_t instr_offset;  // byte offset of the current instruction in co_code, or a line
+  uint32_t flags;        // PythonFrameFlags
 };
 
 }  // namespace tbpipe

@@ -48,8 +48,7 @@ inline uint64_t fold(uint64_t lane, uint64_t word) {
 uint64_t hash_stack(const RawStack& stack) {
   // Four independent lanes so the multiplies of neighbouring frames overlap;
   // a single chained hash would cost ~4 cycles of latency per frame.
-  uint64_t lanes[4] = {0x243F6A8885A308D3ULL, 0x13198A2E03707344ULL, 0xA4093822299F31D0ULL,
-                       0x082EFA98EC4E6C89ULL};
+  uint64_t lanes[4] = {0x243F6A8885A308D3ULL, 0x13198A2E03707344ULL, 0xA4093822299F31D0ULL, 0x082EFA98EC4E6C89ULL};
   size_t i = 0;
   for (; i < stack.native_count; ++i) {
     const NativeFrame& frame = stack.native[i];
@@ -59,15 +58,15 @@ uint64_t hash_stack(const RawStack& stack) {
   }
   for (size_t j = 0; j < stack.python_count; ++j, ++i) {
     const PythonFrame& frame = stack.python[j];
-    uint64_t word = (frame.code_id << 34) ^ (static_cast<uint64_t>(frame.flags) << 32) ^
-                    static_cast<uint32_t>(frame.instr_offset);
+    uint64_t word =
+        (frame.code_id << 34) ^ (static_cast<uint64_t>(frame.flags) << 32) ^ static_cast<uint32_t>(frame.instr_offset);
     lanes[i & 3] = fold(lanes[i & 3], word);
   }
   uint64_t h = fold(lanes[0], lanes[1]);
   h = fold(h, lanes[2]);
   h = fold(h, lanes[3]);
-  h = fold(h, (static_cast<uint64_t>(stack.native_count) << 40) ^
-                  (static_cast<uint64_t>(stack.python_count) << 8) ^ stack.status);
+  h = fold(h, (static_cast<uint64_t>(stack.native_count) << 40) ^ (static_cast<uint64_t>(stack.python_count) << 8) ^
+                  stack.status);
   return h == 0 ? 1 : h;
 }
 

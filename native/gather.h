@@ -12,10 +12,10 @@
 namespace tbpipe {
 
 enum StackStatus : uint32_t {
-  kStackNativeTruncated = 1u << 0,   // native walk ended with a marker frame (see its reason)
-  kStackPythonTruncated = 1u << 1,   // more than kMaxPythonFrames Python frames
-  kStackNoNative = 1u << 2,          // native frames were not requested
-  kStackNoPython = 1u << 3,          // Python frames were not requested
+  kStackNativeTruncated = 1u << 0,  // native walk ended with a marker frame (see its reason)
+  kStackPythonTruncated = 1u << 1,  // more than kMaxPythonFrames Python frames
+  kStackNoNative = 1u << 2,         // native frames were not requested
+  kStackNoPython = 1u << 3,         // Python frames were not requested
 };
 
 struct RawStack {

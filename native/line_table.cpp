@@ -103,8 +103,8 @@ class Cursor {
 
 }  // namespace
 
-LineTableIndex::LineTableIndex(std::string_view debug_line, std::string_view debug_line_str,
-                               std::string_view debug_str, bool little_endian)
+LineTableIndex::LineTableIndex(std::string_view debug_line, std::string_view debug_line_str, std::string_view debug_str,
+                               bool little_endian)
     : line_(debug_line), line_str_(debug_line_str), str_(debug_str), little_endian_(little_endian) {}
 
 std::string_view LineTableIndex::string_at(std::string_view section, uint64_t offset) const {
@@ -190,23 +190,49 @@ bool LineTableIndex::parse_header(size_t offset, LineUnitHeader* header, size_t*
           std::string_view text;
           uint64_t number = 0;
           switch (form) {
-            case kFormString: text = in.cstring(); break;
-            case kFormLineStrp: text = string_at(line_str_, in.fixed(header->offset_size)); break;
-            case kFormStrp: text = string_at(str_, in.fixed(header->offset_size)); break;
+            case kFormString:
+              text = in.cstring();
+              break;
+            case kFormLineStrp:
+              text = string_at(line_str_, in.fixed(header->offset_size));
+              break;
+            case kFormStrp:
+              text = string_at(str_, in.fixed(header->offset_size));
+              break;
             case kFormStrpSup:
-            case kFormGnuStrpAlt: in.fixed(header->offset_size); break;  // in a supplementary file
-            case kFormUdata: number = in.uleb(); break;
-            case kFormSdata: number = static_cast<uint64_t>(in.sleb()); break;
-            case kFormData1: number = in.fixed(1); break;
-            case kFormData2: number = in.fixed(2); break;
-            case kFormData4: number = in.fixed(4); break;
-            case kFormData8: number = in.fixed(8); break;
-            case kFormData16: in.skip(16); break;
-            case kFormBlock: in.skip(in.uleb()); break;
-            case kFormBlock1: in.skip(in.u8()); break;
+            case kFormGnuStrpAlt:
+              in.fixed(header->offset_size);
+              break;  // in a supplementary file
+            case kFormUdata:
+              number = in.uleb();
+              break;
+            case kFormSdata:
+              number = static_cast<uint64_t>(in.sleb());
+              break;
+            case kFormData1:
+              number = in.fixed(1);
+              break;
+            case kFormData2:
+              number = in.fixed(2);
+              break;
+            case kFormData4:
+              number = in.fixed(4);
+              break;
+            case kFormData8:
+              number = in.fixed(8);
+              break;
+            case kFormData16:
+              in.skip(16);
+              break;
+            case kFormBlock:
+              in.skip(in.uleb());
+              break;
+            case kFormBlock1:
+              in.skip(in.u8());
+              break;
             default:
-              *error = "unit at " + std::to_string(offset) + " uses form " + std::to_string(form) +
-                       " in its file table";
+              *error =
+                  "unit at " + std::to_string(offset) + " uses form " + std::to_string(form) + " in its file table";
               return false;
           }
           if (content == kContentPath) path = text;
@@ -322,8 +348,7 @@ void LineTableIndex::build() {
     if (next <= offset) break;
     offset = next;
   }
-  if (offset < line_.size() && problem_.empty() &&
-      line_.find_first_not_of('\0', offset) != std::string_view::npos) {
+  if (offset < line_.size() && problem_.empty() && line_.find_first_not_of('\0', offset) != std::string_view::npos) {
     problem_ = "a truncated unit at " + std::to_string(offset) + " ends .debug_line";
   }
   std::stable_sort(sequences_.begin(), sequences_.end(),

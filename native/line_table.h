@@ -82,7 +82,7 @@ class LineTableIndex {
   std::string_view str_;
   bool little_endian_;
   std::vector<LineUnitHeader> units_;
-  std::vector<Sequence> sequences_;  // sorted by start after build()
+  std::vector<Sequence> sequences_;                           // sorted by start after build()
   std::unordered_map<size_t, std::vector<LineRow>> decoded_;  // sequence index -> rows
   std::string problem_;
 };

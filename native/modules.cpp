@@ -7,14 +7,14 @@
 
 // Python.h first, as CPython asks: it declares _PyEval_EvalFrameDefault, whose
 // address tells which loaded object is the interpreter.
-#include <Python.h>
-
 #include "modules.h"
 
+#include <Python.h>
 #include <dlfcn.h>
 #include <elf.h>
 #include <fcntl.h>
 #include <link.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,7 +24,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <pthread.h>
 #include <tuple>
 
 namespace tbpipe {
@@ -141,7 +140,7 @@ int collect_object(struct dl_phdr_info* info, size_t /*size*/, void* data) {
   obj.name = name;
 
   for (int i = 0; i < info->dlpi_phnum; ++i) {
-    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    const ElfW(Phdr) & ph = info->dlpi_phdr[i];
     if (ph.p_type != PT_LOAD || ph.p_memsz == 0) continue;
     AddressRange r{info->dlpi_addr + ph.p_vaddr, info->dlpi_addr + ph.p_vaddr + ph.p_memsz};
     if (r.hi < r.lo) continue;
@@ -153,12 +152,12 @@ int collect_object(struct dl_phdr_info* info, size_t /*size*/, void* data) {
   if (obj.image.lo > obj.image.hi) obj.image = AddressRange{0, 0};
 
   for (int i = 0; i < info->dlpi_phnum; ++i) {
-    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    const ElfW(Phdr) & ph = info->dlpi_phdr[i];
     uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
     uintptr_t hi = lo + ph.p_memsz;
     if (ph.p_type == PT_NOTE && obj.build_id.empty() && range_inside(obj.readable, lo, hi)) {
-      obj.build_id = build_id_from_notes(reinterpret_cast<const uint8_t*>(lo), ph.p_memsz,
-                                         static_cast<size_t>(ph.p_align));
+      obj.build_id =
+          build_id_from_notes(reinterpret_cast<const uint8_t*>(lo), ph.p_memsz, static_cast<size_t>(ph.p_align));
     } else if (ph.p_type == PT_GNU_EH_FRAME && range_inside(obj.readable, lo, hi)) {
       obj.eh_frame_hdr = reinterpret_cast<const uint8_t*>(lo);
       obj.eh_frame_hdr_size = ph.p_memsz;
@@ -215,11 +214,10 @@ class MappedFile {
 
 // Symbols of one symbol table (SHT_SYMTAB or SHT_DYNSYM) named like the eval
 // loop, as runtime ranges.
-void eval_ranges_from_table(const MappedFile& f, const ElfW(Shdr) * shdrs, size_t shnum,
-                            const ElfW(Shdr) & table, uintptr_t bias,
-                            std::vector<AddressRange>* out) {
+void eval_ranges_from_table(const MappedFile& f, const ElfW(Shdr) * shdrs, size_t shnum, const ElfW(Shdr) & table,
+                            uintptr_t bias, std::vector<AddressRange>* out) {
   if (table.sh_entsize != sizeof(ElfW(Sym)) || table.sh_link >= shnum) return;
-  const ElfW(Shdr)& strtab = shdrs[table.sh_link];
+  const ElfW(Shdr) & strtab = shdrs[table.sh_link];
   if (strtab.sh_type != SHT_STRTAB) return;
   const uint8_t* syms = f.at(table.sh_offset, table.sh_size);
   const uint8_t* strs = f.at(strtab.sh_offset, strtab.sh_size);
@@ -283,9 +281,7 @@ std::vector<AddressRange> eval_ranges_from_file(const std::string& path, uintptr
   return ranges;
 }
 
-uintptr_t eval_loop_address() {
-  return reinterpret_cast<uintptr_t>(&_PyEval_EvalFrameDefault);
-}
+uintptr_t eval_loop_address() { return reinterpret_cast<uintptr_t>(&_PyEval_EvalFrameDefault); }
 
 // When the file cannot be read (deleted, stripped of both tables), the dynamic
 // symbol in memory still gives the main body with its size.

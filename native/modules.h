@@ -22,14 +22,14 @@ struct AddressRange {
 
 struct Module {
   int32_t index = -1;
-  std::string path;          // absolute path ("/proc/self/exe" resolved for the main program)
-  std::string build_id;      // lowercase hex of NT_GNU_BUILD_ID, empty when absent
-  uintptr_t load_bias = 0;   // dlpi_addr: runtime address = ELF vaddr + load_bias
-  std::vector<AddressRange> exec_ranges;   // PT_LOAD segments with PF_X, runtime addresses
-  std::vector<AddressRange> eval_ranges;   // CPython eval-loop function bodies in this module
-  const uint8_t* eh_frame_hdr = nullptr;   // PT_GNU_EH_FRAME in memory, or null
+  std::string path;                       // absolute path ("/proc/self/exe" resolved for the main program)
+  std::string build_id;                   // lowercase hex of NT_GNU_BUILD_ID, empty when absent
+  uintptr_t load_bias = 0;                // dlpi_addr: runtime address = ELF vaddr + load_bias
+  std::vector<AddressRange> exec_ranges;  // PT_LOAD segments with PF_X, runtime addresses
+  std::vector<AddressRange> eval_ranges;  // CPython eval-loop function bodies in this module
+  const uint8_t* eh_frame_hdr = nullptr;  // PT_GNU_EH_FRAME in memory, or null
   size_t eh_frame_hdr_size = 0;
-  AddressRange image{0, 0};                // lowest..highest PT_LOAD, for bounds-checking CFI reads
+  AddressRange image{0, 0};  // lowest..highest PT_LOAD, for bounds-checking CFI reads
   // PT_LOAD segments with PF_R, runtime addresses. The image range can contain
   // PROT_NONE holes between segments; CFI reads must stay inside one of these.
   std::vector<AddressRange> readable_ranges;

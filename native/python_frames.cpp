@@ -93,7 +93,7 @@ struct CodeRegistry::Impl {
   // Copies made without the GIL. The address may be reused after the object
   // dies, so a hit is only trusted when the identity signature still matches.
   PointerIdMap copies;
-  mutable std::mutex mutex;  // guards `infos`, `signatures` and writers of `copies`
+  mutable std::mutex mutex;    // guards `infos`, `signatures` and writers of `copies`
   std::deque<CodeInfo> infos;  // index = code_id - 1
   struct Signature {
     PyObject* filename;
@@ -270,8 +270,7 @@ size_t walk_python_frames(PythonFrame* out, size_t max, bool* truncated) {
     PyObject* code = reinterpret_cast<PyObject*>(frame->f_code);
 #endif
     if (!is_code(code)) continue;  // 3.13: f_executable may be another callable
-    const int32_t byte_offset =
-        static_cast<int32_t>(_PyInterpreterFrame_LASTI(frame) * sizeof(_Py_CODEUNIT));
+    const int32_t byte_offset = static_cast<int32_t>(_PyInterpreterFrame_LASTI(frame) * sizeof(_Py_CODEUNIT));
 #if PY_VERSION_HEX >= 0x030C0000
     const bool entry = frame->previous == nullptr || frame->previous->owner == FRAME_OWNED_BY_CSTACK;
 #else
@@ -287,8 +286,7 @@ size_t walk_python_frames(PythonFrame* out, size_t max, bool* truncated) {
   for (PyFrameObject* frame = state->frame; frame != nullptr; frame = frame->f_back) {
     PyObject* code = reinterpret_cast<PyObject*>(frame->f_code);
     if (!is_code(code)) continue;
-    const int32_t byte_offset =
-        frame->f_lasti < 0 ? -1 : static_cast<int32_t>(frame->f_lasti * sizeof(_Py_CODEUNIT));
+    const int32_t byte_offset = frame->f_lasti < 0 ? -1 : static_cast<int32_t>(frame->f_lasti * sizeof(_Py_CODEUNIT));
     if (!sink.emit(code, byte_offset, kPyFrameEntry)) break;
   }
 #endif

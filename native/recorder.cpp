@@ -100,8 +100,7 @@ class SeenStacks {
 
   bool insert(uint64_t hash) {
     Table* table = current_.load(std::memory_order_acquire);
-    for (size_t probe = 0, i = hash & table->mask; probe <= table->mask;
-         ++probe, i = (i + 1) & table->mask) {
+    for (size_t probe = 0, i = hash & table->mask; probe <= table->mask; ++probe, i = (i + 1) & table->mask) {
       uint64_t seen = table->slots[i].load(std::memory_order_relaxed);
       if (seen == hash) return false;
       if (seen == 0) {
@@ -296,8 +295,8 @@ Recorder::ThreadBuffer* Recorder::this_thread_buffer() {
   // First event of this thread (or first since a fork): register a buffer.
   auto* buffer = new ThreadBuffer();
   buffer->thread_id = static_cast<int64_t>(syscall(SYS_gettid));
-  buffer->random_state = splitmix64(static_cast<uint64_t>(buffer->thread_id) ^
-                                    static_cast<uint64_t>(now_ns()) ^ reinterpret_cast<uintptr_t>(buffer)) |
+  buffer->random_state = splitmix64(static_cast<uint64_t>(buffer->thread_id) ^ static_cast<uint64_t>(now_ns()) ^
+                                    reinterpret_cast<uintptr_t>(buffer)) |
                          1;  // xorshift never leaves 0
   {
     std::lock_guard<std::mutex> guard(impl_->mutex);
@@ -348,19 +347,17 @@ void Recorder::set_overhead_limits(const OverheadLimits& limits) {
   limits_generation_.fetch_add(1, std::memory_order_relaxed);
 }
 
-bool Recorder::record(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
-                      const UnwindOptions& options) {
+bool Recorder::record(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const UnwindOptions& options) {
   return record_event(kind_id, name_id, attrs, nullptr, 0, options);
 }
 
-bool Recorder::record_native(uint32_t kind_id, uint32_t name_id, const char* attrs_json,
-                             size_t attrs_json_size, const UnwindOptions& options) {
+bool Recorder::record_native(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
+                             const UnwindOptions& options) {
   return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options);
 }
 
-bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
-                            const char* attrs_json, size_t attrs_json_size,
-                            const UnwindOptions& options) {
+bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json,
+                            size_t attrs_json_size, const UnwindOptions& options) {
   ThreadBuffer* buffer = this_thread_buffer();
   const uint64_t threshold = sample_threshold_.load(std::memory_order_relaxed);
   if (threshold != UINT64_MAX) {
@@ -371,8 +368,7 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
     x ^= x >> 27;
     buffer->random_state = x;
     if (x * 0x2545F4914F6CDD1DULL >= threshold) {
-      buffer->sampled_out.store(buffer->sampled_out.load(std::memory_order_relaxed) + 1,
-                                std::memory_order_relaxed);
+      buffer->sampled_out.store(buffer->sampled_out.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       Py_XDECREF(attrs);
       return false;
     }
@@ -393,8 +389,7 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
       buffer->windows_generation = generation;
     }
     if (!buffer->windows->admit(limit_key(stack, stack_id), per_stack_limit, coarse_now_ms())) {
-      buffer->rate_limited.store(buffer->rate_limited.load(std::memory_order_relaxed) + 1,
-                                 std::memory_order_relaxed);
+      buffer->rate_limited.store(buffer->rate_limited.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       Py_XDECREF(attrs);
       return false;
     }
@@ -471,10 +466,9 @@ void Recorder::drain(Drained* out) {
     }
     for (const BufferData::Attr& attr : data.attrs) {
       // JSON text becomes a str here, where the GIL is held.
-      out->attrs.push_back(attr.object != nullptr
-                               ? attr.object
-                               : PyUnicode_FromStringAndSize(data.attr_text.data() + attr.text_begin,
-                                                             attr.text_end - attr.text_begin));
+      out->attrs.push_back(attr.object != nullptr ? attr.object
+                                                  : PyUnicode_FromStringAndSize(data.attr_text.data() + attr.text_begin,
+                                                                                attr.text_end - attr.text_begin));
     }
     const uint32_t native_base = static_cast<uint32_t>(out->native_module.size());
     const uint32_t python_base = static_cast<uint32_t>(out->python_code.size());

@@ -20,11 +20,11 @@
 namespace tbpipe {
 
 struct EventRecord {
-  int64_t ts_ns;       // CLOCK_REALTIME, nanoseconds
-  uint64_t stack_id;   // hash_stack(), 0 when no stack was taken
-  uint32_t kind_id;    // StringTable id
-  uint32_t name_id;    // StringTable id
-  int32_t attrs_index; // index into the buffer's attribute list, -1 when none
+  int64_t ts_ns;        // CLOCK_REALTIME, nanoseconds
+  uint64_t stack_id;    // hash_stack(), 0 when no stack was taken
+  uint32_t kind_id;     // StringTable id
+  uint32_t name_id;     // StringTable id
+  int32_t attrs_index;  // index into the buffer's attribute list, -1 when none
   uint32_t reserved;
 };
 
@@ -34,15 +34,15 @@ struct Drained {
   std::vector<int64_t> ts_ns, thread_id;
   std::vector<uint64_t> stack_id;
   std::vector<uint32_t> kind_id, name_id;
-  std::vector<int32_t> attrs_index;          // into `attrs`, -1 when none
-  std::vector<PyObject*> attrs;              // new references: dicts, or str holding JSON
+  std::vector<int32_t> attrs_index;  // into `attrs`, -1 when none
+  std::vector<PyObject*> attrs;      // new references: dicts, or str holding JSON
   // stacks, flattened: stack i owns native[native_ends[i-1]:native_ends[i]]
   std::vector<uint64_t> stack_ids;
   std::vector<uint32_t> stack_status;
   std::vector<int64_t> stack_thread;
   std::vector<uint32_t> native_ends, python_ends;
   std::vector<int32_t> native_module;
-  std::vector<uint64_t> native_offset;       // pc - load bias (marker: StopReason)
+  std::vector<uint64_t> native_offset;  // pc - load bias (marker: StopReason)
   std::vector<uint32_t> native_flags;
   std::vector<uint64_t> python_code;
   std::vector<int32_t> python_offset;
@@ -62,7 +62,7 @@ struct RecorderCounters {
 // stack is gathered (so it saves the gather); the per-stack limit needs the
 // stack id and so is checked after the gather, before anything is buffered.
 struct OverheadLimits {
-  double sample_rate = 1.0;          // probability that an event is recorded, in (0, 1]
+  double sample_rate = 1.0;  // probability that an event is recorded, in (0, 1]
   // Per thread and call path (a stack's Python frames; its native frames when
   // it has no Python frames); 0 = unlimited.
   uint32_t max_per_stack_per_s = 0;
@@ -85,8 +85,8 @@ class Recorder {
   bool record(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const UnwindOptions& options);
   // The same for native event sources, with or without the GIL: attributes
   // come as a JSON object's text (or null / size 0 for none).
-  bool record_native(uint32_t kind_id, uint32_t name_id, const char* attrs_json,
-                     size_t attrs_json_size, const UnwindOptions& options);
+  bool record_native(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
+                     const UnwindOptions& options);
 
   // Moves everything buffered out of every thread's buffer (the GIL must be
   // held: attribute objects change hands).
@@ -100,8 +100,8 @@ class Recorder {
  private:
   Recorder();
   ThreadBuffer* this_thread_buffer();
-  bool record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json,
-                    size_t attrs_json_size, const UnwindOptions& options);
+  bool record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json, size_t attrs_json_size,
+                    const UnwindOptions& options);
   bool insert_seen(uint64_t stack_id);
 
   std::atomic<bool> active_{false};

@@ -43,16 +43,16 @@ struct OpEntry {
 struct TorchOps {
   bool configured = false;
   bool enabled = false;
-  PyObject* tensor_type = nullptr;      // torch.Tensor
-  PyObject* sequence_nr = nullptr;      // torch._C._autograd._get_sequence_nr
-  PyObject* current_node = nullptr;     // torch._C._current_autograd_node
-  PyObject* resolve = nullptr;          // Python: operator -> (name, callable)
+  PyObject* tensor_type = nullptr;   // torch.Tensor
+  PyObject* sequence_nr = nullptr;   // torch._C._autograd._get_sequence_nr
+  PyObject* current_node = nullptr;  // torch._C._current_autograd_node
+  PyObject* resolve = nullptr;       // Python: operator -> (name, callable)
   PyObject* str_shape = nullptr;
   PyObject* str_dtype = nullptr;
   PyObject* str_device = nullptr;
   PyObject* str_is_cpu = nullptr;
-  PyObject* str_node_seq = nullptr;     // "_sequence_nr"
-  PyObject* str_node_name = nullptr;    // "name"
+  PyObject* str_node_seq = nullptr;   // "_sequence_nr"
+  PyObject* str_node_name = nullptr;  // "name"
   // Operators are long-lived; keyed by address with a strong reference held,
   // so an address is never reused (OpOverload.__hash__ is Python code).
   std::unordered_map<PyObject*, OpEntry> ops;
@@ -282,8 +282,8 @@ const OpEntry* op_entry(PyObject* op) {
   if (hit != g_ops.ops.end()) return &hit->second;
   PyObject* resolved = PyObject_CallOneArg(g_ops.resolve, op);
   if (resolved == nullptr) return nullptr;
-  if (!PyTuple_Check(resolved) || PyTuple_GET_SIZE(resolved) != 2 ||
-      !PyUnicode_Check(PyTuple_GET_ITEM(resolved, 0)) || !PyCallable_Check(PyTuple_GET_ITEM(resolved, 1))) {
+  if (!PyTuple_Check(resolved) || PyTuple_GET_SIZE(resolved) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(resolved, 0)) ||
+      !PyCallable_Check(PyTuple_GET_ITEM(resolved, 1))) {
     Py_DECREF(resolved);
     PyErr_SetString(PyExc_TypeError, "tbpipe torch-ops: resolver must return (name: str, callable)");
     return nullptr;
@@ -306,9 +306,12 @@ PyObject* torch_op_dispatch(PyObject*, PyObject* const* argv, Py_ssize_t nargs, 
   for (Py_ssize_t i = 0; i < keyword_count; ++i) {
     const char* key = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, i));
     if (key == nullptr) return nullptr;
-    if (std::strcmp(key, "args") == 0) args = argv[nargs + i];
-    else if (std::strcmp(key, "kwargs") == 0) kwargs = argv[nargs + i];
-    else if (std::strcmp(key, "func") == 0) func = argv[nargs + i];
+    if (std::strcmp(key, "args") == 0)
+      args = argv[nargs + i];
+    else if (std::strcmp(key, "kwargs") == 0)
+      kwargs = argv[nargs + i];
+    else if (std::strcmp(key, "func") == 0)
+      func = argv[nargs + i];
   }
   if (func == nullptr || !g_ops.configured) {
     PyErr_SetString(PyExc_RuntimeError, "tbpipe torch-ops dispatch called without an operator or before setup");
@@ -394,16 +397,19 @@ void register_source_bindings(py::module_& m) {
         "{status, library, message, enabled_callbacks}. Never raises for a missing GPU or library.");
   m.def("_cupti_stop", &cupti_stop, "Stop recording launches and unsubscribe from CUPTI.");
   m.def("_cupti_subscribed", &cupti_subscribed);
-  m.def("_cupti_abi", []() {
-    py::list callbacks;
-    for (const CuptiCallbackInfo& info : cupti_launch_callbacks()) {
-      callbacks.append(py::make_tuple(info.domain, info.cbid, info.api, info.cbid_name, info.graph));
-    }
-    py::dict out;
-    out["callbacks"] = callbacks;
-    out["declared"] = cupti_declared_abi();
-    return out;
-  }, "(domain, cbid, api, cbid enumerator, is graph) per enabled callback, and the declared CUPTI ABI.");
+  m.def(
+      "_cupti_abi",
+      []() {
+        py::list callbacks;
+        for (const CuptiCallbackInfo& info : cupti_launch_callbacks()) {
+          callbacks.append(py::make_tuple(info.domain, info.cbid, info.api, info.cbid_name, info.graph));
+        }
+        py::dict out;
+        out["callbacks"] = callbacks;
+        out["declared"] = cupti_declared_abi();
+        return out;
+      },
+      "(domain, cbid, api, cbid enumerator, is graph) per enabled callback, and the declared CUPTI ABI.");
   m.def("_cupti_counters", []() {
     CuptiCounters c = cupti_counters();
     py::dict out;
@@ -414,32 +420,34 @@ void register_source_bindings(py::module_& m) {
     return out;
   });
 
-  m.def("_torch_ops_setup", &torch_ops_setup, py::arg("tensor_type"), py::arg("sequence_nr"),
-        py::arg("current_node"), py::arg("resolve"),
+  m.def("_torch_ops_setup", &torch_ops_setup, py::arg("tensor_type"), py::arg("sequence_nr"), py::arg("current_node"),
+        py::arg("resolve"),
         "Hand the torch-ops fast path the torch objects it uses (no torch headers are compiled in).");
   m.def("_torch_ops_enable", [](bool enabled) { g_ops.enabled = enabled; }, py::arg("enabled"));
   m.def("_torch_ops_counters", &torch_ops_counters);
   m.attr("_torch_op_dispatch") =
       py::reinterpret_steal<py::object>(PyCFunction_NewEx(&torch_op_dispatch_method, nullptr, nullptr));
-  m.def("_torch_op_dispatch_bound_to",
-        [](py::object mode) {
-          // torch checks that `mode.__torch_dispatch__.__self__ is mode`: a
-          // builtin created with the mode as its self passes, and still runs
-          // without a Python frame.
-          return py::reinterpret_steal<py::object>(PyCFunction_NewEx(&torch_op_dispatch_method, mode.ptr(), nullptr));
-        },
-        py::arg("mode"), "The torch-ops dispatch entry point as a builtin method bound to `mode`.");
+  m.def(
+      "_torch_op_dispatch_bound_to",
+      [](py::object mode) {
+        // torch checks that `mode.__torch_dispatch__.__self__ is mode`: a
+        // builtin created with the mode as its self passes, and still runs
+        // without a Python frame.
+        return py::reinterpret_steal<py::object>(PyCFunction_NewEx(&torch_op_dispatch_method, mode.ptr(), nullptr));
+      },
+      py::arg("mode"), "The torch-ops dispatch entry point as a builtin method bound to `mode`.");
 
-  m.def("_set_overhead_limits",
-        [](double sample_rate, uint32_t max_per_stack_per_s) {
-          if (!(sample_rate > 0.0 && sample_rate <= 1.0)) throw py::value_error("sample_rate must be in (0, 1]");
-          OverheadLimits limits;
-          limits.sample_rate = sample_rate;
-          limits.max_per_stack_per_s = max_per_stack_per_s;
-          Recorder::instance().set_overhead_limits(limits);
-        },
-        py::arg("sample_rate") = 1.0, py::arg("max_per_stack_per_s") = 0,
-        "Sampling rate and per-stack rate limit for events recorded from now on.");
+  m.def(
+      "_set_overhead_limits",
+      [](double sample_rate, uint32_t max_per_stack_per_s) {
+        if (!(sample_rate > 0.0 && sample_rate <= 1.0)) throw py::value_error("sample_rate must be in (0, 1]");
+        OverheadLimits limits;
+        limits.sample_rate = sample_rate;
+        limits.max_per_stack_per_s = max_per_stack_per_s;
+        Recorder::instance().set_overhead_limits(limits);
+      },
+      py::arg("sample_rate") = 1.0, py::arg("max_per_stack_per_s") = 0,
+      "Sampling rate and per-stack rate limit for events recorded from now on.");
   m.def("_overhead_counters", []() {
     RecorderCounters c = Recorder::instance().counters();
     py::dict out;

@@ -10,7 +10,7 @@ namespace tbpipe {
 constexpr size_t kMaxPinnedObjects = 1u << 16;
 
 struct StringTable::Impl {
-  PointerIdMap by_object;  // writers hold the GIL
+  PointerIdMap by_object;    // writers hold the GIL
   mutable std::mutex mutex;  // guards the two members below
   std::unordered_map<std::string, uint32_t> by_text;
   std::vector<std::string> texts;  // index = id - 1

@@ -6,9 +6,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <deque>
-#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -101,8 +101,8 @@ void check_layout(const py::dict& layout) {
 
 class PySymCacheLookup {
  public:
-  PySymCacheLookup(py::object owner, uintptr_t symcache, uintptr_t lookup, uintptr_t free_result,
-                   uintptr_t free_str, const py::dict& layout)
+  PySymCacheLookup(py::object owner, uintptr_t symcache, uintptr_t lookup, uintptr_t free_result, uintptr_t free_str,
+                   const py::dict& layout)
       : owner_(std::move(owner)) {
     check_layout(layout);
     if (symcache == 0 || lookup == 0 || free_result == 0 || free_str == 0) {
@@ -416,7 +416,9 @@ void register_symbolize_bindings(py::module_& m) {
         py::arg("file_texts"), py::arg("show_addresses"), py::arg("show_functions"), py::arg("inlines"),
         py::arg("pretty"),
         "binutils addr2line output (bytes) for addresses and their result-table entries (int64, -1: unknown).");
-  m.def("remap_string_ids", [](const py::buffer& values, const py::buffer& remap) {
+  m.def(
+      "remap_string_ids",
+      [](const py::buffer& values, const py::buffer& remap) {
         py::buffer_info value_info = integer_buffer(values, 4, "values", false);
         py::buffer_info remap_info = integer_buffer(remap, 4, "remap", false);
         const auto* value_of = static_cast<const int32_t*>(value_info.ptr);
@@ -428,11 +430,11 @@ void register_symbolize_bindings(py::module_& m) {
           out[i] = value >= 0 ? remap_of[value] : -1;
         }
         return as_bytes(out);
-      }, py::arg("values"), py::arg("remap"),
-      "int32 string ids through a table of new ids (-1 stays -1), as bytes.");
-  m.def("parse_addresses",
-        [](const py::bytes& text) { return as_bytes(parse_addresses(bytes_view(text))); },
-        py::arg("text"), "Addresses, one per line, read like binutils addr2line (strtoul base 16), as uint64 bytes.");
+      },
+      py::arg("values"), py::arg("remap"), "int32 string ids through a table of new ids (-1 stays -1), as bytes.");
+  m.def(
+      "parse_addresses", [](const py::bytes& text) { return as_bytes(parse_addresses(bytes_view(text))); },
+      py::arg("text"), "Addresses, one per line, read like binutils addr2line (strtoul base 16), as uint64 bytes.");
   m.def("compact_string_ids", &compact_ids,
         "Renumber the string ids in int32 buffers (in place) densely; returns the old id of each new id.");
 }

@@ -29,8 +29,7 @@ int32_t SymCacheBatchLookup::intern(std::string_view text) {
   return id;
 }
 
-void SymCacheBatchLookup::set_symbols(std::vector<uint64_t> starts, std::vector<uint64_t> ends,
-                                      SymbolName name_of) {
+void SymCacheBatchLookup::set_symbols(std::vector<uint64_t> starts, std::vector<uint64_t> ends, SymbolName name_of) {
   symbol_starts_ = std::move(starts);
   symbol_ends_ = std::move(ends);
   symbol_ends_.resize(symbol_starts_.size(), 0);
@@ -45,10 +44,9 @@ void SymCacheBatchLookup::set_code_ranges(std::vector<std::pair<uint64_t, uint64
 
 bool SymCacheBatchLookup::outside(uint64_t address) const {
   if (code_ranges_.empty()) return false;
-  auto after = std::upper_bound(code_ranges_.begin(), code_ranges_.end(), address,
-                                [](uint64_t value, const std::pair<uint64_t, uint64_t>& range) {
-                                  return value < range.first;
-                                });
+  auto after =
+      std::upper_bound(code_ranges_.begin(), code_ranges_.end(), address,
+                       [](uint64_t value, const std::pair<uint64_t, uint64_t>& range) { return value < range.first; });
   if (after == code_ranges_.begin()) return true;
   return address >= std::prev(after)->second;
 }

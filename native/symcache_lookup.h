@@ -10,8 +10,8 @@
 #pragma once
 
 #include <cstddef>
-#include <deque>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -110,9 +110,8 @@ class SymCacheBatchLookup {
 
   // The SymCache's frames for each key alone, innermost first: frame count
   // per key, then function id, file id and line per frame.
-  void lookup_flat(const uint64_t* keys, size_t count, std::vector<uint32_t>* counts,
-                   std::vector<int32_t>* functions, std::vector<int32_t>* files,
-                   std::vector<uint32_t>* lines);
+  void lookup_flat(const uint64_t* keys, size_t count, std::vector<uint32_t>* counts, std::vector<int32_t>* functions,
+                   std::vector<int32_t>* files, std::vector<uint32_t>* lines);
 
  private:
   // Appends the frames of a lookup result and frees it; returns their count.

@@ -240,8 +240,7 @@ bool begin_walk(ThreadState& ts, FrameSink& sink, uintptr_t sp, StackBounds* bou
 
 #if defined(__x86_64__)
 
-__attribute__((noinline)) size_t walk_x86_64(NativeFrame* out, size_t max,
-                                             const UnwindOptions& options, uintptr_t pc,
+__attribute__((noinline)) size_t walk_x86_64(NativeFrame* out, size_t max, const UnwindOptions& options, uintptr_t pc,
                                              uintptr_t sp, uintptr_t bp) {
   using cfi::CfaRule;
   using cfi::RaRule;
@@ -307,7 +306,9 @@ __attribute__((noinline)) size_t walk_x86_64(NativeFrame* out, size_t max,
 
     uintptr_t cfa = 0;
     switch (r.cfa_rule) {
-      case CfaRule::kRspOffset: cfa = sp + r.cfa_off; break;
+      case CfaRule::kRspOffset:
+        cfa = sp + r.cfa_off;
+        break;
       case CfaRule::kRbpOffset:
         if (!bp_valid) {
           sink.marker(StopReason::kUnsupportedRule);
@@ -357,10 +358,17 @@ __attribute__((noinline)) size_t walk_x86_64(NativeFrame* out, size_t max,
     uintptr_t ra = 0;
     bool ra_ok = true;
     switch (r.ra_rule) {
-      case RaRule::kUndefined: return sink.count();  // outermost frame
-      case RaRule::kAtCfa: ra_ok = stack.load(cfa + r.ra_off, &ra); break;
-      case RaRule::kAtRsp: ra_ok = stack.load(sp + r.ra_off, &ra); break;
-      case RaRule::kAtRbp: ra_ok = bp_valid && stack.load(bp + r.ra_off, &ra); break;
+      case RaRule::kUndefined:
+        return sink.count();  // outermost frame
+      case RaRule::kAtCfa:
+        ra_ok = stack.load(cfa + r.ra_off, &ra);
+        break;
+      case RaRule::kAtRsp:
+        ra_ok = stack.load(sp + r.ra_off, &ra);
+        break;
+      case RaRule::kAtRbp:
+        ra_ok = bp_valid && stack.load(bp + r.ra_off, &ra);
+        break;
     }
     if (!ra_ok) {
       sink.marker(StopReason::kBadStackRead);
@@ -371,12 +379,23 @@ __attribute__((noinline)) size_t walk_x86_64(NativeFrame* out, size_t max,
     bool nbp_valid = bp_valid;
     bool bp_ok = true;
     switch (r.rbp_rule) {
-      case RbpRule::kSame: break;
-      case RbpRule::kAtCfa: bp_ok = stack.load(cfa + r.rbp_off, &nbp); break;
-      case RbpRule::kAtRsp: bp_ok = stack.load(sp + r.rbp_off, &nbp); break;
-      case RbpRule::kAtRbp: bp_ok = bp_valid && stack.load(bp + r.rbp_off, &nbp); break;
-      case RbpRule::kValCfa: nbp = cfa + r.rbp_off; break;
-      case RbpRule::kLost: nbp_valid = false; break;
+      case RbpRule::kSame:
+        break;
+      case RbpRule::kAtCfa:
+        bp_ok = stack.load(cfa + r.rbp_off, &nbp);
+        break;
+      case RbpRule::kAtRsp:
+        bp_ok = stack.load(sp + r.rbp_off, &nbp);
+        break;
+      case RbpRule::kAtRbp:
+        bp_ok = bp_valid && stack.load(bp + r.rbp_off, &nbp);
+        break;
+      case RbpRule::kValCfa:
+        nbp = cfa + r.rbp_off;
+        break;
+      case RbpRule::kLost:
+        nbp_valid = false;
+        break;
     }
     if (!bp_ok) {
       sink.marker(StopReason::kBadStackRead);
@@ -408,8 +427,7 @@ inline uintptr_t strip_pac(uintptr_t lr) {
   return x30;
 }
 
-__attribute__((noinline)) size_t walk_aarch64(NativeFrame* out, size_t max,
-                                              const UnwindOptions& options, uintptr_t pc,
+__attribute__((noinline)) size_t walk_aarch64(NativeFrame* out, size_t max, const UnwindOptions& options, uintptr_t pc,
                                               uintptr_t sp, uintptr_t fp) {
   ThreadState& ts = t_state;
   FrameSink sink(out, max, options);
@@ -466,8 +484,7 @@ __attribute__((noinline)) size_t walk_aarch64(NativeFrame* out, size_t max,
 
 #if defined(__x86_64__)
 
-__attribute__((noinline)) size_t unwind_native(NativeFrame* out, size_t max,
-                                               const UnwindOptions& options) {
+__attribute__((noinline)) size_t unwind_native(NativeFrame* out, size_t max, const UnwindOptions& options) {
   if (!out || max == 0) return 0;
   uintptr_t pc, sp, bp;
   // One asm block, so the three values describe the same instruction and the
@@ -485,8 +502,7 @@ __attribute__((noinline)) size_t unwind_native(NativeFrame* out, size_t max,
 
 #elif defined(__aarch64__)
 
-__attribute__((noinline)) size_t unwind_native(NativeFrame* out, size_t max,
-                                               const UnwindOptions& options) {
+__attribute__((noinline)) size_t unwind_native(NativeFrame* out, size_t max, const UnwindOptions& options) {
   if (!out || max == 0) return 0;
   uintptr_t pc, sp;
   asm volatile(

@@ -4,9 +4,8 @@
 // the unwinder against real binaries, and so that bench/ can time it against
 // glibc's backtrace(). Registered into tbpipe._native by bindings.cpp.
 
-#include <pybind11/pybind11.h>
-
 #include <execinfo.h>
+#include <pybind11/pybind11.h>
 #include <time.h>
 
 #include <cstdint>
@@ -23,8 +22,7 @@ namespace py = pybind11;
 // thread with no Python on it) run a walk and keep the result in plain arrays.
 // Reached through the address _unwind_c_entry() returns, so it is not exported.
 // `options`: bit 0 = skip_own_module, bit 1 = skip_until_eval.
-extern "C" size_t tbpipe_unwind_into(
-    uintptr_t* pcs, int32_t* modules, uint32_t* flags, size_t max, int options) {
+extern "C" size_t tbpipe_unwind_into(uintptr_t* pcs, int32_t* modules, uint32_t* flags, size_t max, int options) {
   tbpipe::NativeFrame frames[tbpipe::kMaxNativeFrames];
   tbpipe::UnwindOptions opt;
   opt.skip_own_module = (options & 1) != 0;
@@ -79,22 +77,32 @@ uint64_t now_ns() {
 
 const char* ra_rule_name(cfi::RaRule r) {
   switch (r) {
-    case cfi::RaRule::kAtCfa: return "cfa+k";
-    case cfi::RaRule::kAtRsp: return "rsp+k";
-    case cfi::RaRule::kAtRbp: return "rbp+k";
-    case cfi::RaRule::kUndefined: return "undefined";
+    case cfi::RaRule::kAtCfa:
+      return "cfa+k";
+    case cfi::RaRule::kAtRsp:
+      return "rsp+k";
+    case cfi::RaRule::kAtRbp:
+      return "rbp+k";
+    case cfi::RaRule::kUndefined:
+      return "undefined";
   }
   return "?";
 }
 
 const char* rbp_rule_name(cfi::RbpRule r) {
   switch (r) {
-    case cfi::RbpRule::kSame: return "same";
-    case cfi::RbpRule::kAtCfa: return "cfa+k";
-    case cfi::RbpRule::kAtRsp: return "rsp+k";
-    case cfi::RbpRule::kAtRbp: return "rbp+k";
-    case cfi::RbpRule::kValCfa: return "val cfa+k";
-    case cfi::RbpRule::kLost: return "lost";
+    case cfi::RbpRule::kSame:
+      return "same";
+    case cfi::RbpRule::kAtCfa:
+      return "cfa+k";
+    case cfi::RbpRule::kAtRsp:
+      return "rsp+k";
+    case cfi::RbpRule::kAtRbp:
+      return "rbp+k";
+    case cfi::RbpRule::kValCfa:
+      return "val cfa+k";
+    case cfi::RbpRule::kLost:
+      return "lost";
   }
   return "?";
 }
@@ -150,8 +158,8 @@ void register_unwind_bindings(py::module_& m) {
       "Registry generation: bumped by each refresh that changed the module set.");
 
   m.def(
-      "_module_for_pc", [](uintptr_t pc) { return ModuleRegistry::instance().lookup(pc); },
-      py::arg("pc"), "Module index whose executable ranges contain pc, or -1 (no refresh).");
+      "_module_for_pc", [](uintptr_t pc) { return ModuleRegistry::instance().lookup(pc); }, py::arg("pc"),
+      "Module index whose executable ranges contain pc, or -1 (no refresh).");
 
   m.def(
       "_recipe_for_pc",
@@ -161,8 +169,7 @@ void register_unwind_bindings(py::module_& m) {
         if (!mod) return py::object(py::none());
         return py::object(recipe_to_dict(cfi::compile_recipe(*mod, pc)));
       },
-      py::arg("pc"),
-      "The compiled CFI recipe for a lookup PC (use pc - 1 for return addresses), or None.");
+      py::arg("pc"), "The compiled CFI recipe for a lookup PC (use pc - 1 for return addresses), or None.");
 
   m.def(
       "_recipe_in_buffer",
@@ -224,8 +231,7 @@ void register_unwind_bindings(py::module_& m) {
       py::arg("iterations"), "(ns per glibc backtrace() call, frames per call), timed in C++.");
 
   m.def(
-      "_unwind_c_entry",
-      [] { return py::int_(reinterpret_cast<uintptr_t>(&tbpipe_unwind_into)); },
+      "_unwind_c_entry", [] { return py::int_(reinterpret_cast<uintptr_t>(&tbpipe_unwind_into)); },
       "Address of tbpipe_unwind_into(pcs, modules, flags, max, options) for native test code.");
 
   m.attr("_FRAME_EVAL_LOOP") = static_cast<uint32_t>(kFrameEvalLoop);

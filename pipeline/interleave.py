@@ -9,8 +9,9 @@ Python frames in one C call, so counting one Python frame per eval-loop frame
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 from tbpipe.schemas.raw import NATIVE_FRAME_EVAL_LOOP, NATIVE_FRAME_MARKER, PYTHON_FRAME_ENTRY
 

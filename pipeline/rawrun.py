@@ -77,6 +77,7 @@ def find_run_dirs(roots: list[Path]) -> list[Path]:
 
 # ---------------------------------------------------------------------------------------- manifest
 
+
 def _fail(path: Path, problem: str) -> DamagedRunError:
     return DamagedRunError(f"{path}: {problem}")
 
@@ -91,7 +92,9 @@ def _check_type(path: Path, manifest: dict, key: str, types: tuple, required: bo
     if isinstance(value, bool) and bool not in types:
         raise _fail(path, f"manifest field {key!r} is {value!r}, not {' or '.join(t.__name__ for t in types)}")
     if not isinstance(value, types):
-        raise _fail(path, f"manifest field {key!r} is {type(value).__name__}, not {' or '.join(t.__name__ for t in types)}")
+        raise _fail(
+            path, f"manifest field {key!r} is {type(value).__name__}, not {' or '.join(t.__name__ for t in types)}"
+        )
 
 
 def _check_timestamp(path: Path, manifest: dict, key: str, required: bool) -> None:
@@ -148,7 +151,15 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     _check_type(path, manifest, "complete", (bool,), True)
     _check_timestamp(path, manifest, "started_at", True)
     _check_timestamp(path, manifest, "ended_at", False)
-    for key in ("parent_run_id", "host", "cwd", "python_version", "python_implementation", "torch_version", "tbpipe_version"):
+    for key in (
+        "parent_run_id",
+        "host",
+        "cwd",
+        "python_version",
+        "python_implementation",
+        "torch_version",
+        "tbpipe_version",
+    ):
         _check_type(path, manifest, key, (str,), False)
     _check_type(path, manifest, "pid", (int,), False)
     for key in ("argv", "sources", "errors"):
@@ -167,6 +178,7 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------- parts
+
 
 def _check_schema(path: Path, table: str, schema: pa.Schema) -> None:
     metadata = schema.metadata or {}
@@ -251,7 +263,7 @@ def part_files(run_dir: Path, manifest: dict[str, Any]) -> dict[str, list[Path]]
 def parts_fingerprint(run_dir: Path, manifest: dict[str, Any]) -> str:
     """Changes whenever the run's files or completeness change (an incomplete run still growing)."""
     entries = [f"complete={bool(manifest.get('complete'))}"]
-    for table, paths in part_files(run_dir, manifest).items():
+    for _table, paths in part_files(run_dir, manifest).items():
         for path in paths:
             try:
                 entries.append(f"{path.name}:{path.stat().st_size}")

@@ -22,7 +22,9 @@ from tbpipe.schemas.raw import (
 Frame = dict[str, Any]
 
 
-def frame(kind: str, name: str, filename: str | None, line: int | None, module: str | None, inlined: bool = False) -> Frame:
+def frame(
+    kind: str, name: str, filename: str | None, line: int | None, module: str | None, inlined: bool = False
+) -> Frame:
     return {"kind": kind, "name": name, "filename": filename, "line": line, "module": module, "inlined": inlined}
 
 

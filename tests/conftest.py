@@ -16,7 +16,9 @@ from tbpipe.pipeline.rawrun import find_run_dirs, read_run
 TBPIPE = [sys.executable, "-m", "tbpipe.pipeline"]
 
 
-def run_python(code: str, *, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_python(
+    code: str, *, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter (the one running the tests)."""
     full_env = dict(os.environ)
     full_env.update(env or {})

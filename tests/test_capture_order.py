@@ -47,7 +47,7 @@ def recurse(depth: int, leaf):
 @pytest.mark.parametrize("depth", [0, 5, 60])
 def test_python_frames_match_extract_stack(depth: int) -> None:
     def leaf():
-        tb = capture.gather(); summary = traceback.extract_stack()  # noqa: E702 - one line on purpose
+        tb = capture.gather(); summary = traceback.extract_stack()  # noqa: E702  # fmt: skip
         return tb, summary
 
     tb, summary = recurse(depth, leaf)
@@ -56,7 +56,7 @@ def test_python_frames_match_extract_stack(depth: int) -> None:
 
 
 def test_python_only_gather_has_no_native_frames() -> None:
-    tb = capture.gather(python=True, native=False); summary = traceback.extract_stack()  # noqa: E702
+    tb = capture.gather(python=True, native=False); summary = traceback.extract_stack()  # noqa: E702  # fmt: skip
     (frames,) = capture.symbolize([tb])
     assert all(f["kind"] == "python" for f in frames)
     assert python_frames(frames) == expected_from(summary)
@@ -106,7 +106,9 @@ def test_libc_qsort_callback_through_ctypes() -> None:
     sort_with_qsort()
     frames = capture.symbolize(captured)[0]
     compare_at = index_of(frames, python_named("compare"))
-    qsort_at = index_of(frames, lambda f: f["kind"] == "native" and "libc.so" in (f["module"] or "") and "sort" in f["name"])
+    qsort_at = index_of(
+        frames, lambda f: f["kind"] == "native" and "libc.so" in (f["module"] or "") and "sort" in f["name"]
+    )
     caller_at = index_of(frames, python_named("sort_with_qsort"))
     assert compare_at == 0
     assert compare_at < qsort_at < caller_at, _show(frames)
@@ -119,8 +121,7 @@ def test_gather_with_gil_released_names_new_code() -> None:
     # (as in a C callback): its names are copied and its line resolved on the spot.
     namespace: dict = {}
     exec(
-        "def fresh_function(gather):\n"
-        "    return gather()\n",
+        "def fresh_function(gather):\n    return gather()\n",
         {"__name__": "fresh_module", "__file__": "<fresh>"},
         namespace,
     )
@@ -137,7 +138,7 @@ def test_gather_on_a_thread() -> None:
     result = {}
 
     def work():
-        result["tb"] = capture.gather(); result["summary"] = traceback.extract_stack()  # noqa: E702
+        result["tb"] = capture.gather(); result["summary"] = traceback.extract_stack()  # noqa: E702  # fmt: skip
 
     thread = threading.Thread(target=work)
     thread.start()
@@ -148,9 +149,13 @@ def test_gather_on_a_thread() -> None:
     assert frames[-1]["kind"] == "native" and "libc.so" in frames[-1]["module"], _show(frames)
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 runs one Python frame per C eval call, torch is right there")
+@pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="3.10 runs one Python frame per C eval call, torch is right there"
+)
 def test_torch_misplaces_python_frames_where_tbpipe_does_not() -> None:
-    torch_profiler = pytest.importorskip("torch._C._profiler", reason="torch 2.13 CPU is installed for CPython 3.11 only")
+    torch_profiler = pytest.importorskip(
+        "torch._C._profiler", reason="torch 2.13 CPU is installed for CPython 3.11 only"
+    )
     captured = {}
 
     def key(value: int) -> int:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from conftest import TBPIPE, read_runs
 
-
 PROGRAM = """
 import subprocess, sys
 from tbpipe.capture import record

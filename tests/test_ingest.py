@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import TBPIPE
 
 from tbpipe import capture
 from tbpipe.pipeline.db import IngestOptions, IngestSummary, ingest_runs, open_database
@@ -23,11 +24,6 @@ from tbpipe.pipeline.db import read as db_read
 from tbpipe.pipeline.db.connection import query_rows
 from tbpipe.pipeline.rawrun import find_run_dirs, read_run
 from tbpipe.pipeline.stacks import symbolize_stacks
-
-from conftest import TBPIPE
-
-
-
 
 
 def ingest(db: Path, *dirs: Path, cache: Path, **options) -> IngestSummary:
@@ -53,16 +49,16 @@ def _here() -> int:
 
 def launch_gemm(count: int) -> None:
     for _ in range(count):
-        capture.record("kernel_launch", "gemm", grid=1); LINES["gemm"] = _here()  # noqa: E702
+        capture.record("kernel_launch", "gemm", grid=1); LINES["gemm"] = _here()  # noqa: E702  # fmt: skip
 
 
 def launch_pair() -> None:
-    capture.record("kernel_launch", "gemm", grid=2); LINES["pair_gemm"] = _here()  # noqa: E702
-    capture.record("op", "aten::mm"); LINES["pair_mm"] = _here()  # noqa: E702
+    capture.record("kernel_launch", "gemm", grid=2); LINES["pair_gemm"] = _here()  # noqa: E702  # fmt: skip
+    capture.record("op", "aten::mm"); LINES["pair_mm"] = _here()  # noqa: E702  # fmt: skip
 
 
 def _key(value: int) -> int:
-    capture.record("kernel_launch", "sort_kernel"); LINES["sort"] = _here()  # noqa: E702
+    capture.record("kernel_launch", "sort_kernel"); LINES["sort"] = _here()  # noqa: E702  # fmt: skip
     return -value
 
 
@@ -70,7 +66,7 @@ def workload(library) -> None:
     launch_gemm(7)
     for _ in range(3):
         launch_pair()
-    library.launch("softmax", 5); LINES["softmax"] = _here()  # noqa: E702
+    library.launch("softmax", 5); LINES["softmax"] = _here()  # noqa: E702  # fmt: skip
     sorted(range(4), key=_key)  # a C function calling back into Python
 
 
@@ -120,7 +116,10 @@ def workload_db(tmp_path_factory, workload_runs, symbol_cache) -> Path:
 
 def site_counts(db: Path) -> dict[tuple, int]:
     found = rows(db, "SELECT kind, name, site_function, site_file, site_line, events FROM call_sites")
-    return {(kind, name, function.rsplit(".", 1)[-1] if function else None, file, line): events for kind, name, function, file, line, events in found}
+    return {
+        (kind, name, function.rsplit(".", 1)[-1] if function else None, file, line): events
+        for kind, name, function, file, line, events in found
+    }
 
 
 def test_exact_event_counts_per_call_site(workload_db, library) -> None:
@@ -193,9 +192,16 @@ def assert_frames_match_reference(db: Path, runs: Path, cache: Path) -> int:
         with Symbolizer(cache_dir=cache, jobs=1, progress=False) as symbolizer:
             for run_dir in find_run_dirs([runs]):
                 run = read_run(run_dir)
-                reference = symbolize_stacks(run.tables["stacks"], run.tables["modules"], run.tables["code"], symbolizer)
+                reference = symbolize_stacks(
+                    run.tables["stacks"], run.tables["modules"], run.tables["code"], symbolizer
+                )
                 raw_ids = run.tables["events"]["stack_id"].to_pylist()
-                db_ids = [r[0] for r in query_rows(con, "SELECT stack_id FROM events WHERE run_id = ? ORDER BY event_id", [run.run_id])]
+                db_ids = [
+                    r[0]
+                    for r in query_rows(
+                        con, "SELECT stack_id FROM events WHERE run_id = ? ORDER BY event_id", [run.run_id]
+                    )
+                ]
                 to_db = {}
                 for raw_id, db_id in zip(raw_ids, db_ids):
                     to_db.setdefault(raw_id, db_id)
@@ -351,16 +357,31 @@ def _synthetic_tables(native_extra: list | None = None) -> dict[str, pa.Table]:
     fake = "00112233445566778899aabbccddeeff00112233"
     n = lambda module, address, flags=0: {"module": module, "offset": address, "flags": flags}  # noqa: E731
     p = lambda code, line, flags=0: {"code_id": code, "offset": 0, "line": line, "flags": flags}  # noqa: E731
-    EVAL, MARK, EXACT, ENTRY = raw.NATIVE_FRAME_EVAL_LOOP, raw.NATIVE_FRAME_MARKER, raw.NATIVE_FRAME_EXACT_PC, raw.PYTHON_FRAME_ENTRY
+    EVAL, MARK, EXACT, ENTRY = (
+        raw.NATIVE_FRAME_EVAL_LOOP,
+        raw.NATIVE_FRAME_MARKER,
+        raw.NATIVE_FRAME_EXACT_PC,
+        raw.PYTHON_FRAME_ENTRY,
+    )
     stacks = [
         # 1: the walk stopped (marker) with one Python group unclaimed: it follows the marker.
-        (1, 1, [n(0, a[0], EXACT), n(0, a[1], EVAL), n(-1, 2, MARK)], [p(10, 5), p(11, 6, ENTRY), p(12, 7), p(13, 8, ENTRY)]),
+        (
+            1,
+            1,
+            [n(0, a[0], EXACT), n(0, a[1], EVAL), n(-1, 2, MARK)],
+            [p(10, 5), p(11, 6, ENTRY), p(12, 7), p(13, 8, ENTRY)],
+        ),
         # 2: a complete native walk without eval-loop frames: the Python stack alone, with a problem.
         (2, 0, [n(0, a[2], EXACT), n(0, a[3])], [p(10, 9), p(11, 10, ENTRY)]),
         # 3: no native frames asked for.
         (3, 4, [], [p(12, 11), p(13, 12, ENTRY)]),
         # 4: more eval-loop frames than Python groups: the extra ones stay native frames.
-        (4, 0, [n(0, a[4], EXACT), n(0, a[1], EVAL), n(0, a[5]), n(0, a[1], EVAL), n(0, a[6], EVAL)], [p(10, 13, ENTRY)]),
+        (
+            4,
+            0,
+            [n(0, a[4], EXACT), n(0, a[1], EVAL), n(0, a[5]), n(0, a[1], EVAL), n(0, a[6], EVAL)],
+            [p(10, 13, ENTRY)],
+        ),
         # 5: nothing at all.
         (5, 0, [], []),
         # 6: a module without any debug info anywhere (a build-ID nothing has).
@@ -395,7 +416,9 @@ def _synthetic_tables(native_extra: list | None = None) -> dict[str, pa.Table]:
     )
     events = pa.table(
         {
-            "ts": pa.array([1_700_000_000_000_000_000 + i for i in range(12)], pa.int64()).cast(pa.timestamp("ns", tz="UTC")),
+            "ts": pa.array([1_700_000_000_000_000_000 + i for i in range(12)], pa.int64()).cast(
+                pa.timestamp("ns", tz="UTC")
+            ),
             "thread_id": pa.array([1] * 12, pa.int64()),
             "kind": ["kernel_launch"] * 12,
             "name": [f"k{i % 6 + 1}" for i in range(12)],
@@ -435,7 +458,10 @@ def test_equal_stacks_of_different_runs_are_stored_once(tmp_path, symbol_cache) 
     from tbpipe.pipeline.db.synthetic import SyntheticConfig, generate
 
     runs = tmp_path / "runs"
-    generated = generate(runs, SyntheticConfig(runs=3, events=6000, unique_stacks=300, native_addresses=500, code_objects=100, max_modules=4))
+    generated = generate(
+        runs,
+        SyntheticConfig(runs=3, events=6000, unique_stacks=300, native_addresses=500, code_objects=100, max_modules=4),
+    )
     db = tmp_path / "t.duckdb"
     summary = ingest(db, runs, cache=symbol_cache)
     assert summary.ok and summary.events == 6000
@@ -479,14 +505,23 @@ def _rewrite(part: Path, change) -> None:
 
 
 DAMAGE = {
-    "truncated": (lambda d: (d / "events-000001.parquet").write_bytes((d / "events-000001.parquet").read_bytes()[:200]), "unreadable Parquet"),
+    "truncated": (
+        lambda d: (d / "events-000001.parquet").write_bytes((d / "events-000001.parquet").read_bytes()[:200]),
+        "unreadable Parquet",
+    ),
     "notjson": (lambda d: (d / "manifest.json").write_text("{not json"), "manifest is not JSON"),
     "version": (lambda d: _manifest(d, schema_version=99), "raw schema version 99"),
     "labels": (lambda d: _manifest(d, labels=["suite"]), "manifest field 'labels' is list"),
     "started": (lambda d: _manifest(d, started_at="yesterday"), "'started_at' is not an ISO-8601 time"),
     "runid": (lambda d: _manifest(d, run_id="../../etc"), "malformed run_id"),
-    "missing": (lambda d: (d / "stacks-000001.parquet").unlink(), "files listed in the manifest are missing: stacks-000001.parquet"),
-    "othertable": (lambda d: shutil.copy(d / "stacks-000001.parquet", d / "events-000001.parquet"), "expected table 'events'"),
+    "missing": (
+        lambda d: (d / "stacks-000001.parquet").unlink(),
+        "files listed in the manifest are missing: stacks-000001.parquet",
+    ),
+    "othertable": (
+        lambda d: shutil.copy(d / "stacks-000001.parquet", d / "events-000001.parquet"),
+        "expected table 'events'",
+    ),
     "columns": (
         lambda d: _rewrite(
             d / "events-000001.parquet",
@@ -501,9 +536,9 @@ DAMAGE = {
     "attrs": (
         lambda d: _rewrite(
             d / "events-000001.parquet",
-            lambda t: t.set_column(5, t.schema.field("attrs"), pa.array(["{broken"] * t.num_rows)).replace_schema_metadata(
-                t.schema.metadata
-            ),
+            lambda t: t.set_column(
+                5, t.schema.field("attrs"), pa.array(["{broken"] * t.num_rows)
+            ).replace_schema_metadata(t.schema.metadata),
         ),
         "attributes that are not JSON",
     ),
@@ -540,14 +575,22 @@ def test_cli_exit_status_and_messages_for_quarantined_runs(tmp_path, good_run, s
     env = dict(os.environ, TBPIPE_CACHE_DIR=str(symbol_cache), COLUMNS="200")
     result = subprocess.run(
         [*TBPIPE, "ingest", str(runs), "--db", str(tmp_path / "t.duckdb")],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert f"quarantined {broken}/manifest.json: not a tbpipe-raw manifest" in result.stdout
     assert "runs ingested" in result.stdout and "quarantined" in result.stdout
-    result = subprocess.run([*TBPIPE, "ingest", str(tmp_path / "nowhere"), "--db", str(tmp_path / "t.duckdb")],
-                            capture_output=True, text=True, timeout=120, env=env)
+    result = subprocess.run(
+        [*TBPIPE, "ingest", str(tmp_path / "nowhere"), "--db", str(tmp_path / "t.duckdb")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert result.returncode == 2 and "no such folder" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -579,7 +622,9 @@ def _start_pausing_ingest(tmp_path: Path, runs: Path, db: Path, cache: Path, vic
     marker = tmp_path / f"marker-{victim}"
     process = subprocess.Popen(
         [sys.executable, str(script), str(runs), str(db), str(cache), victim, str(marker), str(pause)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 120
     while not marker.exists():
@@ -626,10 +671,18 @@ def test_concurrent_ingests_wait_or_fail_clearly(tmp_path, good_run, symbol_cach
     env = dict(os.environ, TBPIPE_CACHE_DIR=str(symbol_cache))
     holder = _start_pausing_ingest(tmp_path, one, db, symbol_cache, _run_ids(one)[0], pause=3)
     impatient = subprocess.run(
-        [*TBPIPE, "ingest", str(three), "--db", str(db), "--wait", "0"], capture_output=True, text=True, timeout=60, env=env
+        [*TBPIPE, "ingest", str(three), "--db", str(db), "--wait", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
     )
     patient = subprocess.run(
-        [*TBPIPE, "ingest", str(two), "--db", str(db), "--wait", "120"], capture_output=True, text=True, timeout=180, env=env
+        [*TBPIPE, "ingest", str(two), "--db", str(db), "--wait", "120"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
     )
     out, err = holder.communicate(timeout=120)
     assert holder.returncode == 0, err
@@ -678,8 +731,14 @@ def test_better_debug_info_later_improves_stored_stacks(tmp_path) -> None:
     for folder in ("full", "debug", "stripped"):
         (tmp_path / folder).mkdir()
     (tmp_path / "lib.c").write_text(LIB_C)
-    full, debug, stripped = tmp_path / "full/libdemo.so", tmp_path / "debug/libdemo.debug", tmp_path / "stripped/libdemo.so"
-    subprocess.run(["gcc", "-O0", "-g", "-shared", "-fPIC", "-Wl,--build-id", str(tmp_path / "lib.c"), "-o", str(full)], check=True)
+    full, debug, stripped = (
+        tmp_path / "full/libdemo.so",
+        tmp_path / "debug/libdemo.debug",
+        tmp_path / "stripped/libdemo.so",
+    )
+    subprocess.run(
+        ["gcc", "-O0", "-g", "-shared", "-fPIC", "-Wl,--build-id", str(tmp_path / "lib.c"), "-o", str(full)], check=True
+    )
     subprocess.run(["objcopy", "--only-keep-debug", str(full), str(debug)], check=True)
     subprocess.run(["strip", "--strip-all", str(full), "-o", str(stripped)], check=True)
     build_id = inspect_elf(str(stripped)).build_id
@@ -691,7 +750,10 @@ def test_better_debug_info_later_improves_stored_stacks(tmp_path) -> None:
             "stack_id": pa.array([1], pa.uint64()),
             "thread_id": pa.array([1], pa.int64()),
             "status": pa.array([raw.STACK_NO_PYTHON], pa.uint32()),
-            "native": pa.array([[{"module": 0, "offset": entry + 4, "flags": raw.NATIVE_FRAME_EXACT_PC}]], raw.stacks_schema().field("native").type),
+            "native": pa.array(
+                [[{"module": 0, "offset": entry + 4, "flags": raw.NATIVE_FRAME_EXACT_PC}]],
+                raw.stacks_schema().field("native").type,
+            ),
             "python": pa.array([[]], raw.stacks_schema().field("python").type),
         }
     )
@@ -716,7 +778,11 @@ def test_better_debug_info_later_improves_stored_stacks(tmp_path) -> None:
         }
     )
     runs = tmp_path / "runs"
-    write_run(runs / "r", manifest_for("20260101T000000-1-native"), {"events": events, "stacks": stacks, "modules": modules, "code": raw.code_schema().empty_table()})
+    write_run(
+        runs / "r",
+        manifest_for("20260101T000000-1-native"),
+        {"events": events, "stacks": stacks, "modules": modules, "code": raw.code_schema().empty_table()},
+    )
     db, cache = tmp_path / "t.duckdb", tmp_path / "symbols"
 
     ingest(db, runs, cache=cache)

@@ -62,15 +62,35 @@ def _build_chain(out_dir: Path, variant: str) -> Path:
     leaf = out_dir / f"libtbpipe_leaf_{variant}.so"
     chain = out_dir / f"libtbpipe_chain_{variant}.so"
     _gxx([*common, "-o", str(leaf), str(TESTLIB_SRC / "leaf.cpp")])
-    _gxx([*common, "-pthread", "-o", str(chain), str(TESTLIB_SRC / "chain.cpp"),
-          f"-L{out_dir}", f"-l:{leaf.name}", "-Wl,-rpath,$ORIGIN"])
+    _gxx(
+        [
+            *common,
+            "-pthread",
+            "-o",
+            str(chain),
+            str(TESTLIB_SRC / "chain.cpp"),
+            f"-L{out_dir}",
+            f"-l:{leaf.name}",
+            "-Wl,-rpath,$ORIGIN",
+        ]
+    )
     return chain
 
 
 def _build_late(out_dir: Path, name: str, variant: int) -> Path:
     lib = out_dir / name
-    _gxx(["-shared", "-fPIC", "-O2", "-Wl,--build-id", f"-DLATE_VARIANT={variant}",
-          "-o", str(lib), str(TESTLIB_SRC / "late.cpp")])
+    _gxx(
+        [
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-Wl,--build-id",
+            f"-DLATE_VARIANT={variant}",
+            "-o",
+            str(lib),
+            str(TESTLIB_SRC / "late.cpp"),
+        ]
+    )
     return lib
 
 
@@ -107,8 +127,7 @@ class ChainLib:
 
 
 def _symbol_table(path: Path) -> dict[str, tuple[int, int]]:
-    out = subprocess.run(["nm", "-S", "--defined-only", str(path)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["nm", "-S", "--defined-only", str(path)], capture_output=True, text=True, check=True).stdout
     table = {}
     for line in out.splitlines():
         parts = line.split()
@@ -190,8 +209,7 @@ def _real_frames(frames):
 
 
 def _readelf_build_id(path: Path | str) -> str:
-    out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True, check=True).stdout
     match = re.search(r"Build ID:\s*([0-9a-fA-F]+)", out)
     assert match, f"no build-ID note in {path}"
     return match.group(1).lower()
@@ -361,8 +379,10 @@ def test_damaged_cfi_is_refused_without_faulting(chain_o2):
     lo, hi = next((lo, hi) for lo, hi in mod["readable_ranges"] if lo <= hdr < hi)
     data = ctypes.string_at(lo, hi - lo)
     hdr_off = hdr - lo
-    funcs = [chain_o2.symbol_range(name) for name in
-             ("chain_innermost", "chain_realigned", "chain_rec_a", "chain_signal_run")]
+    funcs = [
+        chain_o2.symbol_range(name)
+        for name in ("chain_innermost", "chain_realigned", "chain_rec_a", "chain_signal_run")
+    ]
     pcs = [start + (end - start) // 2 for start, end in funcs]
     for pc in pcs:  # an intact copy compiles exactly as the loaded library does
         assert native._recipe_in_buffer(data, hdr_off, pc - lo) == native._recipe_for_pc(pc)
@@ -377,10 +397,11 @@ def test_damaged_cfi_is_refused_without_faulting(chain_o2):
                 buf[rng.randrange(hdr_off, cfi_end)] = rng.randrange(256)
         elif trial % 3 == 1:
             at = rng.randrange(hdr_off, cfi_end - 4)
-            buf[at:at + 4] = rng.choice([0xFFFFFFFF, 0x7FFFFFFF, 0x80000000, 0, 1,
-                                         rng.randrange(1 << 32)]).to_bytes(4, "little")
+            buf[at : at + 4] = rng.choice([0xFFFFFFFF, 0x7FFFFFFF, 0x80000000, 0, 1, rng.randrange(1 << 32)]).to_bytes(
+                4, "little"
+            )
         else:
-            del buf[rng.randrange(hdr_off, cfi_end):]
+            del buf[rng.randrange(hdr_off, cfi_end) :]
         pc = rng.choice(pcs)
         recipe = native._recipe_in_buffer(bytes(buf), hdr_off, pc - lo)
         outcomes.add(recipe["cfa_rule"])
@@ -445,7 +466,7 @@ def test_chain_matches_glibc_backtrace(chain):
     # Past the libraries: ctypes/libffi, the interpreter, up to _start.
     test_libs = _indices_of(chain.path, chain.leaf_path)
     last_lib = max(i for i, f in enumerate(frames) if f[1] in test_libs)
-    outer = frames[last_lib + 1:]
+    outer = frames[last_lib + 1 :]
     assert any(f[2] & EVAL for f in outer)
     assert any(f[2] & EVAL for f in frames[:last_lib])  # the Python callback
     _assert_outermost(frames)
@@ -465,8 +486,7 @@ def test_realigned_frame_uses_the_deref_cfa_rule(chain_o2):
 
 @x86_64_only
 def test_plt_entries_compile_to_the_plt_rule(chain_o2):
-    sections = subprocess.run(["readelf", "-SW", str(chain_o2.path)], capture_output=True,
-                              text=True, check=True).stdout
+    sections = subprocess.run(["readelf", "-SW", str(chain_o2.path)], capture_output=True, text=True, check=True).stdout
     match = re.search(r"\]\s+\.plt\s+PROGBITS\s+([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)", sections)
     if not match or int(match.group(2), 16) < 32:
         pytest.skip("no lazy .plt in this toolchain's output")
@@ -559,8 +579,7 @@ def test_cfa_in_untracked_register_stops_with_unsupported_rule(chain_o2):
 def test_pc_outside_every_module_stops_with_unknown_pc():
     # A call from anonymous executable memory, as JIT-compiled code would make.
     try:
-        page = mmap.mmap(-1, mmap.PAGESIZE,
-                         prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
     except (OSError, ValueError, AttributeError) as exc:
         pytest.skip(f"cannot map executable memory: {exc}")
     # sub $8,%rsp; call *%rdi; add $8,%rsp; ret
@@ -643,9 +662,20 @@ def _static_python(out_dir: Path) -> Path:
         pytest.skip("no C compiler")
     exe = out_dir / "static_python"
     libs = " ".join(cfg(k) or "" for k in ("LIBS", "MODLIBS", "LOCALMODLIBS", "SYSLIBS")).split()
-    cmd = [cc, "-O1", f"-I{sysconfig.get_paths()['include']}",
-           str(TESTLIB_SRC / "static_python.c"), str(archive), *libs, "-lm", "-lpthread",
-           "-Xlinker", "-export-dynamic", "-o", str(exe)]
+    cmd = [
+        cc,
+        "-O1",
+        f"-I{sysconfig.get_paths()['include']}",
+        str(TESTLIB_SRC / "static_python.c"),
+        str(archive),
+        *libs,
+        "-lm",
+        "-lpthread",
+        "-Xlinker",
+        "-export-dynamic",
+        "-o",
+        str(exe),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.skip(f"cannot link a static python here: {proc.stderr[-500:]}")
@@ -671,8 +701,7 @@ print(json.dumps({{"modules": mods, "frames": n._unwind_pcs()}}))
 """
     env = dict(os.environ, PYTHONHOME=sys.base_prefix)
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run([str(exe), "-c", snippet], capture_output=True, text=True, env=env,
-                          timeout=120)
+    proc = subprocess.run([str(exe), "-c", snippet], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.splitlines()[-1])
     mods, frames = result["modules"], result["frames"]

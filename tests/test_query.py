@@ -13,6 +13,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 import typer
+from conftest import TBPIPE
 from typer.testing import CliRunner
 
 from tbpipe import capture
@@ -20,15 +21,9 @@ from tbpipe.pipeline.commands import ingest as ingest_command
 from tbpipe.pipeline.commands import query as query_command
 from tbpipe.pipeline.commands import runs as runs_command
 from tbpipe.pipeline.commands import show as show_command
-from tbpipe.pipeline.db import DatabaseError, IngestOptions, ingest_runs, open_database
-from tbpipe.pipeline.db import schema
+from tbpipe.pipeline.db import DatabaseError, IngestOptions, ingest_runs, open_database, schema
 from tbpipe.pipeline.db.connection import query_rows
 from tbpipe.pipeline.errors import TbpipeError
-
-from conftest import TBPIPE
-
-
-
 
 
 def cli(*args: str, env: dict | None = None):
@@ -63,7 +58,10 @@ def test_query_csv(db) -> None:
     result = cli("query", "--db", str(db), "--format", "csv", SITES)
     assert result.exit_code == 0, result.output
     parsed = list(csv.DictReader(io.StringIO(result.stdout)))
-    assert [(r["name"], r["site_function"], r["events"]) for r in parsed] == [("gemm", "emit", "3"), ("gemm", "emit", "2")]
+    assert [(r["name"], r["site_function"], r["events"]) for r in parsed] == [
+        ("gemm", "emit", "3"),
+        ("gemm", "emit", "2"),
+    ]
 
 
 def test_query_json_keeps_nested_values(db) -> None:
@@ -118,7 +116,9 @@ def test_query_errors_are_one_clear_line(db, tmp_path) -> None:
     result = cli("query", "--db", str(tmp_path / "none.duckdb"), "SELECT 1")
     assert isinstance(result.exception, DatabaseError) and "no database at" in str(result.exception)
     # The real command line: exit status 2 and one line on stderr, no traceback.
-    process = subprocess.run([*TBPIPE, "query", "--db", str(db), "SELECT * FROM nowhere"], capture_output=True, text=True, timeout=60)
+    process = subprocess.run(
+        [*TBPIPE, "query", "--db", str(db), "SELECT * FROM nowhere"], capture_output=True, text=True, timeout=60
+    )
     assert process.returncode == 2
     assert process.stderr.startswith("tbpipe: query failed: Catalog Error") and "Traceback" not in process.stderr
 
@@ -162,10 +162,28 @@ def test_every_table_view_and_macro_is_documented(db) -> None:
         """,
     )
     assert tables == []
-    macros = {name for (name,) in query_rows(con, "SELECT function_name FROM duckdb_functions() WHERE function_type IN ('macro', 'table_macro') AND database_name = current_database() AND (comment IS NULL OR comment = '')")}
+    macros = {
+        name
+        for (name,) in query_rows(
+            con,
+            "SELECT function_name FROM duckdb_functions() WHERE function_type IN ('macro', 'table_macro') AND database_name = current_database() AND (comment IS NULL OR comment = '')",
+        )
+    }
     assert macros == set()
-    public = {name for (name,) in query_rows(con, "SELECT view_name FROM duckdb_views() WHERE NOT internal AND database_name = current_database()")}
-    assert {"call_sites", "kernel_launch_sites", "python_files", "stack_tracebacks", "symbol_coverage", "unsymbolized_frames"} <= public
+    public = {
+        name
+        for (name,) in query_rows(
+            con, "SELECT view_name FROM duckdb_views() WHERE NOT internal AND database_name = current_database()"
+        )
+    }
+    assert {
+        "call_sites",
+        "kernel_launch_sites",
+        "python_files",
+        "stack_tracebacks",
+        "symbol_coverage",
+        "unsymbolized_frames",
+    } <= public
 
 
 def test_sql_files_document_every_column_they_create() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
-
 from conftest import read_runs, run_python
+
 from tbpipe import capture
 from tbpipe.capture import SessionError, SourceError
 from tbpipe.schemas import raw
@@ -57,7 +57,7 @@ def test_session_writes_a_complete_run(out_dir: Path) -> None:
 
 def test_python_lines_are_resolved_at_flush(out_dir: Path) -> None:
     with capture.session(out_dir):
-        capture.record("user", "here"); line = _line()  # noqa: E702 - same line on purpose
+        capture.record("user", "here"); line = _line()  # noqa: E702 - same line on purpose  # fmt: skip
     (run,) = read_runs(out_dir)
     (stack,) = run.tables["stacks"]["python"].to_pylist()
     assert stack[0]["line"] == line

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from conftest import TBPIPE
 from typer.testing import CliRunner
 
 from tbpipe.pipeline.commands import query as query_command
@@ -18,12 +19,8 @@ from tbpipe.pipeline.db.connection import query_rows
 from tbpipe.pipeline.db.read import NotFoundError
 from tbpipe.pipeline.errors import UsageError
 
-from conftest import TBPIPE
-
 WORKLOAD = str(Path(__import__("tbpipe.pipeline.demo.workload", fromlist=["x"]).__file__).resolve())
 FRAME_LINE = re.compile(r"^(?P<file>.+):(?P<line>\d+|\?):(?P<function>.+?)(?P<inlined> \[inlined\])?$")
-
-
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +28,9 @@ def demo(tmp_path_factory, symbol_cache) -> tuple[Path, str]:
     """`tbpipe demo` as `make run` runs it: capture, ingest, top call sites."""
     root = tmp_path_factory.mktemp("demo")
     env = dict(os.environ, TBPIPE_CACHE_DIR=str(symbol_cache), COLUMNS="250")
-    result = subprocess.run([*TBPIPE, "demo", "--out", "demo-runs"], cwd=root, capture_output=True, text=True, timeout=300, env=env)
+    result = subprocess.run(
+        [*TBPIPE, "demo", "--out", "demo-runs"], cwd=root, capture_output=True, text=True, timeout=300, env=env
+    )
     assert result.returncode == 0, result.stderr + result.stdout
     return root / "demo-runs" / "tbpipe.duckdb", result.stdout
 
@@ -48,10 +47,10 @@ def test_demo_prints_the_top_kernel_launch_sites(demo) -> None:
         cells = [c.strip() for c in row.split("│")]
         if len(cells) >= 7 and cells[1].isdigit():
             table[(cells[3], cells[4].rsplit(".", 1)[-1], cells[5])] = int(cells[2].replace(",", ""))
-    softmax = (WORKLOAD + f":{line_of('site: attention key')}")
-    epilogue = (WORKLOAD + f":{line_of('site: feed_forward epilogue')}")
-    allreduce = (WORKLOAD + f":{line_of('site: main')}")
-    compare = (WORKLOAD + f":{line_of('site: feed_forward compare')}")
+    softmax = WORKLOAD + f":{line_of('site: attention key')}"
+    epilogue = WORKLOAD + f":{line_of('site: feed_forward epilogue')}"
+    allreduce = WORKLOAD + f":{line_of('site: main')}"
+    compare = WORKLOAD + f":{line_of('site: feed_forward compare')}"
     steps = 20
     assert table[("softmax_kernel", "key", softmax)] == steps * 6  # sorted() calls key once per value
     assert table[("gemm_kernel", "feed_forward", epilogue)] == steps
@@ -116,7 +115,10 @@ def test_show_event_prints_the_combined_traceback(demo) -> None:
     # Inlined frames are marked, exactly where the database says a frame is inlined.
     con = open_database(db, read_only=True)
     stack_id = query_rows(con, "SELECT stack_id FROM events WHERE event_id = ?", [event_id])[0][0]
-    inlined = [bool(r[0]) for r in query_rows(con, "SELECT inlined FROM stack_frames WHERE stack_id = ? ORDER BY depth", [stack_id])]
+    inlined = [
+        bool(r[0])
+        for r in query_rows(con, "SELECT inlined FROM stack_frames WHERE stack_id = ? ORDER BY depth", [stack_id])
+    ]
     con.close()
     assert [bool(f["inlined"]) for f in frames] == inlined
     assert any(inlined)
@@ -131,7 +133,9 @@ def test_show_stack_and_site(demo) -> None:
     assert stack.exit_code == 0, stack.output
     assert _frames(stack.stdout) == _frames(event.stdout)
 
-    key = cli("query", "--db", str(db), "-f", "csv", "SELECT site_key FROM kernel_launch_sites ORDER BY events DESC LIMIT 1")
+    key = cli(
+        "query", "--db", str(db), "-f", "csv", "SELECT site_key FROM kernel_launch_sites ORDER BY events DESC LIMIT 1"
+    )
     site_key = key.stdout.splitlines()[1].strip('"')
     site = cli("show", "--db", str(db), "--site", site_key, "--limit", "2")
     assert site.exit_code == 0, site.output

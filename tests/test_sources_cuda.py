@@ -25,8 +25,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import read_runs, run_python
+
 from tbpipe import _native
 
 DOUBLE_SOURCE = Path(__file__).parent / "cupti_double" / "libcupti_double.c"
@@ -52,9 +52,22 @@ def double_library(tmp_path_factory) -> Path:
         pytest.skip("no C compiler to build the libcupti test double")
     out = tmp_path_factory.mktemp("cupti_double") / "libcupti_double.so"
     subprocess.run(
-        [compiler, "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(out), str(DOUBLE_SOURCE),
-         "-lpthread"],
-        check=True, capture_output=True, text=True,
+        [
+            compiler,
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            str(out),
+            str(DOUBLE_SOURCE),
+            "-lpthread",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return out
 
@@ -78,7 +91,10 @@ def python_frames(run, stack_id: int) -> list[tuple[str, str, int]]:
 
 
 def test_kernel_launches_are_recorded_with_attributes_and_stack(double_library: Path, tmp_path: Path) -> None:
-    result = run_with_double(double_library, tmp_path, """
+    result = run_with_double(
+        double_library,
+        tmp_path,
+        """
         with capture.session(os.environ["OUT"], sources=["cuda"]) as session:
             enabled = {(d, c) for d, c in [(RUNTIME, 211), (RUNTIME, 214), (RUNTIME, 430), (RUNTIME, 269),
                                            (RUNTIME, 311), (DRIVER, 307), (DRIVER, 652), (DRIVER, 477), (DRIVER, 514)]
@@ -90,12 +106,13 @@ def test_kernel_launches_are_recorded_with_attributes_and_stack(double_library: 
             double.tbpipe_double_cuda_graph_launch(c_size_t(0xabc0), c_size_t(0), 44)
             print("COUNTERS", json.dumps(_native._cupti_counters()))
         print("SUBSCRIBED_AFTER", double.tbpipe_double_subscribed())
-    """)
+    """,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == ""
     assert "ENABLED 9" in result.stdout
     assert "SUBSCRIBED_AFTER 0" in result.stdout  # stop unsubscribes: Kineto or Nsight may take CUPTI after us
-    counters = json.loads(next(l for l in result.stdout.splitlines() if l.startswith("COUNTERS"))[9:])
+    counters = json.loads(next(t for t in result.stdout.splitlines() if t.startswith("COUNTERS"))[9:])
     assert counters == {"kernel_launches": 3, "graph_launches": 1, "nested_skipped": 1, "not_recorded": 0}
 
     (run,) = read_runs(tmp_path / "runs")
@@ -109,8 +126,16 @@ def test_kernel_launches_are_recorded_with_attributes_and_stack(double_library: 
     ]
     gemm, exc, driver_ex, graph = (r["attrs"] for r in rows)
     assert gemm == {
-        "api": "cudaLaunchKernel", "cbid": 211, "correlation_id": 41, "grid": [4, 2, 1], "block": [128, 1, 1],
-        "shared_mem": 2048, "stream": 0x5000, "stream_id": 0x5000 + 7, "device": 0, "context": 1,
+        "api": "cudaLaunchKernel",
+        "cbid": 211,
+        "correlation_id": 41,
+        "grid": [4, 2, 1],
+        "block": [128, 1, 1],
+        "shared_mem": 2048,
+        "stream": 0x5000,
+        "stream_id": 0x5000 + 7,
+        "device": 0,
+        "context": 1,
     }
     assert (exc["api"], exc["grid"], exc["block"], exc["stream"]) == ("cudaLaunchKernelExC", [9, 1, 1], [32, 1, 1], 2)
     assert (driver_ex["api"], driver_ex["grid"], driver_ex["shared_mem"]) == ("cuLaunchKernelEx", [3, 2, 1], 512)
@@ -126,10 +151,14 @@ def test_kernel_launches_are_recorded_with_attributes_and_stack(double_library: 
 
 
 def test_launch_from_a_thread_the_interpreter_never_saw(double_library: Path, tmp_path: Path) -> None:
-    result = run_with_double(double_library, tmp_path, """
+    result = run_with_double(
+        double_library,
+        tmp_path,
+        """
         with capture.session(os.environ["OUT"], sources=["cuda"]):
             assert double.tbpipe_double_cu_launch_on_native_thread(b"worker_kernel", 7) == 0
-    """)
+    """,
+    )
     assert result.returncode == 0, result.stderr
     (run,) = read_runs(tmp_path / "runs")
     (row,) = events(run)
@@ -141,26 +170,35 @@ def test_launch_from_a_thread_the_interpreter_never_saw(double_library: Path, tm
 def test_callback_never_takes_the_gil(double_library: Path, tmp_path: Path) -> None:
     # PyDLL keeps the GIL while the double's native thread launches and is joined:
     # a callback that waited for the GIL would deadlock here (and time out).
-    result = run_with_double(double_library, tmp_path, """
+    result = run_with_double(
+        double_library,
+        tmp_path,
+        """
         with capture.session(os.environ["OUT"], sources=["cuda"]):
             for i in range(20):
                 assert holding_gil.tbpipe_double_cu_launch_on_native_thread(b"k", i) == 0
             gemm_launch_site(99)
         print("done")
-    """, timeout=60)
+    """,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     (run,) = read_runs(tmp_path / "runs")
     assert len(events(run)) == 21
 
 
 def test_another_cupti_subscriber_is_named_in_one_line(double_library: Path, tmp_path: Path) -> None:
-    result = run_with_double(double_library, tmp_path, """
+    result = run_with_double(
+        double_library,
+        tmp_path,
+        """
         double.tbpipe_double_set_subscribe_result(39, b"CUPTI for Kineto")
         with capture.session(os.environ["OUT"], sources=["cuda"]):
             gemm_launch_site(1)                    # not recorded
             capture.record("user", "still recorded")
         print("program ran")
-    """)
+    """,
+    )
     assert result.returncode == 0, result.stderr
     assert "program ran" in result.stdout
     (line,) = result.stderr.strip().splitlines()
@@ -176,7 +214,7 @@ def _only_stderr_line_of_a_cuda_session(tmp_path: Path, prelude: str = "") -> st
     Returns the one line tbpipe wrote to stderr."""
     code = f"""{prelude}
 from tbpipe import capture
-with capture.session({str(tmp_path / 'runs')!r}, sources=["cuda"]):
+with capture.session({str(tmp_path / "runs")!r}, sources=["cuda"]):
     capture.record("user", "x")
 print("program ran")
 """
@@ -199,9 +237,23 @@ def test_tbpipe_run_with_the_cuda_source(double_library: Path, tmp_path: Path) -
     script = tmp_path / "launcher.py"
     script.write_text(PRELUDE + "gemm_launch_site(5)\ngemm_launch_site(6)\n")
     result = subprocess.run(
-        [sys.executable, "-m", "tbpipe.pipeline", "run", "--out", str(tmp_path / "runs"), "--source", "cuda", "--",
-         sys.executable, str(script)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "tbpipe.pipeline",
+            "run",
+            "--out",
+            str(tmp_path / "runs"),
+            "--source",
+            "cuda",
+            "--",
+            sys.executable,
+            str(script),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "TBPIPE_CUPTI_LIBRARY": str(double_library)},
     )
     assert result.returncode == 0, result.stderr
@@ -214,14 +266,18 @@ def test_tbpipe_run_with_the_cuda_source(double_library: Path, tmp_path: Path) -
 
 
 def test_overhead_limit_applies_to_native_launches(double_library: Path, tmp_path: Path) -> None:
-    result = run_with_double(double_library, tmp_path, """
+    result = run_with_double(
+        double_library,
+        tmp_path,
+        """
         def launches(first, count):
             for i in range(first, first + count):
                 gemm_launch_site(i)
         launches(100, 50)  # no subscriber yet: warms CPython's call path (a specialized call is another stack)
         with capture.session(os.environ["OUT"], sources=["cuda"], max_events_per_stack_per_s=3):
             launches(0, 10)
-    """)
+    """,
+    )
     assert result.returncode == 0, result.stderr
     (run,) = read_runs(tmp_path / "runs")
     assert [r["attrs"]["correlation_id"] for r in events(run)] == [0, 1, 2]
@@ -274,17 +330,21 @@ def _cupti_include_dir() -> Path | None:
 def test_declared_cupti_abi_matches_nvidia_headers(tmp_path: Path) -> None:
     include = _cupti_include_dir()
     abi = _native._cupti_abi()
-    lines = ['#include <cstddef>', '#include <cstdio>', '#include <cupti.h>', 'int main() {']
+    lines = ["#include <cstddef>", "#include <cstdio>", "#include <cupti.h>", "int main() {"]
     for name, _ in abi["declared"]:
         lines.append(f'  std::printf("%s=%llu\\n", "{name}", (unsigned long long)({name}));')
-    for _, _, api, enumerator, _ in abi["callbacks"]:
+    for _, _, _api, enumerator, _ in abi["callbacks"]:
         lines.append(f'  std::printf("%s=%llu\\n", "{enumerator}", (unsigned long long)({enumerator}));')
     lines += ["  return 0;", "}"]
     source = tmp_path / "abi.cpp"
     source.write_text("\n".join(lines) + "\n")
     binary = tmp_path / "abi"
-    subprocess.run(["g++", "-std=c++17", f"-I{include}", str(source), "-o", str(binary)], check=True,
-                   capture_output=True, text=True)
+    subprocess.run(
+        ["g++", "-std=c++17", f"-I{include}", str(source), "-o", str(binary)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     output = subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout
     real = dict(line.rpartition("=")[::2] for line in output.splitlines())
     declared = {name: str(value) for name, value in abi["declared"]}

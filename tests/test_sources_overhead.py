@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from conftest import read_runs
+
 from tbpipe import _native, capture
 
 

@@ -10,8 +10,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import read_runs, run_python
+
 from tbpipe import capture
 from tbpipe.capture import SessionError
 from tbpipe.capture.sources import known_source_names, resolve_sources
@@ -63,7 +63,7 @@ with capture.session({str(runs)!r}):  # the process can still record
 """
     result = run_python(code, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    (line,) = [l for l in result.stdout.splitlines() if l.startswith("ERROR:")]
+    (line,) = [t for t in result.stdout.splitlines() if t.startswith("ERROR:")]
     assert message in line
     (run,) = read_runs(runs)
     assert run.tables["events"]["name"].to_pylist() == ["after"]
@@ -74,7 +74,7 @@ def test_missing_torch_under_tbpipe_run_is_one_line_and_the_program_runs_on(tmp_
     code = f"""
 import os, sys
 sys.modules["torch"] = None
-os.environ.update({{"TBPIPE_RUN_OUT": {str(tmp_path / 'runs')!r}, "TBPIPE_RUN_SOURCES": "torch-ops"}})
+os.environ.update({{"TBPIPE_RUN_OUT": {str(tmp_path / "runs")!r}, "TBPIPE_RUN_SOURCES": "torch-ops"}})
 from tbpipe.capture.autostart_session import start_from_environment
 start_from_environment()
 print("program ran")
@@ -82,7 +82,7 @@ print("program ran")
     result = run_python(code, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "program ran" in result.stdout
-    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    lines = [t for t in result.stderr.splitlines() if t.strip()]
     assert len(lines) == 1, result.stderr
     assert "torch-ops source needs PyTorch, which is not installed" in lines[0]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
-
 from conftest import read_runs
+
 from tbpipe import capture
 
 torch = pytest.importorskip(
@@ -64,9 +64,23 @@ def captured_script(tmp_path_factory) -> tuple[Path, Path]:
     script.write_text(SCRIPT)
     out = work / "runs"
     result = subprocess.run(
-        [sys.executable, "-m", "tbpipe.pipeline", "run", "--out", str(out), "--source", "torch-ops", "--",
-         sys.executable, str(script)],
-        cwd=work, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "tbpipe.pipeline",
+            "run",
+            "--out",
+            str(out),
+            "--source",
+            "torch-ops",
+            "--",
+            sys.executable,
+            str(script),
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     assert "trained" in result.stdout

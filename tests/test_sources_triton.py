@@ -15,8 +15,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import read_runs, run_python
+
 from tbpipe import capture
 from tbpipe.capture import triton_launches
 
@@ -80,9 +80,7 @@ def test_hook_is_registered_on_triton_and_removed_after(triton, out_dir: Path) -
         assert handle.status == "recording"
         assert handle.api in {"hook_chain", "knob", "compiled_kernel"}
         hooks = _registered_hooks(triton)
-        assert triton_launches.launch_enter_hook in hooks or any(
-            getattr(h, "__name__", "") == "hook" for h in hooks
-        )
+        assert triton_launches.launch_enter_hook in hooks or any(getattr(h, "__name__", "") == "hook" for h in hooks)
     assert _registered_hooks(triton) == before
 
 
@@ -114,7 +112,7 @@ def test_hook_waits_for_the_programs_own_import(triton, tmp_path: Path) -> None:
 import sys
 from tbpipe import capture
 from tbpipe.capture import triton_launches
-with capture.session({str(tmp_path / 'runs')!r}, sources=["triton"]) as session:
+with capture.session({str(tmp_path / "runs")!r}, sources=["triton"]) as session:
     assert "triton" not in sys.modules, "starting the source must not import triton"
     import triton
     print("INSTALLED", triton_launches._state.installed is not None)

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from symbols_data.testlib import (
     LIBC,
     function_addresses,
@@ -130,7 +129,8 @@ def test_module_path_that_is_not_utf8(libs, tmp_path):
     for extra in ([], ["--json"]):
         result = subprocess.run(
             [os.fsencode(a) for a in command] + [module, b"-f", *map(str.encode, extra), b"0xffffffff", b"%#x" % first],
-            capture_output=True, timeout=120,
+            capture_output=True,
+            timeout=120,
         )
         assert result.returncode == 0, result.stderr
         if not extra:

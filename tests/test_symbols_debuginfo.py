@@ -12,7 +12,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from symbols_data.testlib import (
     DATA,
     LIBPYTHON,
@@ -23,9 +22,10 @@ from symbols_data.testlib import (
     run,
     stripped_with_debuglink,
 )
+
 from tbpipe.pipeline.symbols import DebugDirIndex, ModuleRef, Quality, Symbolizer
-from tbpipe.pipeline.symbols.lines import line_index, read_aranges
 from tbpipe.pipeline.symbols.elf import read_section
+from tbpipe.pipeline.symbols.lines import line_index, read_aranges
 
 _MISSING = have_tools("llvm-symbolizer", "gcc", "objcopy", "strip")
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=_MISSING)

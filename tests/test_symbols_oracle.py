@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from symbols_data.testlib import (
     DATA,
     LIBC,
@@ -24,6 +23,7 @@ from symbols_data.testlib import (
     random_code_addresses,
 )
 from symbols_data.testlib import run as run_tool
+
 from tbpipe.pipeline.symbols import ModuleRef, Quality, Symbolizer
 from tbpipe.pipeline.symbols import demangle as demangling
 from tbpipe.pipeline.symbols.elf import executable_ranges, inspect_elf, read_build_id

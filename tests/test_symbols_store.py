@@ -9,8 +9,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from symbols_data.testlib import LIBC, function_addresses, have_tools, random_code_addresses
+
 from tbpipe.pipeline.symbols import ModuleRef, Quality, Symbolizer, arrow_schema
 from tbpipe.pipeline.symbols.columns import KnownTable, ResultChunk
 from tbpipe.pipeline.symbols.elf import read_build_id

@@ -21,8 +21,9 @@ import select
 import sys
 import threading
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Iterator, Optional
+from typing import TYPE_CHECKING, Annotated
 
 from tbpipe.pipeline.errors import UsageError
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     import typer
 # `typer` is imported by `register`/`_standalone` only (the annotations below are strings that
 # typer evaluates then): `run_fast` answers plain binutils-style command lines without it.
+
 
 def _stdin_batches() -> Iterator[bytes]:
     """Lines from stdin (joined by newlines, without the last one), in batches of whatever has
@@ -155,12 +157,10 @@ def _json_line(address: int, entry: int, known, names: dict[str, str], demangle:
 
 
 def addr2line(
-    addresses: Annotated[
-        Optional[list[str]], typer.Argument(help="Addresses (hex); read from stdin when none.")
-    ] = None,
-    exe: Annotated[Optional[Path], typer.Option("-e", "--exe", help="The module (stripped is fine).")] = None,
+    addresses: Annotated[list[str] | None, typer.Argument(help="Addresses (hex); read from stdin when none.")] = None,
+    exe: Annotated[Path | None, typer.Option("-e", "--exe", help="The module (stripped is fine).")] = None,
     build_id: Annotated[
-        Optional[str], typer.Option("--build-id", help="Find the module's debug info by build-ID alone.")
+        str | None, typer.Option("--build-id", help="Find the module's debug info by build-ID alone.")
     ] = None,
     show_addresses: Annotated[bool, typer.Option("-a", "--addresses", help="Print each address first.")] = False,
     functions: Annotated[bool, typer.Option("-f", "--functions", help="Print function names.")] = False,
@@ -170,17 +170,17 @@ def addr2line(
     basenames: Annotated[bool, typer.Option("-s", "--basenames", help="File names without directories.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per address.")] = False,
     cache_dir: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option("--cache-dir", help="Symbol store (default: TBPIPE_CACHE_DIR or the user cache dir)."),
     ] = None,
     debug_dir: Annotated[
-        Optional[list[Path]], typer.Option("--debug-dir", help="Extra folder with debug files (recursive).")
+        list[Path] | None, typer.Option("--debug-dir", help="Extra folder with debug files (recursive).")
     ] = None,
     debug_root: Annotated[
-        Optional[list[Path]], typer.Option("--debug-root", help="Root with a .build-id/ tree (default /usr/lib/debug).")
+        list[Path] | None, typer.Option("--debug-root", help="Root with a .build-id/ tree (default /usr/lib/debug).")
     ] = None,
     jobs: Annotated[
-        Optional[int], typer.Option("--jobs", help="Worker processes for big batches (default: all CPUs).")
+        int | None, typer.Option("--jobs", help="Worker processes for big batches (default: all CPUs).")
     ] = None,
 ) -> None:
     """Translate addresses into function names, file names and line numbers, like binutils' addr2line."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -21,7 +21,7 @@ debuginfo_app = typer.Typer(
 )
 
 CacheDir = Annotated[
-    Optional[Path], typer.Option("--cache-dir", help="Symbol store (default: TBPIPE_CACHE_DIR or the user cache dir).")
+    Path | None, typer.Option("--cache-dir", help="Symbol store (default: TBPIPE_CACHE_DIR or the user cache dir).")
 ]
 
 
@@ -66,14 +66,10 @@ def scan(
 @debuginfo_app.command("find")
 def find(
     build_id: Annotated[str, typer.Argument(help="The build-ID (hex).")],
-    module: Annotated[Optional[Path], typer.Option("--module", help="Where the module was loaded from.")] = None,
+    module: Annotated[Path | None, typer.Option("--module", help="Where the module was loaded from.")] = None,
     cache_dir: CacheDir = None,
-    debug_dir: Annotated[
-        Optional[list[Path]], typer.Option("--debug-dir", help="Extra folder with debug files.")
-    ] = None,
-    debug_root: Annotated[
-        Optional[list[Path]], typer.Option("--debug-root", help="Root with a .build-id/ tree.")
-    ] = None,
+    debug_dir: Annotated[list[Path] | None, typer.Option("--debug-dir", help="Extra folder with debug files.")] = None,
+    debug_root: Annotated[list[Path] | None, typer.Option("--debug-root", help="Root with a .build-id/ tree.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Say where the debug info of BUILD_ID was looked for and what was found."""

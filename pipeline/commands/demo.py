@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -25,7 +24,7 @@ def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
         out: Path = typer.Option(Path("demo-runs"), "--out", "-o", help="Folder for the demo's runs."),
-        db: Optional[Path] = typer.Option(None, "--db", help="Database file (default: OUT/tbpipe.duckdb)."),
+        db: Path | None = typer.Option(None, "--db", help="Database file (default: OUT/tbpipe.duckdb)."),
         top: int = typer.Option(5, help="How many call sites to print."),
     ) -> None:
         """Capture a small workload, ingest it into DuckDB, print its top kernel-launch call sites."""
@@ -60,7 +59,7 @@ def register(app: typer.Typer) -> None:
         finally:
             con.close()
         console.print(
-            f"\nMore: tbpipe query --db {db_path} \"SELECT * FROM kernel_launch_sites ORDER BY events DESC\"",
+            f'\nMore: tbpipe query --db {db_path} "SELECT * FROM kernel_launch_sites ORDER BY events DESC"',
             highlight=False,
             soft_wrap=True,
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -17,28 +16,29 @@ QUARANTINED_EXIT = 1
 def register(app: typer.Typer) -> None:
     @app.command("ingest")
     def ingest(
-        runs_dirs: Optional[List[Path]] = typer.Argument(
+        runs_dirs: list[Path] | None = typer.Argument(
             None, help="Folders searched recursively for run directories (each with a manifest.json)."
         ),
-        db: Optional[Path] = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
-        debug_dir: Optional[List[Path]] = typer.Option(
+        db: Path | None = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
+        debug_dir: list[Path] | None = typer.Option(
             None, "--debug-dir", help="Folder searched (recursively, by build-ID) for debug files first; repeatable."
         ),
-        cache_dir: Optional[Path] = typer.Option(
+        cache_dir: Path | None = typer.Option(
             None, "--cache-dir", help="Symbol store (default: $TBPIPE_CACHE_DIR or the user cache dir)."
         ),
-        user_code: Optional[List[str]] = typer.Option(
+        user_code: list[str] | None = typer.Option(
             None,
             "--user-code",
             help="Path prefix of files that are user code (call sites), e.g. /srv/app/ or mylib/; "
             "!PREFIX for files that are not. Kept in the database; repeatable.",
         ),
         wait: float = typer.Option(600.0, "--wait", help="Seconds to wait for another ingest into the same database."),
-        progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bar (default: on a terminal)."),
+        progress: bool | None = typer.Option(
+            None, "--progress/--no-progress", help="Progress bar (default: on a terminal)."
+        ),
     ) -> None:
         """Load captured runs into the database: one transaction per run, damaged runs quarantined."""
-        from tbpipe.pipeline.db import IngestOptions
-        from tbpipe.pipeline.db import ingest_runs
+        from tbpipe.pipeline.db import IngestOptions, ingest_runs
         from tbpipe.pipeline.reports.ingest_summary import render_ingest_summary
 
         if not runs_dirs and not user_code:

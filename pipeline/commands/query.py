@@ -6,7 +6,7 @@ import json
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -62,7 +62,7 @@ def write_table(result, console: Console, max_rows: int) -> None:
         console.print(f"({result.num_rows - max_rows:,} more rows: use --max-rows, or --format csv)", style="dim")
 
 
-def _sink(output: Optional[Path], binary_ok_on_tty: bool):
+def _sink(output: Path | None, binary_ok_on_tty: bool):
     if output is not None:
         return open(output, "wb")
     if not binary_ok_on_tty and sys.stdout.isatty():
@@ -70,7 +70,7 @@ def _sink(output: Optional[Path], binary_ok_on_tty: bool):
     return sys.stdout.buffer
 
 
-def write_result(result, fmt: OutputFormat, output: Optional[Path], max_rows: int) -> None:
+def write_result(result, fmt: OutputFormat, output: Path | None, max_rows: int) -> None:
     if fmt is OutputFormat.table:
         console = Console(file=open(output, "w")) if output else Console()
         write_table(result, console, max_rows)
@@ -127,9 +127,9 @@ def register(app: typer.Typer) -> None:
     @app.command("query")
     def query(
         sql: str = typer.Argument(..., help="The SQL to run, or - to read it from stdin."),
-        db: Optional[Path] = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
+        db: Path | None = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
         fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help="Output format."),
-        output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+        output: Path | None = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
         max_rows: int = typer.Option(1000, "--max-rows", help="Rows shown by --format table."),
         wait: float = typer.Option(30.0, "--wait", help="Seconds to wait while an ingest is writing the database."),
     ) -> None:
@@ -140,7 +140,9 @@ def register(app: typer.Typer) -> None:
         if not text.strip():
             raise UsageError("no SQL given")
         say = Console(stderr=True)
-        con = open_database(db, read_only=True, wait_s=wait, on_wait=lambda m: say.print(f"tbpipe: {m}", highlight=False))
+        con = open_database(
+            db, read_only=True, wait_s=wait, on_wait=lambda m: say.print(f"tbpipe: {m}", highlight=False)
+        )
         try:
             result = run_query(con, text)
         finally:

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -82,8 +81,8 @@ def register(app: typer.Typer) -> None:
     def run(
         ctx: typer.Context,
         out: Path = typer.Option(Path("runs"), "--out", "-o", help="Folder that receives one run folder per process."),
-        label: Optional[List[str]] = typer.Option(None, "--label", "-l", help="KEY=VALUE, repeatable."),
-        source: Optional[List[str]] = typer.Option(None, "--source", "-s", help="Event source to switch on, repeatable."),
+        label: list[str] | None = typer.Option(None, "--label", "-l", help="KEY=VALUE, repeatable."),
+        source: list[str] | None = typer.Option(None, "--source", "-s", help="Event source to switch on, repeatable."),
         sample_rate: float = typer.Option(1.0, "--sample-rate", help="Fraction of events recorded, in (0, 1]."),
         max_per_stack: int = typer.Option(
             0, "--max-per-stack-per-s", help="At most this many events per stack and second (0: no limit)."

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -20,12 +19,13 @@ def _labels(labels: dict | None) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("runs")
     def runs(
-        db: Optional[Path] = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
-        label: Optional[List[str]] = typer.Option(None, "--label", "-l", help="Only runs with this KEY=VALUE label; repeatable."),
+        db: Path | None = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
+        label: list[str] | None = typer.Option(
+            None, "--label", "-l", help="Only runs with this KEY=VALUE label; repeatable."
+        ),
     ) -> None:
         """List the ingested runs, oldest first, with their labels."""
-        from tbpipe.pipeline.db import open_database
-        from tbpipe.pipeline.db import read
+        from tbpipe.pipeline.db import open_database, read
 
         con = open_database(db, read_only=True)
         try:

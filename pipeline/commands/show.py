@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -14,17 +13,19 @@ from tbpipe.pipeline.errors import UsageError
 def register(app: typer.Typer) -> None:
     @app.command("show")
     def show(
-        event: Optional[int] = typer.Option(None, "--event", help="An event id (`events.event_id`)."),
-        stack: Optional[int] = typer.Option(None, "--stack", help="A stack id (`stacks.stack_id`)."),
-        site: Optional[str] = typer.Option(None, "--site", help="A call-site key (`call_sites.site_key`)."),
+        event: int | None = typer.Option(None, "--event", help="An event id (`events.event_id`)."),
+        stack: int | None = typer.Option(None, "--stack", help="A stack id (`stacks.stack_id`)."),
+        site: str | None = typer.Option(None, "--site", help="A call-site key (`call_sites.site_key`)."),
         limit: int = typer.Option(3, "--limit", help="With --site: how many of its stacks to print, heaviest first."),
-        db: Optional[Path] = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
+        db: Path | None = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
     ) -> None:
         """Print the combined Python + native traceback of an event, a stack or a call site (innermost first)."""
         from tbpipe.pipeline.db import open_database
         from tbpipe.pipeline.reports import traceback
 
-        chosen = [name for name, value in (("--event", event), ("--stack", stack), ("--site", site)) if value is not None]
+        chosen = [
+            name for name, value in (("--event", event), ("--stack", stack), ("--site", site)) if value is not None
+        ]
         if len(chosen) != 1:
             raise UsageError("give exactly one of --event ID, --stack ID or --site KEY")
         console = Console(soft_wrap=True)

@@ -12,8 +12,8 @@ import contextlib
 import fcntl
 import os
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 from tbpipe.pipeline.db import schema
 from tbpipe.pipeline.errors import TbpipeError

@@ -170,15 +170,23 @@ def combined_slots(
 
     native_source = np.where(is_python, -1, source)
     python_source = np.where(is_python, source, -1)
-    marker = ~is_python & is_marker[np.maximum(native_source, 0)] if len(is_marker) else np.zeros(len(owner), dtype=bool)
+    marker = (
+        ~is_python & is_marker[np.maximum(native_source, 0)] if len(is_marker) else np.zeros(len(owner), dtype=bool)
+    )
     kind = np.where(is_python, PYTHON, np.where(marker, MARKER, NATIVE)).astype(np.int8)
-    native_real = (kind == NATIVE)
+    native_real = kind == NATIVE
 
     module_row = np.where(native_real, native_ref[np.maximum(native_source, 0)] if len(native_ref) else -1, -1)
     code_row = np.where(is_python, python_ref[np.maximum(python_source, 0)] if len(python_ref) else -1, -1)
-    address = np.where(~is_python, native_address[np.maximum(native_source, 0)] if len(native_address) else 0, 0).astype(np.uint64)
-    exact = native_real & ((native_flags[np.maximum(native_source, 0)] & NATIVE_FRAME_EXACT_PC) != 0 if len(native_flags) else False)
-    line = np.where(is_python, python_line[np.maximum(python_source, 0)] if len(python_line) else -1, -1).astype(np.int32)
+    address = np.where(
+        ~is_python, native_address[np.maximum(native_source, 0)] if len(native_address) else 0, 0
+    ).astype(np.uint64)
+    exact = native_real & (
+        (native_flags[np.maximum(native_source, 0)] & NATIVE_FRAME_EXACT_PC) != 0 if len(native_flags) else False
+    )
+    line = np.where(is_python, python_line[np.maximum(python_source, 0)] if len(python_line) else -1, -1).astype(
+        np.int32
+    )
 
     function = _take(code["qualname"].combine_chunks() if code.num_rows else pa.array([], pa.string()), code_row)
     file = _take(code["filename"].combine_chunks() if code.num_rows else pa.array([], pa.string()), code_row)
@@ -198,7 +206,9 @@ def combined_slots(
         file=file,
         line=line,
         module=_take(modules["path"].combine_chunks() if modules.num_rows else pa.array([], pa.string()), module_row),
-        build_id=_take(modules["build_id"].combine_chunks() if modules.num_rows else pa.array([], pa.string()), module_row),
+        build_id=_take(
+            modules["build_id"].combine_chunks() if modules.num_rows else pa.array([], pa.string()), module_row
+        ),
         address=address,
         exact=exact,
         reason=reason,
@@ -262,9 +272,15 @@ def expand(slots: Slots, symbols: pa.Table) -> Frames:
     n = len(slots)
     native = slots.kind == NATIVE
     sym_build = symbols["build_id"].combine_chunks() if symbols.num_rows else pa.array([], pa.string())
-    dictionary = pc.unique(pa.concat_arrays([sym_build.cast(pa.string()), slots.build_id.cast(pa.string())]).drop_null())
+    dictionary = pc.unique(
+        pa.concat_arrays([sym_build.cast(pa.string()), slots.build_id.cast(pa.string())]).drop_null()
+    )
     slot_codes = pc.fill_null(pc.index_in(slots.build_id, value_set=dictionary), -1).to_numpy(zero_copy_only=False)
-    sym_codes = pc.index_in(sym_build, value_set=dictionary).to_numpy(zero_copy_only=False) if len(sym_build) else np.zeros(0, np.int32)
+    sym_codes = (
+        pc.index_in(sym_build, value_set=dictionary).to_numpy(zero_copy_only=False)
+        if len(sym_build)
+        else np.zeros(0, np.int32)
+    )
     sym_address = symbols["address"].to_numpy() if symbols.num_rows else np.zeros(0, np.uint64)
     sym_exact = symbols["exact"].to_numpy(zero_copy_only=False).astype(bool) if symbols.num_rows else np.zeros(0, bool)
     sym_depth = symbols["depth"].to_numpy() if symbols.num_rows else np.zeros(0, np.int32)
@@ -289,7 +305,11 @@ def expand(slots: Slots, symbols: pa.Table) -> Frames:
     depth = np.arange(len(owner), dtype=np.int64) - _first_index(stack)
 
     row_chain = has_chain[owner]
-    sym_row = np.where(row_chain, sym_order[np.minimum(chain_start[slot_ids[owner]] + chain_depth, len(sym_order) - 1)] if len(sym_order) else 0, -1)
+    sym_row = np.where(
+        row_chain,
+        sym_order[np.minimum(chain_start[slot_ids[owner]] + chain_depth, len(sym_order) - 1)] if len(sym_order) else 0,
+        -1,
+    )
     slot_row = np.where(row_chain, -1, owner)
     n_sym = symbols.num_rows
 
@@ -303,7 +323,9 @@ def expand(slots: Slots, symbols: pa.Table) -> Frames:
     sym_line = pc.fill_null(symbols["line"], 0).to_numpy().astype(np.int64) if n_sym else np.zeros(0, np.int64)
     sym_line[sym_line <= 0] = -1
     line = np.where(row_chain, sym_line[np.maximum(sym_row, 0)] if n_sym else -1, slots.line[owner])
-    inlined = np.where(row_chain, symbols["inlined"].to_numpy(zero_copy_only=False)[np.maximum(sym_row, 0)] if n_sym else False, False)
+    inlined = np.where(
+        row_chain, symbols["inlined"].to_numpy(zero_copy_only=False)[np.maximum(sym_row, 0)] if n_sym else False, False
+    )
     unresolved = np.where(slot_codes < 0, NO_MODULE_REASON, NOT_SYMBOLIZED_REASON)
     slot_reason = pc.if_else(
         pa.array(native & ~has_chain), pa.array(unresolved, pa.string()), slots.reason.cast(pa.string())

@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -179,7 +180,9 @@ def _tbpipe_source_dirs() -> list[str]:
     import tbpipe.pipeline
     import tbpipe.schemas
 
-    return sorted({str(Path(m.__file__).resolve().parent) + "/" for m in (tbpipe.capture, tbpipe.pipeline, tbpipe.schemas)})
+    return sorted(
+        {str(Path(m.__file__).resolve().parent) + "/" for m in (tbpipe.capture, tbpipe.pipeline, tbpipe.schemas)}
+    )
 
 
 def _sql_text(text: str) -> str:
@@ -261,7 +264,8 @@ class _Loader:
             for prefix, is_user in rules:
                 con.execute("INSERT OR REPLACE INTO user_code VALUES (?, ?, 'user', now())", [prefix, is_user])
             rules_hash = query_value(
-                con, "SELECT md5(coalesce(string_agg(prefix || '=' || is_user, chr(30) ORDER BY prefix), '')) FROM user_code"
+                con,
+                "SELECT md5(coalesce(string_agg(prefix || '=' || is_user, chr(30) ORDER BY prefix), '')) FROM user_code",
             )
             sited_with = query_value(con, "SELECT value FROM settings WHERE key = 'sited_with_rules'")
             if sited_with != rules_hash:
@@ -275,9 +279,7 @@ class _Loader:
         if from_stack is None:
             con.execute("DELETE FROM stack_sites")
             con.execute("DELETE FROM sites")
-        con.execute(
-            "CREATE OR REPLACE TEMP TABLE ingest_sites AS SELECT * FROM stack_sites_from(?)", [from_stack or 0]
-        )
+        con.execute("CREATE OR REPLACE TEMP TABLE ingest_sites AS SELECT * FROM stack_sites_from(?)", [from_stack or 0])
         try:
             con.execute(
                 """
@@ -305,7 +307,7 @@ class _Loader:
 
     # ---------------------------------------------------------------- one run
 
-    def ingest_run(self, run_dir: Path, progress: "_Progress") -> RunOutcome:
+    def ingest_run(self, run_dir: Path, progress: _Progress) -> RunOutcome:
         try:
             manifest = read_manifest(run_dir)
             fingerprint = parts_fingerprint(run_dir, manifest)
@@ -325,7 +327,7 @@ class _Loader:
         except _QuarantineRun as error:
             return RunOutcome(run_dir, "quarantined", run_id=run_id, reason=f"{run_dir}: {error}")
 
-    def _read(self, run_dir: Path, manifest: dict[str, Any], fingerprint: str, progress: "_Progress") -> _RunData:
+    def _read(self, run_dir: Path, manifest: dict[str, Any], fingerprint: str, progress: _Progress) -> _RunData:
         files = part_files(run_dir, manifest)
         event_files = [(path, check_part(path, "events")) for path in files["events"]]
         tables = read_tables(files, ("stacks", "modules", "code"))
@@ -349,8 +351,19 @@ class _Loader:
             frames = framing.expand(slots, known)
             problems = shapes.problem
         return _RunData(
-            run_dir, manifest, fingerprint, event_files, prepared, stack_ids, new_ids, frames, problems, new_order,
-            symbols, statuses, notes,
+            run_dir,
+            manifest,
+            fingerprint,
+            event_files,
+            prepared,
+            stack_ids,
+            new_ids,
+            frames,
+            problems,
+            new_order,
+            symbols,
+            statuses,
+            notes,
         )
 
     def _stack_ids(self, prepared: PreparedRun) -> tuple[np.ndarray, np.ndarray]:
@@ -361,7 +374,8 @@ class _Loader:
         self._register("ingest_hashes", pa.table({"stack_hash": pa.array(hashes, pa.uint64())}))
         try:
             known = query_arrow(
-                con, "SELECT stack_hash, stack_id FROM stacks WHERE stack_hash IN (SELECT stack_hash FROM ingest_hashes)"
+                con,
+                "SELECT stack_hash, stack_id FROM stacks WHERE stack_hash IN (SELECT stack_hash FROM ingest_hashes)",
             )
         finally:
             self._unregister("ingest_hashes")
@@ -379,9 +393,13 @@ class _Loader:
         return ids[inverse], new
 
     def _stack_map(self, prepared: PreparedRun, stack_ids: np.ndarray) -> pa.Table:
-        return pa.table({"raw_id": pa.array(prepared.raw_ids, pa.uint64()), "stack_id": pa.array(stack_ids, pa.int64())})
+        return pa.table(
+            {"raw_id": pa.array(prepared.raw_ids, pa.uint64()), "stack_id": pa.array(stack_ids, pa.int64())}
+        )
 
-    def _dangling_events(self, event_files: list[tuple[Path, int]], prepared: PreparedRun, stack_ids: np.ndarray) -> int:
+    def _dangling_events(
+        self, event_files: list[tuple[Path, int]], prepared: PreparedRun, stack_ids: np.ndarray
+    ) -> int:
         """Events whose stack the run does not hold (a killed process flushed the events, not the stack)."""
         if not event_files:
             return 0
@@ -493,11 +511,15 @@ class _Loader:
                 continue
             # Keyed by path, or a garbage build-ID: one call each, so rows map back to our key.
             ref = ModuleRef(_symbolizer_build_id(key), path)
-            tables.append(_as_symbols_rows(symbolizer.symbolize_arrow({ref: (addresses, exact)}, dictionary=False), key))
+            tables.append(
+                _as_symbols_rows(symbolizer.symbolize_arrow({ref: (addresses, exact)}, dictionary=False), key)
+            )
         return pa.concat_tables(tables), self._statuses(requests)
 
     def _statuses(self, requests: dict[str, tuple[str | None, Any, Any]]) -> pa.Table:
-        rows: dict[str, list] = {k: [] for k in ("build_id", "path", "quality", "reason", "debug_file", "found_via", "checked_at")}
+        rows: dict[str, list] = {
+            k: [] for k in ("build_id", "path", "quality", "reason", "debug_file", "found_via", "checked_at")
+        }
         for key, (path, _addresses, _exact) in requests.items():
             status = self.symbolizer.module_status(_symbolizer_build_id(key), path)
             rows["build_id"].append(key)
@@ -519,7 +541,9 @@ class _Loader:
         new_stacks = len(data.new_order)
         with self._transaction() as con:
             numbers = query_rows(con, "SELECT run_number FROM runs WHERE run_id = ?", [run_id])
-            run_number = numbers[0][0] if numbers else query_value(con, "SELECT coalesce(max(run_number), 0) + 1 FROM runs")
+            run_number = (
+                numbers[0][0] if numbers else query_value(con, "SELECT coalesce(max(run_number), 0) + 1 FROM runs")
+            )
             if replace:
                 con.execute("DELETE FROM event_counts WHERE run_number = ?", [run_number])
                 for table in ("events", "run_modules", "runs"):
@@ -924,7 +948,7 @@ class _Progress:
         self._task: Any = None
         self._events = 0
 
-    def __enter__(self) -> "_Progress":
+    def __enter__(self) -> _Progress:
         if self.enabled:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

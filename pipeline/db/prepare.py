@@ -59,9 +59,7 @@ def md5_lower(con, values: pa.Array) -> np.ndarray:
     table = pa.table({"pos": pa.array(np.arange(len(values), dtype=np.int64)), "text": values})
     con.register("prepare_strings", table)
     try:
-        result = query_arrow(con, 
-            "SELECT md5_number_lower(text) AS h FROM prepare_strings ORDER BY pos"
-        )
+        result = query_arrow(con, "SELECT md5_number_lower(text) AS h FROM prepare_strings ORDER BY pos")
     finally:
         con.unregister("prepare_strings")
     return _numpy(result["h"], np.uint64)
@@ -137,7 +135,11 @@ def prepare_run(tables: dict[str, pa.Table], con) -> PreparedRun:
     code_table = tables["code"]
     code_ids_all = _numpy(code_table["code_id"], np.uint64)
     code_ids, first_rows = np.unique(code_ids_all, return_index=True)
-    code = code_table if _is_identity(first_rows, code_table.num_rows) else code_table.take(pa.array(first_rows, pa.int64()))
+    code = (
+        code_table
+        if _is_identity(first_rows, code_table.num_rows)
+        else code_table.take(pa.array(first_rows, pa.int64()))
+    )
     code_text = pc.binary_join_element_wise(
         code["filename"], code["qualname"], pc.cast(code["first_line"], pa.string()), "\x1f"
     )
@@ -151,11 +153,15 @@ def prepare_run(tables: dict[str, pa.Table], con) -> PreparedRun:
     n_parent, n_idx, n_len, n_module, n_offset, n_flags = _frames(stacks["native"], stack_rows, "module", "offset")
     n_offset = _numpy(n_offset, np.uint64)
     n_ref = _lookup(module_index[module_order], module_order, n_module)
-    n_hash = np.where(n_ref >= 0, module_hash[np.maximum(n_ref, 0)] if len(module_hash) else stackhash.MISSING, stackhash.MISSING)
+    n_hash = np.where(
+        n_ref >= 0, module_hash[np.maximum(n_ref, 0)] if len(module_hash) else stackhash.MISSING, stackhash.MISSING
+    )
     # An eval-loop frame is replaced by the Python frames it ran; where in the eval loop it was
     # (which specialized instruction) is noise that must not split one stack into several.
     hashed_offset = np.where((n_flags & NATIVE_FRAME_EVAL_LOOP) != 0, np.uint64(0), n_offset)
-    native_keys = stackhash.native_frame_keys(n_hash, hashed_offset, n_flags & ~np.uint32(NATIVE_FRAME_BY_FRAME_POINTER))
+    native_keys = stackhash.native_frame_keys(
+        n_hash, hashed_offset, n_flags & ~np.uint32(NATIVE_FRAME_BY_FRAME_POINTER)
+    )
 
     p_parent, p_idx, p_len, p_code, p_line, p_flags = _frames(stacks["python"], stack_rows, "code_id", "line")
     p_line = _numpy(p_line, np.int32)

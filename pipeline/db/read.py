@@ -156,7 +156,7 @@ def top_sites(con: Any, kind: str | None, run_ids: list[str] | None, limit: int)
         f"""
         SELECT name, site_function, site_file, site_line, site_key, sum(events)::BIGINT AS events
         FROM call_sites
-        {'WHERE ' + ' AND '.join(where) if where else ''}
+        {"WHERE " + " AND ".join(where) if where else ""}
         GROUP BY ALL
         ORDER BY events DESC, name, site_key
         LIMIT {int(limit)}
@@ -181,13 +181,25 @@ def runs(con: Any, labels: dict[str, str] | None = None) -> list[dict[str, Any]]
                events, stacks, new_stacks,
                python_version, torch_version, ingest_notes
         FROM runs
-        {'WHERE ' + ' AND '.join(where) if where else ''}
+        {"WHERE " + " AND ".join(where) if where else ""}
         ORDER BY started_at, run_id
         """,
         params,
     )
     keys = (
-        "run_id", "started_at", "ended_at", "complete", "host", "pid", "argv", "labels", "events", "stacks",
-        "new_stacks", "python_version", "torch_version", "ingest_notes",
+        "run_id",
+        "started_at",
+        "ended_at",
+        "complete",
+        "host",
+        "pid",
+        "argv",
+        "labels",
+        "events",
+        "stacks",
+        "new_stacks",
+        "python_version",
+        "torch_version",
+        "ingest_notes",
     )
     return [dict(zip(keys, row)) for row in rows]

@@ -276,7 +276,9 @@ def _corpus(config: SyntheticConfig, modules: list[LoadedModule], rng: np.random
     native_offset[is_eval] = eval_offset[rng.integers(0, len(eval_offset), int(is_eval.sum()))]
     native_flags[is_eval] = raw.NATIVE_FRAME_EVAL_LOOP
     native_module[is_outer] = python_module
-    native_offset[is_outer] = outer_offset[(position[is_outer] - (native_lengths[owner[is_outer]] - 3)).astype(np.int64)]
+    native_offset[is_outer] = outer_offset[
+        (position[is_outer] - (native_lengths[owner[is_outer]] - 3)).astype(np.int64)
+    ]
     innermost = position == 0
     native_flags[innermost] |= raw.NATIVE_FRAME_EXACT_PC
 
@@ -320,7 +322,9 @@ def _list_array(lengths: np.ndarray, child: pa.StructArray) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), child)
 
 
-def _run_tables(corpus: _Corpus, stacks_used: np.ndarray, events: np.ndarray, rng: np.random.Generator, run_index: int) -> dict[str, pa.Table]:
+def _run_tables(
+    corpus: _Corpus, stacks_used: np.ndarray, events: np.ndarray, rng: np.random.Generator, run_index: int
+) -> dict[str, pa.Table]:
     """One run's raw tables: its own module indices, code ids and raw stack ids."""
     n_modules = len(corpus.modules)
     module_index = rng.permutation(n_modules).astype(np.int32)  # global module -> this run's index
@@ -363,7 +367,9 @@ def _run_tables(corpus: _Corpus, stacks_used: np.ndarray, events: np.ndarray, rn
             "module_index": pa.array(module_index[used_modules], pa.int32()),
             "path": pa.array([corpus.modules[i].path for i in used_modules.tolist()], pa.string()),
             "build_id": pa.array([corpus.modules[i].build_id for i in used_modules.tolist()], pa.string()),
-            "load_bias": pa.array(rng.integers(1, 2**40, len(used_modules)).astype(np.uint64) << np.uint64(12), pa.uint64()),
+            "load_bias": pa.array(
+                rng.integers(1, 2**40, len(used_modules)).astype(np.uint64) << np.uint64(12), pa.uint64()
+            ),
             "exec_ranges": pa.array(
                 [[{"lo": lo, "hi": hi} for lo, hi in corpus.modules[i].exec_ranges] for i in used_modules.tolist()],
                 raw.modules_schema().field("exec_ranges").type,
@@ -457,7 +463,10 @@ def generate(out_dir: Path, config: SyntheticConfig) -> Generated:
             run_id,
             labels={"suite": "synthetic", "commit": f"c{index % 5}"},
             pid=4242 + index,
-            threads={str(t): f"worker-{i}" for i, t in enumerate(sorted(set(tables["events"]["thread_id"].to_pylist()[:1000])))},
+            threads={
+                str(t): f"worker-{i}"
+                for i, t in enumerate(sorted(set(tables["events"]["thread_id"].to_pylist()[:1000])))
+            },
         )
         write_run(out_dir / run_id, manifest, tables, event_parts=config.event_parts)
     # Stacks no event drew still count toward "unique stacks" only if used; report the truth.

@@ -15,7 +15,9 @@ _SHOWN_MODULES = 3
 
 def _modules_text(group: UnsymbolizedGroup) -> str:
     names = [
-        f"{os.path.basename(path)} {build_id[:12]}…" if len(build_id) > 12 and not build_id.startswith("path:") else os.path.basename(path)
+        f"{os.path.basename(path)} {build_id[:12]}…"
+        if len(build_id) > 12 and not build_id.startswith("path:")
+        else os.path.basename(path)
         for build_id, path in sorted(group.modules.items(), key=lambda item: item[1])
     ]
     more = len(names) - _SHOWN_MODULES
@@ -41,17 +43,33 @@ def render_ingest_summary(summary: IngestSummary, console: Console | None = None
     table.add_column("count", justify="right")
     table.add_column("detail", overflow="fold")
     updated = sum(1 for o in summary.outcomes if o.status == "updated")
-    table.add_row("runs ingested", f"{summary.ingested:,}", f"{updated} incomplete runs loaded again (their files grew)" if updated else "")
+    table.add_row(
+        "runs ingested",
+        f"{summary.ingested:,}",
+        f"{updated} incomplete runs loaded again (their files grew)" if updated else "",
+    )
     table.add_row("already present", f"{summary.present:,}", "")
-    table.add_row("incomplete", f"{summary.incomplete:,}", "capture was killed before a clean close: what it flushed is in" if summary.incomplete else "")
+    table.add_row(
+        "incomplete",
+        f"{summary.incomplete:,}",
+        "capture was killed before a clean close: what it flushed is in" if summary.incomplete else "",
+    )
     quarantined = summary.quarantined
-    table.add_row("quarantined", f"[red]{len(quarantined):,}[/]" if quarantined else "0", "see below" if quarantined else "")
+    table.add_row(
+        "quarantined", f"[red]{len(quarantined):,}[/]" if quarantined else "0", "see below" if quarantined else ""
+    )
     table.add_row("events", f"{summary.events:,}", "")
     table.add_row("new stacks", f"{summary.new_stacks:,}", "")
     table.add_row("frames symbolized", f"{summary.frames_symbolized:,}", "native frames of the new stacks")
-    table.add_row("frames unsymbolized", f"{summary.frames_unsymbolized:,}", escape("\n".join(unsymbolized_lines(summary))))
+    table.add_row(
+        "frames unsymbolized", f"{summary.frames_unsymbolized:,}", escape("\n".join(unsymbolized_lines(summary)))
+    )
     if summary.refreshed_modules:
-        table.add_row("re-symbolized modules", f"{len(summary.refreshed_modules):,}", "better debug info found: their old frames were redone")
+        table.add_row(
+            "re-symbolized modules",
+            f"{len(summary.refreshed_modules):,}",
+            "better debug info found: their old frames were redone",
+        )
     for prefix, is_user in summary.user_code:
         table.add_row("user code" if is_user else "not user code", "", escape(prefix))
     table.add_row("time", f"{summary.seconds:.1f} s", "")

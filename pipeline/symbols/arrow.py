@@ -7,7 +7,8 @@ DuckDB scans without copying; `dictionary=False` decodes them to plain strings.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tbpipe.pipeline.symbols import demangle as demangling
 from tbpipe.pipeline.symbols.columns import arrow_schema

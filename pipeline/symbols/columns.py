@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import sys
 from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 # A resolved address as resolvers emit it: (lookup address, frames, reason); frames are
 # (function, file, line, inlined) innermost first; line 0 means "no line".

@@ -17,8 +17,8 @@ a build-ID note is accepted on its CRC alone).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from tbpipe.pipeline.symbols.dirindex import DebugDirIndex
 from tbpipe.pipeline.symbols.elf import ElfFacts, file_crc32, inspect_elf

@@ -7,7 +7,7 @@ correct but less readable answer, never a subprocess per name.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 _native_demangle: Callable[[list[str]], list[str]] | None = None
 _looked_for_native = False

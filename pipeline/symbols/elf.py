@@ -13,8 +13,9 @@ import os
 import struct
 import zlib
 from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Iterable, Iterator
+from typing import Any, BinaryIO
 
 from tbpipe.pipeline.symbols.model import ElfFileError
 

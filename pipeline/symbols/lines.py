@@ -21,6 +21,7 @@ from typing import Any
 from tbpipe.pipeline.symbols.elf import load_dwarf, read_section, read_sections
 from tbpipe.pipeline.symbols.model import ElfFileError
 
+
 def line_index(path: str) -> Any:
     """The built `tbpipe._native.LineTable` of the ELF file at `path`."""
     from tbpipe import _native

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from array import array
-from typing import Sequence
+from collections.abc import Sequence
 
 from tbpipe.pipeline.symbols.columns import ResultChunk
 from tbpipe.pipeline.symbols.elf import SymbolTable, file_identity, read_symbol_table
@@ -68,7 +68,13 @@ class _Builder(ResultChunk):
         used = _native.compact_string_ids(self.functions, self.files, self.reasons)
         table = self.table.strings
         return ResultChunk(
-            self.keys, self.counts, self.reasons, self.functions, self.files, self.lines, self.inlined,
+            self.keys,
+            self.counts,
+            self.reasons,
+            self.functions,
+            self.files,
+            self.lines,
+            self.inlined,
             [table[i] for i in used],
         )
 

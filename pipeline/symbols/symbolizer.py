@@ -14,8 +14,9 @@ import gc
 import os
 import time
 from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tbpipe.pipeline.symbols.columns import KnownTable, ResultChunk
 from tbpipe.pipeline.symbols.model import (
@@ -152,7 +153,10 @@ class Symbolizer:
         min_parallel_addresses: int = _PARALLEL_MIN_ADDRESSES,
     ):
         self.store = SymbolStore(cache_dir)
-        self._locator_args = ([os.path.abspath(os.fspath(d)) for d in debug_dirs], list(debug_roots) if debug_roots is not None else None)
+        self._locator_args = (
+            [os.path.abspath(os.fspath(d)) for d in debug_dirs],
+            list(debug_roots) if debug_roots is not None else None,
+        )
         self._locator: DebugInfoLocator | None = None
         self.jobs = max(1, jobs if jobs is not None else available_cpus())
         self.progress = progress

@@ -9,7 +9,8 @@ address in the SymCache and file paths by content (~0.3 us per address).
 from __future__ import annotations
 
 from array import array
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tbpipe.pipeline.symbols.model import ElfFileError
 

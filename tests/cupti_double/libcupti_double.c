@@ -27,8 +27,8 @@
 #define EXPORT __attribute__((visibility("default")))
 
 typedef int CUptiResult;
-typedef void (*CUpti_CallbackFunc)(void *userdata, int domain, uint32_t cbid, const void *cbdata);
-typedef struct CUpti_Subscriber_st *CUpti_SubscriberHandle;
+typedef void (*CUpti_CallbackFunc)(void* userdata, int domain, uint32_t cbid, const void* cbdata);
+typedef struct CUpti_Subscriber_st* CUpti_SubscriberHandle;
 
 enum {
   CUPTI_SUCCESS = 0,
@@ -51,78 +51,80 @@ enum {
 
 typedef struct {
   int callbackSite;
-  const char *functionName;
-  const void *functionParams;
-  void *functionReturnValue;
-  const char *symbolName;
-  void *context;
+  const char* functionName;
+  const void* functionParams;
+  void* functionReturnValue;
+  const char* symbolName;
+  void* context;
   uint32_t contextUid;
-  uint64_t *correlationData;
+  uint64_t* correlationData;
   uint32_t correlationId;
 } CUpti_CallbackData;
 
 typedef struct {
   size_t structSize;
-  const char *subscriberName;
-  char *oldSubscriberName;
+  const char* subscriberName;
+  char* oldSubscriberName;
   size_t oldSubscriberSize;
 } CUpti_SubscriberParams;
 
-typedef struct { unsigned int x, y, z; } dim3;
+typedef struct {
+  unsigned int x, y, z;
+} dim3;
 
 typedef struct {
-  const void *func;
+  const void* func;
   dim3 gridDim;
   dim3 blockDim;
-  void **args;
+  void** args;
   size_t sharedMem;
-  void *stream;
+  void* stream;
 } cudaLaunchKernel_v7000_params;
 
 typedef struct {
   dim3 gridDim;
   dim3 blockDim;
   size_t dynamicSmemBytes;
-  void *stream;
-  void *attrs;
+  void* stream;
+  void* attrs;
   unsigned int numAttrs;
 } cudaLaunchConfig_t;
 
 typedef struct {
-  const cudaLaunchConfig_t *config;
-  const void *func;
-  void **args;
+  const cudaLaunchConfig_t* config;
+  const void* func;
+  void** args;
 } cudaLaunchKernelExC_v11060_params;
 
 typedef struct {
-  void *graphExec;
-  void *stream;
+  void* graphExec;
+  void* stream;
 } cudaGraphLaunch_v10000_params;
 
 typedef struct {
-  void *f;
+  void* f;
   unsigned int gridDimX, gridDimY, gridDimZ;
   unsigned int blockDimX, blockDimY, blockDimZ;
   unsigned int sharedMemBytes;
-  void *hStream;
-  void **kernelParams;
-  void **extra;
+  void* hStream;
+  void** kernelParams;
+  void** extra;
 } cuLaunchKernel_params;
 
 typedef struct {
   unsigned int gridDimX, gridDimY, gridDimZ;
   unsigned int blockDimX, blockDimY, blockDimZ;
   unsigned int sharedMemBytes;
-  void *hStream;
-  void *attrs;
+  void* hStream;
+  void* attrs;
   unsigned int numAttrs;
 } CUlaunchConfig;
 
 typedef struct {
-  const CUlaunchConfig *config;
-  void *f;
-  void **kernelParams;
-  void **extra;
+  const CUlaunchConfig* config;
+  void* f;
+  void** kernelParams;
+  void** extra;
 } cuLaunchKernelEx_params;
 
 /* ---- the double's state ------------------------------------------------- */
@@ -130,18 +132,18 @@ typedef struct {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_subscriber_token; /* its address is the one subscriber handle */
 static CUpti_CallbackFunc g_callback;
-static void *g_userdata;
+static void* g_userdata;
 static int g_subscribed;
 static int g_subscribe_result = CUPTI_SUCCESS;
 static char g_holder[64];
 static unsigned char g_enabled[3][1024]; /* [domain][cbid] */
 static int g_fake_context_token;
-static void *const g_context = &g_fake_context_token;
+static void* const g_context = &g_fake_context_token;
 
-static void invoke(int domain, uint32_t cbid, int site, const char *api, const char *symbol, const void *params,
+static void invoke(int domain, uint32_t cbid, int site, const char* api, const char* symbol, const void* params,
                    uint32_t correlation) {
   CUpti_CallbackFunc callback;
-  void *userdata;
+  void* userdata;
   pthread_mutex_lock(&g_lock);
   callback = g_subscribed && domain < 3 && cbid < 1024 && g_enabled[domain][cbid] ? g_callback : NULL;
   userdata = g_userdata;
@@ -165,7 +167,7 @@ static void invoke(int domain, uint32_t cbid, int site, const char *api, const c
 
 /* ---- CUPTI entry points ------------------------------------------------- */
 
-EXPORT CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *subscriber, CUpti_CallbackFunc callback, void *userdata) {
+EXPORT CUptiResult cuptiSubscribe(CUpti_SubscriberHandle* subscriber, CUpti_CallbackFunc callback, void* userdata) {
   if (subscriber == NULL) return CUPTI_ERROR_INVALID_PARAMETER;
   pthread_mutex_lock(&g_lock);
   CUptiResult result = g_subscribe_result;
@@ -181,11 +183,11 @@ EXPORT CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *subscriber, CUpti_Call
   return result;
 }
 
-EXPORT CUptiResult cuptiSubscribe_v2(CUpti_SubscriberHandle *subscriber, CUpti_CallbackFunc callback,
-                                     void *userdata, CUpti_SubscriberParams *params) {
+EXPORT CUptiResult cuptiSubscribe_v2(CUpti_SubscriberHandle* subscriber, CUpti_CallbackFunc callback, void* userdata,
+                                     CUpti_SubscriberParams* params) {
   CUptiResult result = cuptiSubscribe(subscriber, callback, userdata);
-  if (result == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED && params != NULL &&
-      params->oldSubscriberName != NULL && params->oldSubscriberSize > 0) {
+  if (result == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED && params != NULL && params->oldSubscriberName != NULL &&
+      params->oldSubscriberSize > 0) {
     pthread_mutex_lock(&g_lock);
     strncpy(params->oldSubscriberName, g_holder[0] ? g_holder : "CUPTI for tbpipe", params->oldSubscriberSize - 1);
     params->oldSubscriberName[params->oldSubscriberSize - 1] = '\0';
@@ -226,27 +228,35 @@ EXPORT CUptiResult cuptiEnableDomain(uint32_t enable, CUpti_SubscriberHandle sub
   return CUPTI_SUCCESS;
 }
 
-EXPORT CUptiResult cuptiGetResultString(CUptiResult result, const char **text) {
+EXPORT CUptiResult cuptiGetResultString(CUptiResult result, const char** text) {
   if (text == NULL) return CUPTI_ERROR_INVALID_PARAMETER;
   switch (result) {
-    case CUPTI_SUCCESS: *text = "CUPTI_SUCCESS"; break;
-    case CUPTI_ERROR_INVALID_PARAMETER: *text = "CUPTI_ERROR_INVALID_PARAMETER"; break;
-    case CUPTI_ERROR_NOT_INITIALIZED: *text = "CUPTI_ERROR_NOT_INITIALIZED"; break;
+    case CUPTI_SUCCESS:
+      *text = "CUPTI_SUCCESS";
+      break;
+    case CUPTI_ERROR_INVALID_PARAMETER:
+      *text = "CUPTI_ERROR_INVALID_PARAMETER";
+      break;
+    case CUPTI_ERROR_NOT_INITIALIZED:
+      *text = "CUPTI_ERROR_NOT_INITIALIZED";
+      break;
     case CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED:
       *text = "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED";
       break;
-    default: *text = "CUPTI_ERROR_UNKNOWN"; break;
+    default:
+      *text = "CUPTI_ERROR_UNKNOWN";
+      break;
   }
   return CUPTI_SUCCESS;
 }
 
-EXPORT CUptiResult cuptiGetDeviceId(void *context, uint32_t *device) {
+EXPORT CUptiResult cuptiGetDeviceId(void* context, uint32_t* device) {
   if (context != g_context || device == NULL) return CUPTI_ERROR_INVALID_PARAMETER;
   *device = 0;
   return CUPTI_SUCCESS;
 }
 
-EXPORT CUptiResult cuptiGetStreamIdEx(void *context, void *stream, uint8_t per_thread, uint32_t *id) {
+EXPORT CUptiResult cuptiGetStreamIdEx(void* context, void* stream, uint8_t per_thread, uint32_t* id) {
   if (context != g_context || id == NULL) return CUPTI_ERROR_INVALID_PARAMETER;
   *id = (uint32_t)((uintptr_t)stream & 0xffff) + (per_thread ? 1000u : 0u) + 7u;
   return CUPTI_SUCCESS;
@@ -255,7 +265,7 @@ EXPORT CUptiResult cuptiGetStreamIdEx(void *context, void *stream, uint8_t per_t
 /* ---- test control: the double's "CUDA" ---------------------------------- */
 
 /* The next cuptiSubscribe fails with `result` (e.g. 39 while `holder` holds CUPTI). */
-EXPORT void tbpipe_double_set_subscribe_result(int result, const char *holder) {
+EXPORT void tbpipe_double_set_subscribe_result(int result, const char* holder) {
   pthread_mutex_lock(&g_lock);
   g_subscribe_result = result;
   strncpy(g_holder, holder ? holder : "", sizeof g_holder - 1);
@@ -279,13 +289,13 @@ EXPORT int tbpipe_double_enabled(int domain, uint32_t cbid) {
 
 /* cudaLaunchKernel, as a runtime whose launch reaches the driver's
  * cuLaunchKernel entry point: runtime ENTER, driver ENTER/EXIT, runtime EXIT. */
-EXPORT void tbpipe_double_cuda_launch_kernel(const char *symbol, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+EXPORT void tbpipe_double_cuda_launch_kernel(const char* symbol, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                              unsigned by, unsigned bz, size_t shared_mem, uintptr_t stream,
                                              uint32_t correlation) {
   static const int host_stub = 0;
-  cudaLaunchKernel_v7000_params params = {&host_stub, {gx, gy, gz}, {bx, by, bz}, NULL, shared_mem, (void *)stream};
-  cuLaunchKernel_params inner = {(void *)&host_stub, gx, gy, gz, bx, by, bz, (unsigned)shared_mem, (void *)stream,
-                                 NULL, NULL};
+  cudaLaunchKernel_v7000_params params = {&host_stub, {gx, gy, gz}, {bx, by, bz}, NULL, shared_mem, (void*)stream};
+  cuLaunchKernel_params inner = {(void*)&host_stub, gx,   gy,  gz, bx, by, bz, (unsigned)shared_mem,
+                                 (void*)stream,     NULL, NULL};
   invoke(CUPTI_CB_DOMAIN_RUNTIME_API, RT_cudaLaunchKernel_v7000, CUPTI_API_ENTER, "cudaLaunchKernel", symbol, &params,
          correlation);
   invoke(CUPTI_CB_DOMAIN_DRIVER_API, DRV_cuLaunchKernel, CUPTI_API_ENTER, "cuLaunchKernel", symbol, &inner,
@@ -297,10 +307,10 @@ EXPORT void tbpipe_double_cuda_launch_kernel(const char *symbol, unsigned gx, un
 }
 
 /* cudaLaunchKernelExC with a cudaLaunchConfig_t. */
-EXPORT void tbpipe_double_cuda_launch_kernel_exc(const char *symbol, unsigned gx, unsigned bx, size_t shared_mem,
+EXPORT void tbpipe_double_cuda_launch_kernel_exc(const char* symbol, unsigned gx, unsigned bx, size_t shared_mem,
                                                  uintptr_t stream, uint32_t correlation) {
   static const int host_stub = 0;
-  cudaLaunchConfig_t config = {{gx, 1, 1}, {bx, 1, 1}, shared_mem, (void *)stream, NULL, 0};
+  cudaLaunchConfig_t config = {{gx, 1, 1}, {bx, 1, 1}, shared_mem, (void*)stream, NULL, 0};
   cudaLaunchKernelExC_v11060_params params = {&config, &host_stub, NULL};
   invoke(CUPTI_CB_DOMAIN_RUNTIME_API, RT_cudaLaunchKernelExC_v11060, CUPTI_API_ENTER, "cudaLaunchKernelExC", symbol,
          &params, correlation);
@@ -309,10 +319,10 @@ EXPORT void tbpipe_double_cuda_launch_kernel_exc(const char *symbol, unsigned gx
 }
 
 /* cuLaunchKernelEx called directly (a library on the driver API, e.g. Triton or cuBLAS). */
-EXPORT void tbpipe_double_cu_launch_kernel_ex(const char *symbol, unsigned gx, unsigned gy, unsigned bx,
+EXPORT void tbpipe_double_cu_launch_kernel_ex(const char* symbol, unsigned gx, unsigned gy, unsigned bx,
                                               unsigned shared_mem, uintptr_t stream, uint32_t correlation) {
   static int function_token;
-  CUlaunchConfig config = {gx, gy, 1, bx, 1, 1, shared_mem, (void *)stream, NULL, 0};
+  CUlaunchConfig config = {gx, gy, 1, bx, 1, 1, shared_mem, (void*)stream, NULL, 0};
   cuLaunchKernelEx_params params = {&config, &function_token, NULL, NULL};
   invoke(CUPTI_CB_DOMAIN_DRIVER_API, DRV_cuLaunchKernelEx, CUPTI_API_ENTER, "cuLaunchKernelEx", symbol, &params,
          correlation);
@@ -322,7 +332,7 @@ EXPORT void tbpipe_double_cu_launch_kernel_ex(const char *symbol, unsigned gx, u
 
 /* cudaGraphLaunch: CUPTI names no kernel for it. */
 EXPORT void tbpipe_double_cuda_graph_launch(uintptr_t graph_exec, uintptr_t stream, uint32_t correlation) {
-  cudaGraphLaunch_v10000_params params = {(void *)graph_exec, (void *)stream};
+  cudaGraphLaunch_v10000_params params = {(void*)graph_exec, (void*)stream};
   invoke(CUPTI_CB_DOMAIN_RUNTIME_API, RT_cudaGraphLaunch_v10000, CUPTI_API_ENTER, "cudaGraphLaunch", NULL, &params,
          correlation);
   invoke(CUPTI_CB_DOMAIN_RUNTIME_API, RT_cudaGraphLaunch_v10000, CUPTI_API_EXIT, "cudaGraphLaunch", NULL, &params,
@@ -330,12 +340,12 @@ EXPORT void tbpipe_double_cuda_graph_launch(uintptr_t graph_exec, uintptr_t stre
 }
 
 struct thread_launch {
-  const char *symbol;
+  const char* symbol;
   uint32_t correlation;
 };
 
-static void *launch_from_native_thread(void *arg) {
-  struct thread_launch *launch = (struct thread_launch *)arg;
+static void* launch_from_native_thread(void* arg) {
+  struct thread_launch* launch = (struct thread_launch*)arg;
   static int function_token;
   cuLaunchKernel_params params = {&function_token, 8, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL};
   invoke(CUPTI_CB_DOMAIN_DRIVER_API, DRV_cuLaunchKernel, CUPTI_API_ENTER, "cuLaunchKernel", launch->symbol, &params,
@@ -347,7 +357,7 @@ static void *launch_from_native_thread(void *arg) {
 
 /* cuLaunchKernel from a thread the interpreter has never seen (like a CUDA
  * backward worker or a library's own thread); joins it before returning. */
-EXPORT int tbpipe_double_cu_launch_on_native_thread(const char *symbol, uint32_t correlation) {
+EXPORT int tbpipe_double_cu_launch_on_native_thread(const char* symbol, uint32_t correlation) {
   struct thread_launch launch = {symbol, correlation};
   pthread_t thread;
   if (pthread_create(&thread, NULL, launch_from_native_thread, &launch) != 0) return -1;

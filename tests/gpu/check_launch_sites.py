@@ -71,7 +71,11 @@ def make_training(torch):
 
     torch.manual_seed(0)
     model = nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 16 * 16, 256), nn.ReLU(),
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(16 * 16 * 16, 256),
+        nn.ReLU(),
         nn.Linear(256, 10),
     ).cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -243,12 +247,18 @@ def check_sites(run: Run) -> None:
     model_line, backward_line = line_of("MODEL LINE"), line_of("BACKWARD LINE")
     direct_lines = collections.Counter(run.site(e) for e in launches if run.site(e) is not None)
     if direct_lines[model_line] and (direct_lines[backward_line] or linked):
-        report("PASS", "forward launches at the model(x) line, backward ones at/through loss.backward()",
-               f"model line {model_line}: {direct_lines[model_line]}, backward line {backward_line}: "
-               f"{direct_lines[backward_line]} direct + {linked} linked")
+        report(
+            "PASS",
+            "forward launches at the model(x) line, backward ones at/through loss.backward()",
+            f"model line {model_line}: {direct_lines[model_line]}, backward line {backward_line}: "
+            f"{direct_lines[backward_line]} direct + {linked} linked",
+        )
     else:
-        report("FAIL", "forward launches at the model(x) line, backward ones at/through loss.backward()",
-               f"sites seen: {dict(direct_lines)}")
+        report(
+            "FAIL",
+            "forward launches at the model(x) line, backward ones at/through loss.backward()",
+            f"sites seen: {dict(direct_lines)}",
+        )
 
 
 def check_against_profiler_by_correlation(run: Run, kernels: list[dict]) -> bool:
@@ -259,11 +269,17 @@ def check_against_profiler_by_correlation(run: Run, kernels: list[dict]) -> bool
     missing = [k for k in kernels if k.get("args", {}).get("correlation") not in ours]
     if missing:
         names = collections.Counter(k["name"][:80] for k in missing).most_common(5)
-        report("FAIL", "every profiler kernel matched by a launch event (correlation id)",
-               f"{len(missing)} of {len(kernels)} unmatched, e.g. {names}")
+        report(
+            "FAIL",
+            "every profiler kernel matched by a launch event (correlation id)",
+            f"{len(missing)} of {len(kernels)} unmatched, e.g. {names}",
+        )
     else:
-        report("PASS", "every profiler kernel matched by a launch event (correlation id)",
-               f"{len(kernels)} kernels, {len(ours)} launch events")
+        report(
+            "PASS",
+            "every profiler kernel matched by a launch event (correlation id)",
+            f"{len(kernels)} kernels, {len(ours)} launch events",
+        )
     return True
 
 
@@ -275,14 +291,21 @@ def check_against_profiler_by_name(run: Run, kernels: list[dict]) -> None:
     )
     short = {name: (count, ours.get(name, 0)) for name, count in theirs.items() if ours.get(name, 0) < count}
     if not theirs:
-        report("FAIL", "every profiler kernel matched by a launch event (name and count)",
-               "the profiler saw no kernels")
+        report(
+            "FAIL", "every profiler kernel matched by a launch event (name and count)", "the profiler saw no kernels"
+        )
     elif short:
-        report("FAIL", "every profiler kernel matched by a launch event (name and count)",
-               f"{len(short)} kernel names short (profiler, tbpipe): {dict(list(short.items())[:5])}")
+        report(
+            "FAIL",
+            "every profiler kernel matched by a launch event (name and count)",
+            f"{len(short)} kernel names short (profiler, tbpipe): {dict(list(short.items())[:5])}",
+        )
     else:
-        report("PASS", "every profiler kernel matched by a launch event (name and count)",
-               f"{sum(theirs.values())} kernels of {len(theirs)} names, same steps run again without tbpipe")
+        report(
+            "PASS",
+            "every profiler kernel matched by a launch event (name and count)",
+            f"{sum(theirs.values())} kernels of {len(theirs)} names, same steps run again without tbpipe",
+        )
 
 
 def check_triton(run: Run, triton_info: str | None, launched: bool) -> None:
@@ -296,9 +319,11 @@ def check_triton(run: Run, triton_info: str | None, launched: bool) -> None:
     matching = [e for e in run.of_kind("kernel_launch") if e["attrs"].get("function") in functions]
     ok = len(events) == 3 and len(at_line) == 3 and all(e["attrs"].get("grid") == [4, 1, 1] for e in events)
     ok = ok and len(matching) >= 3
-    detail = (f"{len(events)} triton_launch events, {len(at_line)} at line {line}, grids "
-              f"{[e['attrs'].get('grid') for e in events]}, {len(matching)} cuda launches with the same CUfunction "
-              f"(Triton {triton_info})")
+    detail = (
+        f"{len(events)} triton_launch events, {len(at_line)} at line {line}, grids "
+        f"{[e['attrs'].get('grid') for e in events]}, {len(matching)} cuda launches with the same CUfunction "
+        f"(Triton {triton_info})"
+    )
     report("PASS" if ok else "FAIL", "triton launches", detail)
 
 
@@ -307,8 +332,11 @@ def check_graph(run: Run) -> None:
     graphs = run.of_kind("graph_launch")
     at_line = [e for e in graphs if run.site(e) == line]
     ok = len(graphs) == 3 and len(at_line) == 3
-    report("PASS" if ok else "FAIL", "CUDA graph replay is one graph_launch event per replay",
-           f"{len(graphs)} graph_launch events ({[e['name'] for e in graphs][:3]}), {len(at_line)} at line {line}")
+    report(
+        "PASS" if ok else "FAIL",
+        "CUDA graph replay is one graph_launch event per replay",
+        f"{len(graphs)} graph_launch events ({[e['name'] for e in graphs][:3]}), {len(at_line)} at line {line}",
+    )
 
 
 # -- main ----------------------------------------------------------------------------------------
@@ -330,8 +358,11 @@ def main() -> int:
         return 2
     from tbpipe import _native, capture
 
-    print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), {torch.cuda.get_device_name(0)}, "
-          f"Python {sys.version.split()[0]}", flush=True)
+    print(
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}), {torch.cuda.get_device_name(0)}, "
+        f"Python {sys.version.split()[0]}",
+        flush=True,
+    )
     out = args.out or Path(tempfile.mkdtemp(prefix="tbpipe-gpu-"))
     step = make_training(torch)
     triton_launch, triton_info = make_triton_kernel(torch)
@@ -351,14 +382,18 @@ def main() -> int:
         report("PASS", "cuda source subscribed to CUPTI", f"libcupti {cuda_handle.library}")
     profiler_ran_inside = False
     try:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        ) as profiler:
             workload(torch, step, triton_launch, replay, args.steps)
         profiler.export_chrome_trace(str(trace_path))
         profiler_ran_inside = True
     except Exception as error:
-        report("INFO", "torch.profiler inside the session", f"failed ({type(error).__name__}: {error}); "
-               "running the steps without it")
+        report(
+            "INFO",
+            "torch.profiler inside the session",
+            f"failed ({type(error).__name__}: {error}); running the steps without it",
+        )
         workload(torch, step, triton_launch, replay, args.steps)
     session.close()
     counters = dict(_native._cupti_counters())
@@ -368,23 +403,30 @@ def main() -> int:
     recorded = run.manifest["counters"]
     launches = run.of_kind("kernel_launch")
     ok = launches and recorded["events_dropped"] == 0
-    report("PASS" if ok else "FAIL", "kernel launches recorded, none dropped",
-           f"{len(launches)} kernel_launch, {len(run.of_kind('graph_launch'))} graph_launch, "
-           f"{len(run.of_kind('op'))} op events; CUPTI counters {counters}; manifest {recorded}")
+    report(
+        "PASS" if ok else "FAIL",
+        "kernel launches recorded, none dropped",
+        f"{len(launches)} kernel_launch, {len(run.of_kind('graph_launch'))} graph_launch, "
+        f"{len(run.of_kind('op'))} op events; CUPTI counters {counters}; manifest {recorded}",
+    )
 
     kernels = profiler_kernels(trace_path) if profiler_ran_inside else []
     if not check_against_profiler_by_correlation(run, kernels):
         # Kineto could not trace while tbpipe held CUPTI: compare with the same steps run again.
         report("INFO", "profiler inside the session saw no kernels", "comparing by name over a second run")
         trace_alone = out / "profiler_alone.json"
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        ) as profiler:
             workload(torch, step, triton_launch, replay, args.steps)
         profiler.export_chrome_trace(str(trace_alone))
         check_against_profiler_by_name(run, profiler_kernels(trace_alone))
 
-    for check in (lambda: check_sites(run), lambda: check_triton(run, triton_info, triton_launch is not None),
-                  lambda: check_graph(run)):
+    for check in (
+        lambda: check_sites(run),
+        lambda: check_triton(run, triton_info, triton_launch is not None),
+        lambda: check_graph(run),
+    ):
         try:
             check()
         except Exception:
@@ -396,8 +438,11 @@ def main() -> int:
             with contextlib.redirect_stderr(second):
                 with capture.session(out / "while_profiling", sources=["cuda"]):
                     step()
-        report("INFO", "tbpipe subscribing while torch.profiler runs",
-               second.getvalue().strip() or "no message (Kineto held no CUPTI subscriber)")
+        report(
+            "INFO",
+            "tbpipe subscribing while torch.profiler runs",
+            second.getvalue().strip() or "no message (Kineto held no CUPTI subscriber)",
+        )
     except Exception as error:
         report("INFO", "tbpipe subscribing while torch.profiler runs", f"{type(error).__name__}: {error}")
 
