@@ -1,20 +1,23 @@
 """In-process capture of combined Python + native tracebacks.
 
-from tbpipe import capture
-tb = capture.gather()                  # raw: addresses and code ids, nothing symbolized
-frames = capture.symbolize([tb])[0]    # [{"kind", "name", "filename", "line", "module"}, ...]
-with capture.session("runs", labels={"suite": "bert"}):
-    capture.record("kernel_launch", "gemm", grid=(4, 1, 1))
+    from tbpipe import capture
+    tb = capture.gather()                  # raw: addresses and code ids, nothing symbolized
+    with capture.session("runs", labels={"suite": "bert"}):
+        capture.record("kernel_launch", "gemm", grid=(4, 1, 1))
+
+The capture library never imports the offline pipeline: `tbpipe.pipeline.symbolize([tb])` turns
+raw tracebacks into frames. Importing this package costs the extension alone; sessions (pyarrow,
+the writer) load on first use.
 """
 
 from __future__ import annotations
 
-from tbpipe import _native
-from tbpipe.capture.errors import CaptureError, SessionError, SourceError
-from tbpipe.capture.session import Session, active_session, session
-from tbpipe.capture.symbolize import symbolize
+from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from tbpipe import _native
+from tbpipe.capture.errors import CaptureError, LaunchError, SessionError, SourceError
+
+__version__ = "0.1.0"  # the package's version, read by the build (pyproject.toml) from here
 
 RawTraceback = _native.RawTraceback
 
@@ -23,8 +26,26 @@ RawTraceback = _native.RawTraceback
 gather = _native.gather  # gather(python=True, native=True) -> RawTraceback
 record = _native.record  # record(kind, name, **attrs); a no-op without an active session
 
+_LAZY = {"Session": "sessions", "active_session": "sessions", "session": "sessions"}
+
+if TYPE_CHECKING:
+    from tbpipe.capture.sessions import Session, active_session, session
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
     "CaptureError",
+    "LaunchError",
     "RawTraceback",
     "Session",
     "SessionError",
@@ -33,5 +54,4 @@ __all__ = [
     "gather",
     "record",
     "session",
-    "symbolize",
 ]

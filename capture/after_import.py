@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from tbpipe.capture.errors import SourceError
+
 
 class AfterImport(importlib.abc.MetaPathFinder):
     """A finder placed first on sys.meta_path: it finds `name` with the other
@@ -98,3 +100,48 @@ def installed(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+class AttachWhenImported:
+    """A source's attach step for a package the program imports itself (torch, triton).
+
+    `start()` attaches at once when the package is already imported, else once the program's own
+    `import` of it finishes; `cancel()` forgets a pending attach. Both hold `lock`, which the source
+    shares for its own state, so an import finishing while the session stops never attaches late.
+    """
+
+    def __init__(self, module_name: str, source: str, package: str, attach: Callable[[Any], Any], lock: Any):
+        self.module_name = module_name
+        self.source = source  # the source's name, for messages
+        self.package = package  # the package's name as people know it ("PyTorch")
+        self.attach = attach
+        self.lock = lock
+        self._watcher: AfterImport | None = None
+
+    def start(self) -> str:
+        """The source's status line; SourceError when the package is not installed at all."""
+        with self.lock:
+            module = fully_imported(self.module_name)
+            if module is not None:
+                self.attach(module)
+                return "recording"
+            if not installed(self.module_name):
+                raise SourceError(
+                    f"the {self.source} source needs {self.package}, which is not installed for this Python "
+                    f"({sys.executable})"
+                )
+            if self._watcher is None:
+                self._watcher = install(self.module_name, self._on_import)
+            return f"recording (from `import {self.module_name}` on)"
+
+    def cancel(self) -> None:
+        with self.lock:
+            remove(self._watcher)
+            self._watcher = None
+
+    def _on_import(self, module: Any) -> None:
+        with self.lock:
+            if self._watcher is None:
+                return  # the session stopped while the package was importing
+            self._watcher = None
+            self.attach(module)

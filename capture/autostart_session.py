@@ -28,7 +28,7 @@ def start_from_environment() -> None:
     out_dir = os.environ.get(ENV_OUT)
     if not out_dir:
         return
-    from tbpipe.capture.session import Session
+    from tbpipe.capture.sessions import Session
 
     try:
         labels = json.loads(os.environ.get(ENV_LABELS) or "{}")

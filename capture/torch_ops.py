@@ -47,7 +47,6 @@ from typing import Any
 
 from tbpipe import _native
 from tbpipe.capture import after_import
-from tbpipe.capture.errors import SourceError
 
 
 @dataclass
@@ -58,29 +57,18 @@ class TorchOpsHandle:
 class _State:
     def __init__(self) -> None:
         self.mode: Any = None  # the one dispatch mode, made once torch is imported
-        self.watcher: after_import.AfterImport | None = None
         self.thread_trace: Any = None  # our threading.settrace hook while installed
         self.previous_thread_trace: Any = None
         self.lock = threading.RLock()
 
 
 _state = _State()
+_torch = after_import.AttachWhenImported("torch", "torch-ops", "PyTorch", lambda torch: _attach(torch), _state.lock)
 
 
 def start() -> TorchOpsHandle:
     with _state.lock:
-        torch = after_import.fully_imported("torch")
-        if torch is not None:
-            _attach(torch)
-            status = "recording"
-        else:
-            if not after_import.installed("torch"):
-                raise SourceError(
-                    f"the torch-ops source needs PyTorch, which is not installed for this Python ({sys.executable})"
-                )
-            if _state.watcher is None:
-                _state.watcher = after_import.install("torch", _on_torch_imported)
-            status = "recording (from `import torch` on)"
+        status = _torch.start()
         _native._torch_ops_enable(True)
         return TorchOpsHandle(status)
 
@@ -88,8 +76,7 @@ def start() -> TorchOpsHandle:
 def stop(handle: TorchOpsHandle | None = None) -> None:
     with _state.lock:
         _native._torch_ops_enable(False)
-        after_import.remove(_state.watcher)
-        _state.watcher = None
+        _torch.cancel()
         _remove_thread_trace()
         _pop_if_on_top()
 
@@ -97,14 +84,6 @@ def stop(handle: TorchOpsHandle | None = None) -> None:
 def counters() -> dict[str, int]:
     """Ops seen and recorded by the fast path since the process started."""
     return dict(_native._torch_ops_counters())
-
-
-def _on_torch_imported(torch: Any) -> None:
-    with _state.lock:
-        if _state.watcher is None:
-            return  # the session stopped while torch was importing
-        _state.watcher = None
-        _attach(torch)
 
 
 # -- the dispatch mode --------------------------------------------------------

@@ -31,7 +31,6 @@ from typing import Any
 
 from tbpipe import _native
 from tbpipe.capture import after_import
-from tbpipe.capture.errors import SourceError
 
 
 @dataclass
@@ -49,42 +48,25 @@ class _Installed:
 class _State:
     def __init__(self) -> None:
         self.installed: _Installed | None = None
-        self.watcher: after_import.AfterImport | None = None
         self.lock = threading.RLock()
 
 
 _state = _State()
+_triton = after_import.AttachWhenImported("triton", "triton", "Triton", lambda triton: _install(triton), _state.lock)
 
 
 def start() -> TritonHandle:
     with _state.lock:
-        triton = after_import.fully_imported("triton")
-        if triton is not None:
-            return TritonHandle("recording", _install(triton))
-        if not after_import.installed("triton"):
-            raise SourceError(
-                f"the triton source needs Triton, which is not installed for this Python ({sys.executable})"
-            )
-        if _state.watcher is None:
-            _state.watcher = after_import.install("triton", _on_triton_imported)
-        return TritonHandle("recording (from `import triton` on)")
+        status = _triton.start()
+        return TritonHandle(status, _state.installed.api if _state.installed else None)
 
 
 def stop(handle: TritonHandle | None = None) -> None:
     with _state.lock:
-        after_import.remove(_state.watcher)
-        _state.watcher = None
+        _triton.cancel()
         installed, _state.installed = _state.installed, None
         if installed is not None:
             installed.undo()
-
-
-def _on_triton_imported(triton: Any) -> None:
-    with _state.lock:
-        if _state.watcher is None:
-            return
-        _state.watcher = None
-        _install(triton)
 
 
 # -- the hook ----------------------------------------------------------------

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from tbpipe.capture.errors import TbpipeError
 
-class TbpipeError(Exception):
-    """Base class: the message is shown to the user as is, without a traceback."""
+__all__ = ["TbpipeError", "UsageError", "first_line"]
 
 
 class UsageError(TbpipeError):
     """The command line or an API call asked for something that cannot work."""
+
+
+def first_line(error: BaseException | str, limit: int | None = None) -> str:
+    """The first line of an error's text (its type name when it has none), cut at `limit` characters."""
+    lines = str(error).strip().splitlines()
+    text = lines[0] if lines else (type(error).__name__ if isinstance(error, BaseException) else "")
+    return text[:limit] if limit is not None else text

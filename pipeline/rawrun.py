@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tbpipe.pipeline.errors import TbpipeError, UsageError
+from tbpipe.pipeline.errors import TbpipeError, UsageError, first_line
 from tbpipe.schemas import FORMAT_NAME, MANIFEST_FILE, RAW_SCHEMA_VERSION, RUN_TABLES, SCHEMA_KEY, VERSION_KEY
 from tbpipe.schemas.raw import NATIVE_FRAME_MARKER
 
@@ -200,7 +200,7 @@ def check_part(path: Path, table: str) -> int:
         metadata = pq.read_metadata(path)
         schema = metadata.schema.to_arrow_schema()
     except (OSError, pa.ArrowException, ValueError) as error:
-        raise _fail(path, f"unreadable Parquet ({_one_line(error)})") from None
+        raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
     _check_schema(path, table, schema)
     return metadata.num_rows
 
@@ -211,7 +211,7 @@ def _read_part(path: Path, table: str) -> pa.Table:
         # page (delta-encoded timestamps) is caught here, not loaded silently.
         part = pq.read_table(path, page_checksum_verification=True)
     except (OSError, pa.ArrowException, ValueError) as error:
-        raise _fail(path, f"unreadable Parquet ({_one_line(error)})") from None
+        raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
     _check_schema(path, table, part.schema)
     return part
 
@@ -227,11 +227,6 @@ def read_tables(files: dict[str, list[Path]], names: tuple[str, ...]) -> dict[st
 
 def _decoded(value: bytes | None) -> str:
     return repr(value.decode(errors="replace")) if value is not None else "nothing"
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:300] if text else type(error).__name__
 
 
 def _schema_difference(actual: pa.Schema, expected: pa.Schema) -> str:

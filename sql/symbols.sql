@@ -13,8 +13,9 @@ CREATE OR REPLACE MACRO reason_category(reason) AS
         ' (in|of) /[^ ]+$', ''
     );
 
--- Per module (build-ID): the debug info found and how many of its stored addresses resolve.
--- @column build_id       `modules.build_id`
+-- Per module: the debug info found and how many of its stored addresses resolve.
+-- @column module_key     `modules.module_key`
+-- @column build_id       `modules.build_id` (NULL for a module without one)
 -- @column path           where the module was last loaded from
 -- @column quality        'dwarf', 'symbols' or 'none'
 -- @column addresses      distinct addresses of this module in `symbols`
@@ -22,6 +23,7 @@ CREATE OR REPLACE MACRO reason_category(reason) AS
 -- @column reason         what was found, or why nothing was
 CREATE OR REPLACE VIEW symbol_coverage AS
 SELECT
+    m.module_key,
     m.build_id,
     m.path,
     m.quality,
@@ -29,20 +31,20 @@ SELECT
     count(s.address) FILTER (WHERE s.function IS NULL) AS unsymbolized,
     m.reason
 FROM modules m
-LEFT JOIN symbols s ON s.build_id = m.build_id AND s.depth = 0
-GROUP BY m.build_id, m.path, m.quality, m.reason;
+LEFT JOIN symbols s ON s.module_key = m.module_key AND s.depth = 0
+GROUP BY m.module_key, m.build_id, m.path, m.quality, m.reason;
 
 -- Native frames of all stacks that have no function name, grouped by why (`reason_category`).
 -- @column reason     why the frames are unsymbolized
 -- @column frames     number of such frames (one per native address per stack)
 -- @column modules    number of distinct modules they are in
--- @column build_ids  those modules' build-IDs
+-- @column module_keys  those modules' keys (`modules.module_key`)
 CREATE OR REPLACE VIEW unsymbolized_frames AS
 SELECT
     reason_category(coalesce(reason, 'not symbolized')) AS reason,
     count(*) AS frames,
-    count(DISTINCT build_id) AS modules,
-    list(DISTINCT build_id ORDER BY build_id) AS build_ids
+    count(DISTINCT module_key) AS modules,
+    list(DISTINCT module_key ORDER BY module_key) AS module_keys
 FROM stack_frames
 WHERE kind = 'native' AND chain_depth = 0 AND function IS NULL
 GROUP BY ALL;

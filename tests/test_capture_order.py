@@ -11,6 +11,7 @@ import traceback
 import pytest
 
 from tbpipe import _native, capture
+from tbpipe.pipeline import symbolize
 
 
 def python_frames(frames: list[dict]) -> list[tuple[str, int, str]]:
@@ -51,13 +52,13 @@ def test_python_frames_match_extract_stack(depth: int) -> None:
         return tb, summary
 
     tb, summary = recurse(depth, leaf)
-    (frames,) = capture.symbolize([tb])
+    (frames,) = symbolize([tb])
     assert python_frames(frames) == expected_from(summary)
 
 
 def test_python_only_gather_has_no_native_frames() -> None:
     tb = capture.gather(python=True, native=False); summary = traceback.extract_stack()  # noqa: E702  # fmt: skip
-    (frames,) = capture.symbolize([tb])
+    (frames,) = symbolize([tb])
     assert all(f["kind"] == "python" for f in frames)
     assert python_frames(frames) == expected_from(summary)
 
@@ -73,7 +74,7 @@ def test_sorted_key_callback_sits_under_list_sort() -> None:
         return sorted([2, 1], key=key)
 
     caller()
-    frames = capture.symbolize(captured[:1])[0]
+    frames = symbolize(captured[:1])[0]
     key_at = index_of(frames, python_named("key"))
     sort_at = index_of(frames, native_named("list_sort_impl", "list_sort"))
     caller_at = index_of(frames, python_named("caller"))
@@ -104,7 +105,7 @@ def test_libc_qsort_callback_through_ctypes() -> None:
         libc.qsort(values, 4, ctypes.sizeof(ctypes.c_int), compare_type(compare))
 
     sort_with_qsort()
-    frames = capture.symbolize(captured)[0]
+    frames = symbolize(captured)[0]
     compare_at = index_of(frames, python_named("compare"))
     qsort_at = index_of(
         frames, lambda f: f["kind"] == "native" and "libc.so" in (f["module"] or "") and "sort" in f["name"]
@@ -128,7 +129,7 @@ def test_gather_with_gil_released_names_new_code() -> None:
     tb = namespace["fresh_function"](_native._gather_with_gil_released)
     flags = [f for _, _, f in tb.python]
     assert flags[0] & _native.PYTHON_FRAME_LINE_RESOLVED
-    (frames,) = capture.symbolize([tb])
+    (frames,) = symbolize([tb])
     python = [f for f in frames if f["kind"] == "python"]
     assert (python[0]["name"], python[0]["filename"], python[0]["line"]) == ("fresh_function", "<string>", 2)
     assert python_named("test_gather_with_gil_released_names_new_code")(python[1])
@@ -143,7 +144,7 @@ def test_gather_on_a_thread() -> None:
     thread = threading.Thread(target=work)
     thread.start()
     thread.join()
-    (frames,) = capture.symbolize([result["tb"]])
+    (frames,) = symbolize([result["tb"]])
     assert python_frames(frames) == expected_from(result["summary"])
     # The thread's outermost native frames are libc's thread start, not the interpreter's main.
     assert frames[-1]["kind"] == "native" and "libc.so" in frames[-1]["module"], _show(frames)
@@ -169,7 +170,7 @@ def test_torch_misplaces_python_frames_where_tbpipe_does_not() -> None:
     caller()
     theirs = torch_profiler.symbolize_tracebacks([captured["torch"]])[0]
     theirs = [{"kind": "native" if not f["filename"].endswith(".py") else "python", **f} for f in theirs]
-    ours = capture.symbolize([captured["ours"]])[0]
+    ours = symbolize([captured["ours"]])[0]
 
     def order(frames):
         return (
@@ -188,7 +189,7 @@ def test_torch_misplaces_python_frames_where_tbpipe_does_not() -> None:
 def test_gather_on_a_native_thread_without_python() -> None:
     tb = _native._gather_on_native_thread()
     assert tb.python == []
-    (frames,) = capture.symbolize([tb])
+    (frames,) = symbolize([tb])
     assert frames and all(f["kind"] == "native" for f in frames), _show(frames)
     # It walked through the thread body to libc's thread start, not into a marker.
     assert not any(f["kind"] == "marker" for f in frames), _show(frames)

@@ -23,7 +23,7 @@ from tbpipe.pipeline.db import IngestOptions, IngestSummary, ingest_runs, open_d
 from tbpipe.pipeline.db import read as db_read
 from tbpipe.pipeline.db.connection import query_rows
 from tbpipe.pipeline.rawrun import find_run_dirs, read_run
-from tbpipe.pipeline.stacks import symbolize_stacks
+from tbpipe.pipeline.stacks.render import symbolize_stacks
 
 
 def ingest(db: Path, *dirs: Path, cache: Path, **options) -> IngestSummary:
@@ -242,7 +242,7 @@ def test_sites_without_user_frames_use_the_innermost_symbolized_frame(tmp_path, 
 
 SNAPSHOT_TABLES = {
     "runs": "run_id, run_number, complete, events, stacks, new_stacks, parts, ingested_at",
-    "modules": "build_id, path, quality, reason",
+    "modules": "module_key, path, quality, reason",
     "run_modules": "*",
     "symbols": "*",
     "stacks": "*",
@@ -600,6 +600,7 @@ PAUSING_INGEST = """
 import sys, time
 from pathlib import Path
 import tbpipe.pipeline.db.ingest as ingest_module
+import tbpipe.pipeline.db.ingest.runs as ingest_runs_module
 
 runs, db, cache, victim, marker, pause = sys.argv[1:7]
 
@@ -608,7 +609,7 @@ def before_commit(run_id):
         Path(marker).write_text("inside the transaction")
         time.sleep(float(pause))
 
-ingest_module._before_commit = before_commit
+ingest_runs_module._before_commit = before_commit
 summary = ingest_module.ingest_runs(
     [Path(runs)], ingest_module.IngestOptions(db_path=Path(db), cache_dir=Path(cache), progress=False)
 )

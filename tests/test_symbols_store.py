@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from symbols_data.testlib import LIBC, function_addresses, have_tools, random_code_addresses
 
+from tbpipe.pipeline.progress import DelayedProgress
 from tbpipe.pipeline.symbols import ModuleRef, Quality, Symbolizer, arrow_schema
 from tbpipe.pipeline.symbols.columns import KnownTable, ResultChunk
 from tbpipe.pipeline.symbols.elf import read_build_id
 from tbpipe.pipeline.symbols.model import ElfFileError
-from tbpipe.pipeline.symbols.progress import DelayedProgress
 
 _MISSING = have_tools("gcc", "g++", "objcopy", "strip")
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=_MISSING)

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from tbpipe.pipeline.commands.run import run_captured
+from tbpipe.capture.launch import run_captured
 from tbpipe.pipeline.errors import TbpipeError
 
 WORKLOAD = "tbpipe.pipeline.demo.workload"

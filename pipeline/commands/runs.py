@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tbpipe.pipeline.commands.run import parse_labels
+from tbpipe.capture.launch import parse_labels
 
 
 def _labels(labels: dict | None) -> str:

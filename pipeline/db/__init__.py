@@ -4,10 +4,8 @@
     summary = ingest_runs([Path("runs")], IngestOptions(db_path=Path("tbpipe.duckdb")))
 
 `schema` loads the packaged SQL (migrations, views, macros), `connection` opens the file and
-serializes writers, `ingest` loads run directories (one transaction per run): `prepare` and
-`stackhash` flatten and hash a run's stacks, `frames` lays out combined-order frames with inline
-chains, all column by column without a Python loop per event or frame. `read` serves `show`,
-`runs` and the demo; `synthetic` writes realistic run directories for the benchmark and tests.
+serializes writers, `ingest` loads run directories (one transaction per run, over the stack stage
+`tbpipe.pipeline.stacks`), `read` serves `show`, `runs` and the demo.
 """
 
 from tbpipe.pipeline.db.connection import (

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tbpipe.pipeline.db import schema
-from tbpipe.pipeline.errors import TbpipeError
+from tbpipe.pipeline.errors import TbpipeError, first_line
 
 DEFAULT_DB_NAME = "tbpipe.duckdb"
 DB_ENV = "TBPIPE_DB"
@@ -106,20 +106,16 @@ def _connect(path: Path, read_only: bool, wait_s: float, on_wait: Callable[[str]
         except duckdb.IOException as error:
             message = str(error)
             if "lock" not in message.lower():
-                raise DatabaseError(f"{path}: cannot open the database: {_first_line(message)}") from None
+                raise DatabaseError(f"{path}: cannot open the database: {first_line(message)}") from None
             if time.monotonic() >= deadline:
                 holder = "is writing the database" if read_only else "has the database open"
-                raise DatabaseBusyError(f"{path}: another process {holder} ({_first_line(message)})") from None
+                raise DatabaseBusyError(f"{path}: another process {holder} ({first_line(message)})") from None
             if not told and on_wait is not None:
                 on_wait(f"waiting for another process to close {path} ...")
                 told = True
             time.sleep(_POLL_S)
         except duckdb.Error as error:
-            raise DatabaseError(f"{path}: cannot open the database: {_first_line(str(error))}") from None
-
-
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else text
+            raise DatabaseError(f"{path}: cannot open the database: {first_line(error)}") from None
 
 
 def open_database(
@@ -153,7 +149,7 @@ def open_database(
             schema.install_modules(con)
     except duckdb.Error as error:
         con.close()
-        raise DatabaseError(f"{db_path}: {_first_line(str(error))}") from None
+        raise DatabaseError(f"{db_path}: {first_line(error)}") from None
     except BaseException:
         con.close()
         raise

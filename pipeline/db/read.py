@@ -12,7 +12,7 @@ from typing import Any
 
 from tbpipe.pipeline.db.connection import query_rows
 from tbpipe.pipeline.errors import UsageError
-from tbpipe.pipeline.stacks import Frame, frame
+from tbpipe.pipeline.stacks.render import Frame, frame
 
 
 class NotFoundError(UsageError):

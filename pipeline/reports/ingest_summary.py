@@ -8,18 +8,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tbpipe.pipeline.db.ingest import IngestSummary, UnsymbolizedGroup
+from tbpipe.pipeline.db.ingest.outcomes import IngestSummary, UnsymbolizedGroup
+from tbpipe.pipeline.symbols.model import short_build_id
+from tbpipe.pipeline.symbols.modulekey import ModuleKey
 
 _SHOWN_MODULES = 3
 
 
 def _modules_text(group: UnsymbolizedGroup) -> str:
-    names = [
-        f"{os.path.basename(path)} {build_id[:12]}…"
-        if len(build_id) > 12 and not build_id.startswith("path:")
-        else os.path.basename(path)
-        for build_id, path in sorted(group.modules.items(), key=lambda item: item[1])
-    ]
+    names = []
+    for key, path in sorted(group.modules.items(), key=lambda item: item[1]):
+        build_id = ModuleKey.parse(key).build_id
+        names.append(f"{os.path.basename(path)} {short_build_id(build_id)}" if build_id else os.path.basename(path))
     more = len(names) - _SHOWN_MODULES
     return ", ".join(names[:_SHOWN_MODULES]) + (f" and {more} more" if more > 0 else "")
 

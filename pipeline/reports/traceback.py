@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 
 from tbpipe.pipeline.db import read
-from tbpipe.pipeline.stacks import format_frames
+from tbpipe.pipeline.stacks.render import format_frames
 
 
 def _traceback(console: Console, con: Any, stack_id: int) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from tbpipe.pipeline.errors import first_line
 from tbpipe.pipeline.symbols.model import ElfFileError
 
 ELF_MAGIC = b"\x7fELF"
@@ -83,12 +84,7 @@ def _open_elf(path: str) -> tuple[BinaryIO, Any]:
         raise
     except Exception as error:  # pyelftools raises many types on corrupt input
         stream.close()
-        raise ElfFileError(f"{path}: corrupt or truncated ELF ({_brief(error)})") from None
-
-
-def _brief(error: BaseException) -> str:
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return text[:160]
+        raise ElfFileError(f"{path}: corrupt or truncated ELF ({first_line(error, 160)})") from None
 
 
 @contextlib.contextmanager
@@ -102,7 +98,7 @@ def _reading(path: str, problem: str) -> Iterator[tuple[BinaryIO, Any]]:
     except ElfFileError:
         raise
     except Exception as error:
-        raise ElfFileError(f"{path}: {problem} ({_brief(error)})") from None
+        raise ElfFileError(f"{path}: {problem} ({first_line(error, 160)})") from None
     finally:
         stream.close()
 
@@ -431,7 +427,7 @@ def read_sections(path: str, names: Iterable[str]) -> tuple[dict[str, bytes | No
             try:
                 found[name] = _section_data(stream, elf, name)
             except Exception as error:
-                raise ElfFileError(f"{path}: unreadable section {name} ({_brief(error)})") from None
+                raise ElfFileError(f"{path}: unreadable section {name} ({first_line(error, 160)})") from None
         return found, elf.little_endian
 
 

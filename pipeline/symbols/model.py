@@ -15,7 +15,8 @@ from tbpipe.pipeline.errors import TbpipeError, UsageError
 
 # Build-IDs are 1..64 bytes in practice: 20 (SHA-1, the GNU default), 16 (md5/uuid), 8 (xxhash
 # from lld). Anything outside this is garbage from a broken capture, not a real note.
-_BUILD_ID_RE = re.compile(r"^(?:[0-9a-f]{2}){2,64}$")
+BUILD_ID_PATTERN = r"^(?:[0-9a-f]{2}){2,64}$"
+_BUILD_ID_RE = re.compile(BUILD_ID_PATTERN)
 
 
 class SymbolsError(TbpipeError):

@@ -28,6 +28,7 @@ from tbpipe.pipeline.symbols.model import (
     SymbolizedFrame,
     normalize_build_id,
 )
+from tbpipe.pipeline.symbols.modulekey import KeyKind, ModuleKey
 from tbpipe.pipeline.symbols.store import SymbolStore, source_key
 
 # A warm `tbpipe addr2line` needs only the store and the result table: the locator (pyelftools),
@@ -35,8 +36,8 @@ from tbpipe.pipeline.symbols.store import SymbolStore, source_key
 if TYPE_CHECKING:
     import concurrent.futures
 
+    from tbpipe.pipeline.progress import DelayedProgress
     from tbpipe.pipeline.symbols.debuginfo import DebugInfoLocator, Located
-    from tbpipe.pipeline.symbols.progress import DelayedProgress
     from tbpipe.pipeline.symbols.resolve import ModuleResolver
 
 _MAX_ADDRESS = (1 << 64) - 1
@@ -283,16 +284,9 @@ class Symbolizer:
     # ------------------------------------------------------------------ statuses
 
     def _state_key(self, ref: ModuleRef) -> str:
-        if ref.build_id:
-            try:
-                return normalize_build_id(ref.build_id)
-            except BadBuildIdError:
-                # One garbage build-ID in a batch must not stop the others: its frames come
-                # back unsymbolized, with the reason.
-                return "invalid:" + repr(ref.build_id)[:200]
-        if not ref.path:
-            return "invalid:" + repr(ref.build_id)
-        return "path:" + os.path.abspath(ref.path)
+        # One garbage build-ID in a batch must not stop the others: its key is an INVALID one, and
+        # its frames come back unsymbolized, with the reason.
+        return str(ModuleKey.of(ref.build_id, os.path.abspath(ref.path) if ref.path else None))
 
     def _state_for(self, ref: ModuleRef) -> _ModuleState:
         key = self._state_key(ref)
@@ -309,10 +303,11 @@ class Symbolizer:
             key = self._state_key(ref)
             if key in self._states:
                 continue
-            if key.startswith("invalid:"):
+            kind = ModuleKey.parse(key).kind
+            if kind is KeyKind.INVALID:
                 self._states[key] = self._state_for_invalid(ref)
                 continue
-            if not ref.build_id:
+            if kind is KeyKind.PATH:
                 self._states[key] = self._state_without_build_id(ref)
                 continue
             status, pending, previous = self._decide(key, ref.path)
@@ -387,8 +382,8 @@ class Symbolizer:
     def _run_builds(self, builds: list[tuple[str, ModuleStatus, _PendingBuild, ModuleStatus | None]]) -> None:
         import concurrent.futures
 
+        from tbpipe.pipeline.progress import DelayedProgress
         from tbpipe.pipeline.symbols import worker
-        from tbpipe.pipeline.symbols.progress import DelayedProgress
 
         cache_dir = str(self.store.cache_dir)
         results: dict[str, str | None] = {}
@@ -610,7 +605,7 @@ class Symbolizer:
             self._resolve_missing_unpaused(work)
 
     def _resolve_missing_unpaused(self, work: list[tuple[_ModuleState, list[int]]]) -> None:
-        from tbpipe.pipeline.symbols.progress import DelayedProgress
+        from tbpipe.pipeline.progress import DelayedProgress
 
         total = sum(len(keys) for _state, keys in work)
         parallel = self.jobs > 1 and total >= self.min_parallel_addresses

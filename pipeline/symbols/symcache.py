@@ -12,6 +12,7 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
+from tbpipe.pipeline.errors import first_line
 from tbpipe.pipeline.symbols.model import ElfFileError
 
 # A raw frame as lookups produce it: (function or None, file or None, line (0 = none)).
@@ -41,7 +42,7 @@ def build_symcache(path: str, build_id: str | None) -> tuple[bytes, frozenset[st
             archive = Archive.open(path)
         objects = list(archive.iter_objects())
     except Exception as error:
-        raise ElfFileError(f"{path}: symbolic cannot read it ({_brief(error)})") from None
+        raise ElfFileError(f"{path}: symbolic cannot read it ({first_line(error, 160)})") from None
     if not objects:
         raise ElfFileError(f"{path}: holds no object symbolic can read")
     chosen = objects[0]
@@ -57,14 +58,9 @@ def build_symcache(path: str, build_id: str | None) -> tuple[bytes, frozenset[st
         buffer = io.BytesIO()
         cache.dump_into(buffer)
     except Exception as error:
-        raise ElfFileError(f"{path}: building the SymCache failed ({_brief(error)})") from None
+        raise ElfFileError(f"{path}: building the SymCache failed ({first_line(error, 160)})") from None
     del cache, chosen, objects, archive  # everything that points into `contents`, before it goes
     return buffer.getvalue(), features
-
-
-def _brief(error: BaseException) -> str:
-    text = str(error).strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:160]
 
 
 class StringTable:
@@ -101,7 +97,7 @@ class SymCacheReader:
         try:
             self._cache = SymCache.from_bytes(data)
         except Exception as error:
-            raise ElfFileError(f"stored SymCache is unreadable ({_brief(error)})") from None
+            raise ElfFileError(f"stored SymCache is unreadable ({first_line(error, 160)})") from None
 
         def address(function: str) -> int:
             return int(ffi.cast("uintptr_t", ffi.addressof(lib, function)))

@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tbpipe.pipeline.interleave import combined_order
+from tbpipe.pipeline.stacks.order import combined_order
 from tbpipe.schemas.raw import (
     NATIVE_FRAME_EXACT_PC,
     NATIVE_FRAME_MARKER,

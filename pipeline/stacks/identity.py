@@ -15,6 +15,9 @@ over whole columns at once.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
+
 import numpy as np
 
 _U64 = np.uint64
@@ -27,6 +30,13 @@ _PYTHON_TAG = _U64(0x27D4EB2F165667C5)
 _STATUS_MUL = _U64(0xD6E8FEB86659FD93)
 _LENGTH_MUL = _U64(0xFF51AFD7ED558CCD)
 MISSING = _U64(0x5BD1E9955BD1E995)  # stands for a module or code object the run does not describe
+
+
+def md5_low64(texts: Iterable[str]) -> np.ndarray:
+    """Low 64 bits of each text's MD5 (of its UTF-8 bytes), as uint64: what DuckDB's
+    `md5_number_lower` gives, so stack hashes stored by older versions stay valid."""
+    digests = b"".join(hashlib.md5(text.encode("utf-8", "surrogatepass")).digest() for text in texts)
+    return np.frombuffer(digests, dtype="<u8").reshape(-1, 2)[:, 1].astype(_U64) if digests else np.zeros(0, _U64)
 
 
 def mix64(values: np.ndarray) -> np.ndarray:

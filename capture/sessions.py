@@ -46,7 +46,7 @@ def _validate_labels(labels: Mapping[str, Any] | None) -> dict[str, str]:
     return checked
 
 
-def prepare_out_dir(out_dir: Path) -> Path:
+def ensure_out_dir(out_dir: Path) -> Path:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -120,7 +120,7 @@ class Session:
                 raise SessionError(
                     f"a tbpipe session is already active in this process (run {_active.run_id}); sessions do not nest"
                 )
-            out_dir = prepare_out_dir(self.out_dir)
+            out_dir = ensure_out_dir(self.out_dir)
             self.run_id = new_run_id()
             self.run_dir = out_dir / self.run_id
             try:

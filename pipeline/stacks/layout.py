@@ -4,7 +4,7 @@ Two steps, both over whole runs at once:
 
 - `combined_slots`: where each raw frame goes. Each native eval-loop frame stands for the run of
   Python frames from the next unclaimed one up to and including the next entry frame
-  (`tbpipe.pipeline.interleave`, the per-stack reference; the tests check both agree). So the
+  (`tbpipe.pipeline.stacks.order`, the per-stack reference; the tests check both agree). So the
   Python frames of a stack fall into groups ended by entry frames, and the k-th eval-loop frame
   (markers never count) takes the k-th group; eval-loop frames beyond the last group stay native
   frames; groups left over follow a native walk that stopped early, and without such a stop they
@@ -51,7 +51,7 @@ class Slots:
     file: pa.Array  # Python file
     line: np.ndarray  # int32 Python line, -1 unknown
     module: pa.Array  # native: path
-    build_id: pa.Array  # native: `modules.build_id`, null when the run did not describe the module
+    module_key: pa.Array  # native: `modules.module_key`, null when the run did not describe the module
     address: np.ndarray  # uint64 native address (marker: stop reason code)
     exact: np.ndarray  # bool, native: not a return address
     reason: pa.Array  # marker: the stop reason
@@ -116,7 +116,7 @@ def combined_slots(
 ) -> tuple[Slots, StackShapes]:
     """Slots of the given stacks; frames arrays hold each stack's frames contiguously, innermost first.
 
-    `native_ref` / `python_ref` are rows of `modules` (build_id, path) / `code` (filename,
+    `native_ref` / `python_ref` are rows of `modules` (module_key, path) / `code` (filename,
     qualname), -1 for a module or code object the run does not describe.
     """
     count = len(stack_ids)
@@ -206,8 +206,8 @@ def combined_slots(
         file=file,
         line=line,
         module=_take(modules["path"].combine_chunks() if modules.num_rows else pa.array([], pa.string()), module_row),
-        build_id=_take(
-            modules["build_id"].combine_chunks() if modules.num_rows else pa.array([], pa.string()), module_row
+        module_key=_take(
+            modules["module_key"].combine_chunks() if modules.num_rows else pa.array([], pa.string()), module_row
         ),
         address=address,
         exact=exact,
@@ -217,7 +217,7 @@ def combined_slots(
 
 
 def _problems(has_native: np.ndarray, truncated: np.ndarray, leftover: np.ndarray) -> pa.Array:
-    """interleave.CombinedOrder.problem, per stack."""
+    """order.CombinedOrder.problem, per stack."""
     count = pc.cast(pa.array(leftover), pa.string())
     stopped = pc.binary_join_element_wise("native walk stopped early; ", count, " outer Python frames follow it", "")
     disagree = pc.binary_join_element_wise(
@@ -244,7 +244,7 @@ def slots_from_table(table: pa.Table) -> Slots:
         file=pc.if_else(pa.array(native), pa.scalar(None, pa.string()), column("file")),
         line=pc.fill_null(column("line"), -1).to_numpy(zero_copy_only=False).astype(np.int32),
         module=column("module"),
-        build_id=column("build_id"),
+        module_key=column("module_key"),
         address=pc.fill_null(column("address"), 0).to_numpy(zero_copy_only=False).astype(np.uint64),
         exact=pc.fill_null(column("exact"), False).to_numpy(zero_copy_only=False).astype(bool),
         reason=pc.if_else(pa.array(kind == MARKER), column("reason"), pa.scalar(None, pa.string())),
@@ -271,11 +271,11 @@ def expand(slots: Slots, symbols: pa.Table) -> Frames:
     """`stack_frames` rows: native slots replaced by their inline chains from `symbols`."""
     n = len(slots)
     native = slots.kind == NATIVE
-    sym_build = symbols["build_id"].combine_chunks() if symbols.num_rows else pa.array([], pa.string())
+    sym_build = symbols["module_key"].combine_chunks() if symbols.num_rows else pa.array([], pa.string())
     dictionary = pc.unique(
-        pa.concat_arrays([sym_build.cast(pa.string()), slots.build_id.cast(pa.string())]).drop_null()
+        pa.concat_arrays([sym_build.cast(pa.string()), slots.module_key.cast(pa.string())]).drop_null()
     )
-    slot_codes = pc.fill_null(pc.index_in(slots.build_id, value_set=dictionary), -1).to_numpy(zero_copy_only=False)
+    slot_codes = pc.fill_null(pc.index_in(slots.module_key, value_set=dictionary), -1).to_numpy(zero_copy_only=False)
     sym_codes = (
         pc.index_in(sym_build, value_set=dictionary).to_numpy(zero_copy_only=False)
         if len(sym_build)
@@ -345,7 +345,7 @@ def expand(slots: Slots, symbols: pa.Table) -> Frames:
             "file": file,
             "line": pa.array(line.astype(np.int32), pa.int32(), mask=line < 0),
             "module": _take(slots.module, np.where(is_native, owner, -1)),
-            "build_id": _take(slots.build_id, np.where(is_native, owner, -1)),
+            "module_key": _take(slots.module_key, np.where(is_native, owner, -1)),
             "address": pa.array(slots.address[owner], pa.uint64(), mask=~is_native),
             "exact": pa.array(slots.exact[owner], pa.bool_(), mask=slots.kind[owner] != NATIVE),
             "inlined": pa.array(inlined.astype(bool), pa.bool_()),

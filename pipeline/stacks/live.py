@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from tbpipe import _native
-from tbpipe.pipeline.stacks import Frame, symbolize_stacks
+from tbpipe.pipeline.stacks.render import Frame, symbolize_stacks
 from tbpipe.schemas import raw
 
 _default_symbolizer = None

@@ -1,0 +1,84 @@
+"""What an ingest is asked to do and what came of it: options, one outcome per run, the summary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_WAIT_S = 600.0
+
+
+@dataclass
+class IngestOptions:
+    db_path: Path | None = None  # None: $TBPIPE_DB or ./tbpipe.duckdb
+    debug_dirs: Sequence[Path] = ()
+    cache_dir: Path | None = None  # the symbol store; None: $TBPIPE_CACHE_DIR or the user cache dir
+    user_code: Sequence[str] = ()  # PREFIX (user code) or !PREFIX (not user code), kept in the database
+    wait_s: float = DEFAULT_WAIT_S  # how long to wait for another ingest holding the database
+    progress: bool | None = None  # None: a progress bar when stderr is a terminal
+    jobs: int | None = None  # symbolizer worker processes (None: all CPUs)
+
+
+@dataclass
+class RunOutcome:
+    path: Path
+    status: str  # 'ingested', 'updated' (an incomplete run loaded again), 'present' or 'quarantined'
+    run_id: str | None = None
+    complete: bool | None = None
+    events: int = 0
+    new_stacks: int = 0
+    reason: str | None = None  # why it was quarantined
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class UnsymbolizedGroup:
+    """Unsymbolized native frames (of the stacks this ingest added) that share a reason."""
+
+    reason: str
+    frames: int = 0
+    modules: dict[str, str] = field(default_factory=dict)  # module key -> path
+
+
+@dataclass
+class IngestSummary:
+    db_path: Path
+    outcomes: list[RunOutcome] = field(default_factory=list)
+    frames_symbolized: int = 0
+    frames_unsymbolized: int = 0
+    unsymbolized: dict[str, UnsymbolizedGroup] = field(default_factory=dict)
+    refreshed_modules: list[str] = field(default_factory=list)  # build-IDs re-symbolized with better debug info
+    user_code: list[tuple[str, bool]] = field(default_factory=list)  # rules set by this ingest
+    seconds: float = 0.0
+
+    def _count(self, *statuses: str) -> int:
+        return sum(1 for o in self.outcomes if o.status in statuses)
+
+    @property
+    def ingested(self) -> int:
+        return self._count("ingested", "updated")
+
+    @property
+    def present(self) -> int:
+        return self._count("present")
+
+    @property
+    def incomplete(self) -> int:
+        return sum(1 for o in self.outcomes if o.status in ("ingested", "updated") and not o.complete)
+
+    @property
+    def quarantined(self) -> list[RunOutcome]:
+        return [o for o in self.outcomes if o.status == "quarantined"]
+
+    @property
+    def events(self) -> int:
+        return sum(o.events for o in self.outcomes)
+
+    @property
+    def new_stacks(self) -> int:
+        return sum(o.new_stacks for o in self.outcomes)
+
+    @property
+    def ok(self) -> bool:
+        return not self.quarantined

@@ -1,0 +1,85 @@
+"""The ingest's handle on the database: Arrow tables in as named views, inserts, transactions.
+
+Errors inside a transaction that come from a run's data (attributes that are not JSON, an events
+part DuckDB cannot read) become `QuarantineRun`; any other DuckDB error is a `DatabaseError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from tbpipe.pipeline.db.connection import DatabaseError
+from tbpipe.pipeline.errors import first_line
+
+
+class QuarantineRun(Exception):
+    """The run's data cannot be loaded (found while loading, e.g. attributes that are not JSON)."""
+
+
+def sql_text(text: str) -> str:
+    """`text` as a SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+class IngestDb:
+    def __init__(self, con: Any):
+        self.con = con
+
+    def register(self, name: str, table: pa.Table) -> None:
+        self.con.register(name, table)
+
+    def unregister(self, name: str) -> None:
+        import duckdb
+
+        # Inside a failed transaction DuckDB refuses even this; the name is registered anew
+        # (replacing the view) the next time it is used, so leaving it is harmless.
+        try:
+            self.con.unregister(name)
+        except duckdb.Error:
+            pass
+
+    def insert(self, sql: str, table: pa.Table) -> None:
+        """Runs `sql` with `{}` naming `table` (e.g. 'INSERT INTO t BY NAME SELECT * FROM {}')."""
+        self.register("ingest_rows", table)
+        try:
+            self.con.execute(sql.format("ingest_rows"))
+        finally:
+            self.unregister("ingest_rows")
+
+    def transaction(self) -> Transaction:
+        return Transaction(self.con)
+
+
+class Transaction:
+    """BEGIN ... COMMIT, or ROLLBACK on any exception (data errors quarantine the run)."""
+
+    def __init__(self, con: Any):
+        self.con = con
+
+    def __enter__(self) -> Any:
+        self.con.execute("BEGIN TRANSACTION")
+        return self.con
+
+    def __exit__(self, kind, error, _traceback) -> None:
+        if error is None:
+            self.con.execute("COMMIT")
+            return
+        self.con.execute("ROLLBACK")
+        raise_for_data_error(error)
+
+
+def raise_for_data_error(error: BaseException) -> None:
+    """Errors that come from the run's data (not the database) quarantine the run."""
+    import duckdb
+
+    text = first_line(error)
+    if isinstance(error, (duckdb.ConversionException, duckdb.InvalidInputException)) and "JSON" in text:
+        raise QuarantineRun(f"events have attributes that are not JSON ({text})") from None
+    if isinstance(error, (duckdb.IOException, duckdb.InvalidInputException)) and ".parquet" in str(error).lower():
+        raise QuarantineRun(f"events unreadable ({text})") from None
+    if isinstance(error, (duckdb.ConversionException, duckdb.InvalidInputException)):
+        raise QuarantineRun(f"cannot load the run's data ({text})") from None
+    if isinstance(error, duckdb.Error):
+        raise DatabaseError(f"the database failed while loading a run: {text}") from None
