@@ -6,19 +6,21 @@ VENV ?= .venv
 MATRIX_VERSIONS ?= 3.10 3.12 3.13
 PIP_FLAGS ?= -q --disable-pip-version-check
 
-NATIVE_SOURCES := $(wildcard native/*.cpp native/*.h) CMakeLists.txt pyproject.toml
+NATIVE_SOURCES := $(wildcard native/*.cpp native/*.h native/testing/*.cpp) CMakeLists.txt pyproject.toml
 
 .PHONY: install run test lint format test-default test-matrix bench clean
 
 # C/C++ sources under clang-format (test fixtures whose line numbers the oracles read stay as written).
-CLANG_FORMAT_SOURCES := $(wildcard native/*.cpp native/*.h tests/cupti_double/*.c)
+CLANG_FORMAT_SOURCES := $(wildcard native/*.cpp native/*.h native/testing/*.cpp tests/cupti_double/*.c)
 
 install: $(VENV)/.installed
 
 $(VENV)/.installed: $(NATIVE_SOURCES)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
-	$(VENV)/bin/pip install $(PIP_FLAGS) -e '.[test]'
+	# The development install also builds tbpipe._native_test, the suite's extension; a plain
+	# `pip install .` (the wheel users get) leaves it out.
+	$(VENV)/bin/pip install $(PIP_FLAGS) -e '.[test]' --config-settings=cmake.define.TBPIPE_BUILD_TESTING=ON
 	# torch (a local CPU wheel, for 3.11 only here) is the anchor some tests compare
 	# against and the torch-ops source's subject; Triton's launch hooks are tested
 	# against the real package.

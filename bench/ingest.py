@@ -37,7 +37,8 @@ def _args() -> argparse.Namespace:
 
 
 def _generate(args: argparse.Namespace):
-    from tbpipe.pipeline.db.synthetic import SyntheticConfig, generate
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the helpers shared with the tests
+    from support.synthetic import SyntheticConfig, generate
 
     config = SyntheticConfig(runs=args.runs, events=args.events, unique_stacks=args.stacks, zipf_s=args.zipf)
     key = json.dumps({k: getattr(config, k) for k in config.__dataclass_fields__}, sort_keys=True) + sys.version

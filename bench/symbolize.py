@@ -35,7 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tbpipe.pipeline.symbols.elf import sample_code_addresses
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the helpers shared with the tests
+from support.addresses import sample_code_addresses  # noqa: E402
 
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 LIBPYTHON = os.path.expanduser("~/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0")

@@ -3,8 +3,8 @@
 Deepens the native stack by recursing through a C boundary (each level is
 list(map(...)), several C frames plus one eval-loop entry), then times, at each
 depth:
-  * unwind_native() in a C++ loop (tbpipe._native._time_unwind), warm cache;
-  * glibc backtrace() in a C++ loop (tbpipe._native._time_glibc_backtrace);
+  * unwind_native() in a C++ loop (tbpipe._native_test._time_unwind), warm cache;
+  * glibc backtrace() in a C++ loop (tbpipe._native_test._time_glibc_backtrace);
   * the Python bindings _unwind_pcs() and _glibc_backtrace_pcs(), list building
     included.
 A least-squares line over the depths gives the cost per frame and the fixed
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from tbpipe import _native as native
+from tbpipe import _native_test as native  # the test extension: the unwinder's timing entry points
 
 
 def at_depth(depth: int, fn):

@@ -10,10 +10,10 @@
 #include <cstring>
 #include <memory>
 #include <string_view>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "capi.h"
 #include "demangle.h"
 #include "gather.h"
 #include "python_frames.h"
@@ -24,7 +24,7 @@ namespace py = pybind11;
 
 namespace tbpipe {
 
-void register_unwind_bindings(py::module_& m);     // native/unwind_bindings.cpp
+void register_module_bindings(py::module_& m);     // native/module_bindings.cpp
 void register_source_bindings(py::module_& m);     // native/source_bindings.cpp
 void register_symbolize_bindings(py::module_& m);  // native/symbolize_bindings.cpp
 
@@ -163,6 +163,47 @@ PyMethodDef record_method = {"record", reinterpret_cast<PyCFunction>(reinterpret
                              "record(kind, name, **attrs): record an event with the calling thread's combined stack "
                              "(a no-op when no session is active)."};
 
+// ---------------------------------------------------------------------------- the C API (capi.h)
+
+// Native callers are not Python code: their stacks keep every frame (no skipping up to an eval loop).
+UnwindOptions options_for_native_caller() {
+  UnwindOptions options;
+  options.skip_own_module = true;
+  return options;
+}
+
+void capi_record(const char* kind, size_t kind_len, const char* name, size_t name_len, const char* attrs_json,
+                 size_t attrs_len) {
+  StringTable& strings = StringTable::instance();
+  Recorder::instance().record_native(strings.intern_utf8(kind, kind_len), strings.intern_utf8(name, name_len),
+                                     attrs_json, attrs_len, options_for_native_caller());
+}
+
+void* capi_gather(int python, int native) {
+  RawStack& stack = thread_scratch_stack();
+  gather_stack(&stack, python != 0, native != 0, options_for_native_caller());
+  try {
+    return traceback_of(stack).release();
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+
+PyObject* capi_traceback_object(void* handle) {
+  std::unique_ptr<RawTraceback> traceback(static_cast<RawTraceback*>(handle));
+  try {
+    return py::cast(std::move(traceback)).release().ptr();
+  } catch (py::error_already_set& error) {
+    error.restore();
+    return nullptr;
+  }
+}
+
+void capi_free_traceback(void* handle) { delete static_cast<RawTraceback*>(handle); }
+
+const TbpipeCApi kCApi = {TBPIPE_CAPI_VERSION, sizeof(TbpipeCApi),    capi_record,
+                          capi_gather,         capi_traceback_object, capi_free_traceback};
+
 }  // namespace
 }  // namespace tbpipe
 
@@ -192,42 +233,6 @@ PYBIND11_MODULE(_native, m) {
 
   m.def("gather", &gather, py::arg("python") = true, py::arg("native") = true,
         "Combined raw stack of the calling thread, without tbpipe's own frames.");
-  m.def(
-      "_gather_with_gil_released",
-      [](bool python, bool native) {
-        // What a C callback that released the GIL sees (CUPTI, a C++ extension).
-        py::gil_scoped_release released;
-        return gather(python, native);
-      },
-      py::arg("python") = true, py::arg("native") = true, "Test hook: gather() called with the GIL released.");
-  m.def(
-      "_record_with_gil_released",
-      [](const std::string& kind, const std::string& name, const std::string& attrs_json) {
-        // The path native sources take: interned text, JSON attributes, no GIL.
-        py::gil_scoped_release released;
-        StringTable& strings = StringTable::instance();
-        Recorder::instance().record_native(strings.intern_utf8(kind.data(), kind.size()),
-                                           strings.intern_utf8(name.data(), name.size()), attrs_json.data(),
-                                           attrs_json.size(), options_for_python_caller());
-      },
-      "Test hook: record an event the way native sources do, with the GIL released.");
-  m.def(
-      "_gather_on_native_thread",
-      []() {
-        // A thread the interpreter has never seen: no thread state, no Python frames.
-        std::unique_ptr<RawTraceback> result;
-        py::gil_scoped_release released;
-        std::thread worker([&result]() {
-          RawStack& stack = thread_scratch_stack();
-          UnwindOptions options;
-          gather_stack(&stack, true, true, options);
-          result = traceback_of(stack);
-        });
-        worker.join();
-        return result;
-      },
-      "Test hook: gather() on a new native thread that has no Python thread state.");
-
   m.attr("record") = py::reinterpret_steal<py::object>(PyCFunction_NewEx(&record_method, nullptr, nullptr));
 
   m.def(
@@ -279,8 +284,17 @@ PYBIND11_MODULE(_native, m) {
   m.attr("STACK_PYTHON_TRUNCATED") = static_cast<uint32_t>(kStackPythonTruncated);
   m.attr("STACK_NO_NATIVE") = static_cast<uint32_t>(kStackNoNative);
   m.attr("STACK_NO_PYTHON") = static_cast<uint32_t>(kStackNoPython);
+  m.attr("STOP_COMPLETE") = static_cast<uint32_t>(StopReason::kComplete);
+  m.attr("STOP_UNKNOWN_PC") = static_cast<uint32_t>(StopReason::kUnknownPc);
+  m.attr("STOP_NO_UNWIND_INFO") = static_cast<uint32_t>(StopReason::kNoUnwindInfo);
+  m.attr("STOP_UNSUPPORTED_RULE") = static_cast<uint32_t>(StopReason::kUnsupportedRule);
+  m.attr("STOP_BAD_STACK_READ") = static_cast<uint32_t>(StopReason::kBadStackRead);
+  m.attr("STOP_DEPTH_LIMIT") = static_cast<uint32_t>(StopReason::kDepthLimit);
+  m.attr("STOP_NOT_SUPPORTED") = static_cast<uint32_t>(StopReason::kNotSupported);
+  m.attr("MAX_NATIVE_FRAMES") = static_cast<uint32_t>(kMaxNativeFrames);
+  m.attr("_C_API") = py::capsule(const_cast<TbpipeCApi*>(&kCApi), TBPIPE_CAPI_CAPSULE);
 
-  register_unwind_bindings(m);
+  register_module_bindings(m);
   register_source_bindings(m);
   register_symbolize_bindings(m);
 }

@@ -5,8 +5,8 @@ path and the problem: a manifest that is not JSON or lacks/garbles a field, a sc
 this tbpipe does not read, listed files that are missing, Parquet parts that are truncated,
 unreadable or of another table/schema/version, and (for a run that closed cleanly) rows that
 refer to stacks, modules or code the run does not hold. A run that was killed mid-capture
-(`complete: false`) is not damaged for lacking what it never flushed: `RawRun.notes` says what
-is missing instead.
+(`complete: false`) is not damaged for lacking what it never flushed: `reference_problems` says
+what is missing instead, and the ingest keeps that as the run's notes.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -35,31 +34,29 @@ class DamagedRunError(TbpipeError):
     """A run directory that cannot be read as a whole: names the path and the problem."""
 
 
-@dataclass
-class RawRun:
-    path: Path
-    manifest: dict[str, Any]
-    tables: dict[str, pa.Table]
-    # What an incomplete run lacks (rows referring to parts a killed process never wrote).
-    notes: list[str] = field(default_factory=list)
+class MissingManifestError(DamagedRunError):
+    """A folder holding a run's Parquet parts but no manifest (deleted, or lost with a disk)."""
 
-    @property
-    def run_id(self) -> str:
-        return self.manifest["run_id"]
 
-    @property
-    def complete(self) -> bool:
-        return bool(self.manifest.get("complete"))
+def _is_run_folder(files: list[str]) -> bool:
+    """A manifest, or parts of a run's tables: a run folder, even when its manifest was lost."""
+    if MANIFEST_FILE in files:
+        return True
+    for name in files:
+        match = _PART_NAME.match(name)
+        if match and match.group("table") in RUN_TABLES:
+            return True
+    return False
 
 
 def find_run_dirs(roots: list[Path]) -> list[Path]:
-    """Every folder under `roots` (recursively) that holds a manifest."""
+    """Every folder under `roots` (recursively) that holds a manifest or a run's Parquet parts."""
     found = set()
     for root in roots:
         if not root.exists():
             raise UsageError(f"no such folder: {root}")
-        if (root / MANIFEST_FILE).is_file():
-            found.add(root)
+        if root.is_file():
+            raise UsageError(f"{root} is a file: give the folder that holds run folders")
         if root.is_dir():
             seen: set[str] = set()
             for folder, dirs, files in os.walk(root, followlinks=True):
@@ -69,7 +66,7 @@ def find_run_dirs(roots: list[Path]) -> list[Path]:
                     dirs[:] = []
                     continue
                 seen.add(real)
-                if MANIFEST_FILE in files:
+                if _is_run_folder(files):
                     found.add(Path(folder))
                     dirs[:] = []  # a run folder holds no other runs
     return sorted(found)
@@ -131,6 +128,13 @@ def _check_files(path: Path, manifest: dict) -> None:
 def read_manifest(run_dir: Path) -> dict[str, Any]:
     """The run's manifest, checked field by field; DamagedRunError on any garbage."""
     path = run_dir / MANIFEST_FILE
+    if not path.exists():
+        parts = sorted(p.name for p in run_dir.glob("*-[0-9][0-9][0-9][0-9][0-9][0-9].parquet"))
+        raise MissingManifestError(
+            f"{path}: manifest is missing, {len(parts)} Parquet parts are there ({', '.join(parts[:4])}"
+            f"{', ...' if len(parts) > 4 else ''}); `tbpipe ingest --recover-manifests` loads what they hold as "
+            "an incomplete run without labels"
+        )
     try:
         manifest = json.loads(path.read_bytes())
     except OSError as error:
@@ -299,11 +303,48 @@ def reference_problems(tables: dict[str, pa.Table]) -> list[str]:
     return problems
 
 
-def read_run(run_dir: Path, manifest: dict[str, Any] | None = None) -> RawRun:
-    """Loads a whole run; DamagedRunError names the first problem found."""
-    manifest = manifest if manifest is not None else read_manifest(run_dir)
-    tables = read_tables(part_files(run_dir, manifest), tuple(RUN_TABLES))
-    problems = reference_problems(tables)
-    if problems and manifest.get("complete"):
-        raise _fail(run_dir, "; ".join(problems))
-    return RawRun(run_dir, manifest, tables, notes=problems)
+def recovered_manifest(run_dir: Path) -> dict[str, Any]:
+    """A manifest for a run folder that lost its own, from what its parts say; DamagedRunError when
+    they cannot say enough. Nothing is written: the folder stays as it was found.
+
+    The run id is the folder's name (the capture names run folders so), the start time the first
+    event's (else the oldest part's modification time); the run is incomplete and carries no
+    labels, command line or versions. Every part must be a readable part of this schema version.
+    """
+    name = run_dir.name
+    if not _RUN_ID.match(name):
+        raise _fail(run_dir, f"manifest is missing and the folder name {name[:80]!r} is not a run id to recover it by")
+    files: dict[str, list[str]] = {}
+    for path in sorted(run_dir.glob("*.parquet")):
+        match = _PART_NAME.match(path.name)
+        if match and match.group("table") in RUN_TABLES:
+            check_part(path, match.group("table"))
+            files.setdefault(match.group("table"), []).append(path.name)
+    if not files:
+        raise _fail(run_dir, "manifest is missing and no run parts are left to recover")
+    started = _first_event_time(run_dir, files.get("events", []))
+    if started is None:
+        oldest = min((run_dir / n).stat().st_mtime for names in files.values() for n in names)
+        started = datetime.fromtimestamp(oldest, timezone.utc)
+    return {
+        "format": FORMAT_NAME,
+        "schema_version": RAW_SCHEMA_VERSION,
+        "run_id": name,
+        "started_at": started.isoformat(timespec="microseconds"),
+        "ended_at": None,
+        "complete": False,
+        "labels": {},
+        "files": files,
+        "errors": [],
+        "recovered": True,
+    }
+
+
+def _first_event_time(run_dir: Path, names: list[str]) -> datetime | None:
+    earliest_ns = None
+    for name in names:
+        column = pq.read_table(run_dir / name, columns=["ts"])["ts"].cast(pa.int64())
+        value = pc.min(column).as_py() if len(column) else None
+        if value is not None and (earliest_ns is None or value < earliest_ns):
+            earliest_ns = value
+    return None if earliest_ns is None else datetime.fromtimestamp(earliest_ns / 1e9, timezone.utc)

@@ -1,4 +1,7 @@
-"""Arrow schemas of a raw run directory, version 1.
+"""Arrow schemas of a raw run directory, version 1, and the constants its columns use.
+
+The frame and stack flags and stop reasons are defined here once; the extension (`tbpipe._native`)
+exports the same names from its C++ enums, and the tests hold each pair equal.
 
 A run directory `<out>/<run_id>/` holds `manifest.json` and, per flush of the
 capture library's background thread, one zstd Parquet file per table that had
@@ -73,16 +76,26 @@ STACK_PYTHON_TRUNCATED = 2
 STACK_NO_NATIVE = 4
 STACK_NO_PYTHON = 8
 
-# Values of a marker frame's offset
+# Values of a marker frame's offset: why the native walk stopped there
+STOP_COMPLETE = 0  # reached the outermost frame
+STOP_UNKNOWN_PC = 1
+STOP_NO_UNWIND_INFO = 2
+STOP_UNSUPPORTED_RULE = 3
+STOP_BAD_STACK_READ = 4
+STOP_DEPTH_LIMIT = 5  # MAX_NATIVE_FRAMES reached
+STOP_NOT_SUPPORTED = 6
 STOP_REASONS = {
-    0: "complete",
-    1: "PC outside every loaded module",
-    2: "no unwind info for this PC",
-    3: "unsupported CFI rule",
-    4: "stack read out of bounds",
-    5: "depth limit reached",
-    6: "no native unwinder on this platform",
+    STOP_COMPLETE: "complete",
+    STOP_UNKNOWN_PC: "PC outside every loaded module",
+    STOP_NO_UNWIND_INFO: "no unwind info for this PC",
+    STOP_UNSUPPORTED_RULE: "unsupported CFI rule",
+    STOP_BAD_STACK_READ: "stack read out of bounds",
+    STOP_DEPTH_LIMIT: "depth limit reached",
+    STOP_NOT_SUPPORTED: "no native unwinder on this platform",
 }
+
+# Most native frames of one raw stack (the last may be a marker)
+MAX_NATIVE_FRAMES = 512
 
 
 def stacks_schema() -> pa.Schema:

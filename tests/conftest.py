@@ -1,4 +1,6 @@
-"""Shared helpers for the suite: reading run folders back, running child Pythons."""
+"""Shared fixtures and helpers for the suite: running child Pythons, the test libraries, symbol stores.
+
+Helpers that the benchmarks share live in `support/`; `read_runs` is re-exported for the tests."""
 
 from __future__ import annotations
 
@@ -9,8 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tbpipe.pipeline.rawrun import find_run_dirs, read_run
 
 # The CLI as the tests run it: the same interpreter, no reliance on PATH.
 TBPIPE = [sys.executable, "-m", "tbpipe.pipeline"]
@@ -25,10 +25,6 @@ def run_python(
     return subprocess.run(
         [sys.executable, "-c", code], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
     )
-
-
-def read_runs(out_dir: Path):
-    return [read_run(d) for d in find_run_dirs([out_dir])]
 
 
 def manifest(run_dir: Path) -> dict:

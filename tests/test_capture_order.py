@@ -10,7 +10,7 @@ import traceback
 
 import pytest
 
-from tbpipe import _native, capture
+from tbpipe import _native, _native_test, capture
 from tbpipe.pipeline import symbolize
 
 
@@ -126,7 +126,7 @@ def test_gather_with_gil_released_names_new_code() -> None:
         {"__name__": "fresh_module", "__file__": "<fresh>"},
         namespace,
     )
-    tb = namespace["fresh_function"](_native._gather_with_gil_released)
+    tb = namespace["fresh_function"](_native_test.gather_with_gil_released)
     flags = [f for _, _, f in tb.python]
     assert flags[0] & _native.PYTHON_FRAME_LINE_RESOLVED
     (frames,) = symbolize([tb])
@@ -187,7 +187,7 @@ def test_torch_misplaces_python_frames_where_tbpipe_does_not() -> None:
 
 
 def test_gather_on_a_native_thread_without_python() -> None:
-    tb = _native._gather_on_native_thread()
+    tb = _native_test.gather_on_native_thread()
     assert tb.python == []
     (frames,) = symbolize([tb])
     assert frames and all(f["kind"] == "native" for f in frames), _show(frames)

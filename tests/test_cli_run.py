@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import TBPIPE, read_runs
+from conftest import TBPIPE
+from support.runs import read_runs
 
 PROGRAM = """
 import subprocess, sys

@@ -17,12 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import TBPIPE
+from support.runs import read_run
 
 from tbpipe import capture
 from tbpipe.pipeline.db import IngestOptions, IngestSummary, ingest_runs, open_database
 from tbpipe.pipeline.db import read as db_read
 from tbpipe.pipeline.db.connection import query_rows
-from tbpipe.pipeline.rawrun import find_run_dirs, read_run
+from tbpipe.pipeline.rawrun import find_run_dirs
 from tbpipe.pipeline.stacks.render import symbolize_stacks
 
 
@@ -318,7 +319,7 @@ def test_sigkilled_capture_is_ingested_incomplete(tmp_path, symbol_cache) -> Non
 
 
 def test_unflushed_stacks_of_a_killed_run_are_noted(tmp_path, symbol_cache) -> None:
-    from tbpipe.pipeline.db.synthetic import manifest_for, write_run
+    from support.synthetic import manifest_for, write_run
 
     run = _synthetic_tables()
     events = run["events"]
@@ -334,7 +335,7 @@ def test_unflushed_stacks_of_a_killed_run_are_noted(tmp_path, symbol_cache) -> N
 
 
 def test_a_run_killed_before_its_first_flush(tmp_path, symbol_cache) -> None:
-    from tbpipe.pipeline.db.synthetic import manifest_for, write_run
+    from support.synthetic import manifest_for, write_run
 
     write_run(tmp_path / "runs" / "empty", manifest_for("20260101T000000-1-empty", complete=False), {})
     db = tmp_path / "t.duckdb"
@@ -348,7 +349,8 @@ def test_a_run_killed_before_its_first_flush(tmp_path, symbol_cache) -> None:
 
 def _synthetic_tables(native_extra: list | None = None) -> dict[str, pa.Table]:
     """A small raw run whose stacks exercise every interleaving case (see test below)."""
-    from tbpipe.pipeline.db.synthetic import loaded_modules
+    from support.synthetic import loaded_modules
+
     from tbpipe.schemas import raw
 
     libc = next(m for m in loaded_modules() if "libc.so" in m.path)
@@ -430,7 +432,7 @@ def _synthetic_tables(native_extra: list | None = None) -> dict[str, pa.Table]:
 
 
 def test_interleaving_edge_cases_match_the_reference(tmp_path, symbol_cache) -> None:
-    from tbpipe.pipeline.db.synthetic import manifest_for, write_run
+    from support.synthetic import manifest_for, write_run
 
     runs = tmp_path / "runs"
     write_run(runs / "edge", manifest_for("20260101T000000-1-edges"), _synthetic_tables())
@@ -455,7 +457,7 @@ def test_interleaving_edge_cases_match_the_reference(tmp_path, symbol_cache) -> 
 
 
 def test_equal_stacks_of_different_runs_are_stored_once(tmp_path, symbol_cache) -> None:
-    from tbpipe.pipeline.db.synthetic import SyntheticConfig, generate
+    from support.synthetic import SyntheticConfig, generate
 
     runs = tmp_path / "runs"
     generated = generate(
@@ -594,6 +596,44 @@ def test_cli_exit_status_and_messages_for_quarantined_runs(tmp_path, good_run, s
     assert result.returncode == 2 and "no such folder" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_run_without_its_manifest_is_reported_and_can_be_recovered(tmp_path, good_run, symbol_cache) -> None:
+    runs = tmp_path / "runs"
+    _copy(good_run, runs, "fine")
+    lost = _copy(good_run, runs, "lost")
+    manifest = json.loads((lost / "manifest.json").read_text())
+    (lost / "manifest.json").unlink()
+    before = sorted(p.name for p in lost.iterdir())
+    env = dict(os.environ, TBPIPE_CACHE_DIR=str(symbol_cache), COLUMNS="300")
+    db = tmp_path / "t.duckdb"
+    result = subprocess.run(
+        [*TBPIPE, "ingest", str(runs), "--db", str(db)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert result.returncode == 1, result.stderr
+    assert f"quarantined {lost}/manifest.json: manifest is missing" in result.stdout
+    assert "--recover-manifests" in result.stdout
+    fine_id = json.loads((runs / "fine" / "manifest.json").read_text())["run_id"]
+    assert [r[0] for r in rows(db, "SELECT run_id FROM runs")] == [fine_id]
+
+    result = subprocess.run(
+        [*TBPIPE, "ingest", str(runs), "--db", str(db), "--recover-manifests"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    ((run_id, complete, labels, events, notes),) = rows(
+        db, "SELECT run_id, complete, labels, events, ingest_notes FROM runs WHERE run_id = 'lost'"
+    )
+    assert (complete, labels) == (False, {})
+    assert events == manifest["counters"]["events_written"] > 0
+    assert any("manifest.json was missing" in note for note in notes)
+    # Counted per site like the run it was copied from; the folder itself is left as found.
+    per_site = "SELECT site_key, name, events FROM call_sites WHERE run_id = ? ORDER BY ALL"
+    assert rows(db, per_site, ["lost"]) == rows(db, per_site, [fine_id])
+    assert sorted(p.name for p in lost.iterdir()) == before
+
+
 # ------------------------------------------------------------------------------ killed and concurrent ingests
 
 PAUSING_INGEST = """
@@ -724,8 +764,8 @@ int entry(int x) {
 @pytest.mark.skipif(not all(shutil.which(t) for t in ("gcc", "objcopy", "strip")), reason="needs gcc and binutils")
 def test_better_debug_info_later_improves_stored_stacks(tmp_path) -> None:
     from elftools.elf.elffile import ELFFile
+    from support.synthetic import manifest_for, write_run
 
-    from tbpipe.pipeline.db.synthetic import manifest_for, write_run
     from tbpipe.pipeline.symbols.elf import inspect_elf
     from tbpipe.schemas import raw
 

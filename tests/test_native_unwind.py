@@ -3,7 +3,7 @@
 The test libraries in tests/native_testlib/ are built here with the system g++
 into pytest's temporary directory and loaded with ctypes. Their innermost
 function records glibc backtrace() and then calls back into Python, which walks
-with tbpipe._native._unwind_pcs(); the frames inside the test libraries must be
+with tbpipe._native_test._unwind_pcs(); the frames inside the test libraries must be
 exactly the ones backtrace() saw. Build-IDs are checked against `readelf -n`.
 """
 
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tbpipe import _native as native
+from tbpipe import _native
+from tbpipe import _native_test as native  # the unwinder's own diagnostics (a copy of the core)
 
 TESTLIB_SRC = Path(__file__).parent / "native_testlib"
 X86_64 = platform.machine() in ("x86_64", "AMD64")
@@ -169,11 +170,11 @@ def chain_o2(chain_libs) -> ChainLib:
 # Reading walks
 
 
-MARKER = native._FRAME_MARKER
-EVAL = native._FRAME_EVAL_LOOP
-EXACT = native._FRAME_EXACT_PC
-BY_FP = native._FRAME_BY_FRAME_POINTER
-STOP = native._STOP_REASONS
+MARKER = _native.NATIVE_FRAME_MARKER
+EVAL = _native.NATIVE_FRAME_EVAL_LOOP
+EXACT = _native.NATIVE_FRAME_EXACT_PC
+BY_FP = _native.NATIVE_FRAME_BY_FRAME_POINTER
+STOP = {name[len("STOP_") :].lower(): getattr(_native, name) for name in dir(_native) if name.startswith("STOP_")}
 
 
 def _modules_by_index() -> dict[int, dict]:
@@ -545,7 +546,7 @@ def test_walk_through_signal_frame(chain_o2):
 @x86_64_only
 def test_depth_limit_marker(chain_o2):
     frames = _walk_via(lambda cb: chain_o2.dll.chain_run(200, cb))
-    assert len(frames) == native._MAX_NATIVE_FRAMES
+    assert len(frames) == _native.MAX_NATIVE_FRAMES
     assert _stop_reason(frames) == "depth_limit"
 
 
@@ -695,7 +696,7 @@ import json, site, sys
 for d in {site_dirs!r}:
     site.addsitedir(d)
 sys.path[:0] = {sys.path!r}
-from tbpipe import _native as n
+from tbpipe import _native_test as n
 mods = n._modules()
 print(json.dumps({{"modules": mods, "frames": n._unwind_pcs()}}))
 """

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
-from conftest import read_runs, run_python
+from conftest import run_python
+from support.runs import read_runs
 
 from tbpipe import capture
 from tbpipe.capture import SessionError, SourceError
@@ -228,14 +229,14 @@ with capture.session({str(out_dir)!r}, on_fork="stop"):
 
 
 def test_native_record_path_without_gil(out_dir: Path) -> None:
-    from tbpipe import _native
+    from tbpipe import _native_test
 
     def launch_site():
-        _native._record_with_gil_released("kernel_launch", "void gemm<float>(float*)", '{"grid": [2, 1, 1]}')
+        _native_test.record_with_gil_released("kernel_launch", "void gemm<float>(float*)", '{"grid": [2, 1, 1]}')
 
     with capture.session(out_dir):
         launch_site()
-        _native._record_with_gil_released("kernel_launch", "plain", "")
+        _native_test.record_with_gil_released("kernel_launch", "plain", "")
     (run,) = read_runs(out_dir)
     rows = run.tables["events"].drop_columns(["ts"]).to_pylist()
     assert [(r["name"], r["attrs"]) for r in rows] == [

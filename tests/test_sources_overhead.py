@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from conftest import read_runs
+from support.runs import read_runs
 
-from tbpipe import _native, capture
+from tbpipe import _native_test, capture
 
 
 def site_a() -> None:
@@ -60,7 +60,7 @@ def test_per_stack_limit_keeps_n_per_second_per_stack(out_dir: Path) -> None:
 
 def native_launches(count: int) -> None:
     for _ in range(count):
-        _native._record_with_gil_released("kernel_launch", "k", '{"grid": [1, 1, 1]}')
+        _native_test.record_with_gil_released("kernel_launch", "k", '{"grid": [1, 1, 1]}')
 
 
 def test_native_source_path_is_limited_too(out_dir: Path) -> None:

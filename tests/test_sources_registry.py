@@ -10,7 +10,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import read_runs, run_python
+from conftest import run_python
+from support.runs import read_runs
 
 from tbpipe import capture
 from tbpipe.capture import SessionError

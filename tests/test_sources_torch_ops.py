@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
-from conftest import read_runs
+from support.runs import read_runs
 
 from tbpipe import capture
 

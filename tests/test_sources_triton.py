@@ -15,7 +15,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import read_runs, run_python
+from conftest import run_python
+from support.runs import read_runs
 
 from tbpipe import capture
 from tbpipe.capture import triton_launches

@@ -33,6 +33,11 @@ def register(app: typer.Typer) -> None:
             "!PREFIX for files that are not. Kept in the database; repeatable.",
         ),
         wait: float = typer.Option(600.0, "--wait", help="Seconds to wait for another ingest into the same database."),
+        recover_manifests: bool = typer.Option(
+            False,
+            "--recover-manifests",
+            help="Load run folders whose manifest.json is lost as incomplete runs (run id = folder name, no labels).",
+        ),
         progress: bool | None = typer.Option(
             None, "--progress/--no-progress", help="Progress bar (default: on a terminal)."
         ),
@@ -50,6 +55,7 @@ def register(app: typer.Typer) -> None:
             user_code=list(user_code or []),
             wait_s=wait,
             progress=progress,
+            recover_manifests=recover_manifests,
         )
         summary = ingest_runs(list(runs_dirs or []), options)
         render_ingest_summary(summary, Console())

@@ -41,12 +41,9 @@ def resolve_db_path(path: Path | str | None) -> Path:
 
 
 def _tbpipe_version() -> str:
-    try:
-        from importlib.metadata import version
+    from tbpipe.capture import __version__
 
-        return version("tbpipe")
-    except Exception:  # an uninstalled checkout
-        return "unknown"
+    return __version__
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """Raw stacks (schemas.raw tables) → symbolized frames in combined order.
 
-Used by the in-process `tbpipe.capture.symbolize` and by the offline readers,
+Used by the in-process `tbpipe.pipeline.symbolize` and by the offline readers,
 so both print the same traceback for the same raw stack.
 """
 

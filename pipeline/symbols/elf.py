@@ -482,22 +482,3 @@ def load_dwarf(path: str) -> Any:
 def executable_ranges(segments: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
     """(start, end) of the executable PT_LOAD segments."""
     return [(vaddr, vaddr + memsz) for vaddr, memsz, flags in segments if flags & _PF_X]
-
-
-def sample_code_addresses(path: str | os.PathLike[str], count: int, seed: int) -> list[int]:
-    """`count` addresses drawn uniformly (reproducibly, by `seed`) from the executable
-    segments of the ELF file at `path`: the address sets of the tests and benchmarks."""
-    import random
-
-    ranges = executable_ranges(inspect_elf(str(path)).segments)
-    total = sum(end - start for start, end in ranges)
-    rng = random.Random(seed)
-    out = []
-    for _ in range(count):
-        offset = rng.randrange(total)
-        for start, end in ranges:
-            if offset < end - start:
-                out.append(start + offset)
-                break
-            offset -= end - start
-    return out

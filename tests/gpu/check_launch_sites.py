@@ -157,7 +157,8 @@ class Run:
     def __init__(self, run_dir: Path):
         import pyarrow as pa
 
-        from tbpipe.pipeline.rawrun import read_run
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
+        from support.runs import read_run
 
         raw = read_run(run_dir)
         self.manifest = raw.manifest

@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tbpipe.pipeline.symbols.elf import sample_code_addresses
+from support.addresses import sample_code_addresses
 
 DATA = Path(__file__).resolve().parent
 LIBC = Path("/lib/x86_64-linux-gnu/libc.so.6")

@@ -18,6 +18,9 @@ class IngestOptions:
     wait_s: float = DEFAULT_WAIT_S  # how long to wait for another ingest holding the database
     progress: bool | None = None  # None: a progress bar when stderr is a terminal
     jobs: int | None = None  # symbolizer worker processes (None: all CPUs)
+    # A run folder whose manifest is lost is quarantined; with this, what its parts hold is loaded
+    # as an incomplete run (rawrun.recovered_manifest), the folder left as it is.
+    recover_manifests: bool = False
 
 
 @dataclass

@@ -37,12 +37,14 @@ from tbpipe.pipeline.errors import first_line
 from tbpipe.pipeline.progress import RunProgress
 from tbpipe.pipeline.rawrun import (
     DamagedRunError,
+    MissingManifestError,
     check_part,
     find_run_dirs,
     part_files,
     parts_fingerprint,
     read_manifest,
     read_tables,
+    recovered_manifest,
     reference_problems,
 )
 from tbpipe.pipeline.stacks import layout
@@ -86,6 +88,7 @@ def ingest_runs(
 class RunLoader:
     def __init__(self, db: IngestDb, options: IngestOptions, summary: IngestSummary):
         self.db = db
+        self.options = options
         self.summary = summary
         self.symbols = SymbolLoader(db, options, summary)
         # Checkpointing after every run's commit would rewrite the growing tables 40 times for 40
@@ -93,8 +96,15 @@ class RunLoader:
         db.con.execute("SET checkpoint_threshold = '4GB'")
 
     def ingest_run(self, run_dir: Path, progress: RunProgress) -> RunOutcome:
+        notes = []
         try:
-            manifest = read_manifest(run_dir)
+            try:
+                manifest = read_manifest(run_dir)
+            except MissingManifestError:
+                if not self.options.recover_manifests:
+                    raise
+                manifest = recovered_manifest(run_dir)
+                notes.append("manifest.json was missing: recovered from the run's parts (no labels, argv or versions)")
             fingerprint = parts_fingerprint(run_dir, manifest)
         except DamagedRunError as error:
             return RunOutcome(run_dir, "quarantined", reason=str(error))
@@ -104,7 +114,7 @@ class RunLoader:
         if existing is not None and (existing[0] or existing[1] == fingerprint):
             return RunOutcome(run_dir, "present", run_id=run_id, complete=existing[0])
         try:
-            data = self._read(run_dir, manifest, fingerprint, progress)
+            data = self._read(run_dir, manifest, fingerprint, progress, notes)
             progress.describe(f"loading {data.events:,} events")
             return self._load(data, replace=existing is not None)
         except DamagedRunError as error:
@@ -115,12 +125,12 @@ class RunLoader:
     # ---------------------------------------------------------------- reading and laying out
 
     def _read(
-        self, run_dir: Path, manifest: dict[str, Any], fingerprint: str, progress: RunProgress
+        self, run_dir: Path, manifest: dict[str, Any], fingerprint: str, progress: RunProgress, notes: list[str]
     ) -> run_rows.RunData:
         files = part_files(run_dir, manifest)
         event_files = [(path, check_part(path, "events")) for path in files["events"]]
         tables = read_tables(files, ("stacks", "modules", "code"))
-        notes = reference_problems(tables)
+        notes = notes + reference_problems(tables)
         progress.describe(f"hashing {tables['stacks'].num_rows:,} stacks")
         flat = flatten_run(tables)
         stack_ids, new_ids = self._stack_ids(flat)

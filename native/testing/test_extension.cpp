@@ -1,8 +1,12 @@
-// Test and diagnostic entry points of the native unwinder and module registry.
+// tbpipe._native_test: entry points for the test suite and the benchmarks, never shipped.
 //
-// None of these is on a capture hot path; they exist so that tests can check
-// the unwinder against real binaries, and so that bench/ can time it against
-// glibc's backtrace(). Registered into tbpipe._native by bindings.cpp.
+// Built only with -DTBPIPE_BUILD_TESTING=ON (the development install does this). It holds its own
+// copy of the capture core (native/*.cpp): its unwinder, module registry and CFI recipes answer the
+// unwinder's tests and the timing benchmarks, and `_unwind_c_entry` hands native test libraries a
+// C function to walk from a signal handler or a thread with no Python. What must reach the recording
+// session of tbpipe._native (an event recorded, a stack gathered with the GIL released or on a
+// thread with no Python) goes through that extension's C API (capi.h), as an out-of-tree event
+// source would.
 
 #include <execinfo.h>
 #include <pybind11/pybind11.h>
@@ -10,9 +14,12 @@
 
 #include <cstdint>
 #include <string>
+#include <thread>
 
+#include "capi.h"
 #include "cfi.h"
 #include "frames.h"
+#include "module_dicts.h"
 #include "modules.h"
 #include "unwind.h"
 
@@ -46,27 +53,6 @@ py::list frames_to_list(const NativeFrame* frames, size_t n) {
     out.append(py::make_tuple(py::int_(frames[i].pc), frames[i].module, frames[i].flags));
   }
   return out;
-}
-
-py::list ranges_to_list(const std::vector<AddressRange>& ranges) {
-  py::list out;
-  for (const AddressRange& r : ranges) out.append(py::make_tuple(py::int_(r.lo), py::int_(r.hi)));
-  return out;
-}
-
-py::dict module_to_dict(const Module& m) {
-  py::dict d;
-  d["index"] = m.index;
-  d["path"] = m.path;
-  d["build_id"] = m.build_id;
-  d["load_bias"] = py::int_(m.load_bias);
-  d["exec_ranges"] = ranges_to_list(m.exec_ranges);
-  d["eval_ranges"] = ranges_to_list(m.eval_ranges);
-  d["image"] = py::make_tuple(py::int_(m.image.lo), py::int_(m.image.hi));
-  d["readable_ranges"] = ranges_to_list(m.readable_ranges);
-  d["eh_frame_hdr"] = py::int_(reinterpret_cast<uintptr_t>(m.eh_frame_hdr));
-  d["has_eh_frame_hdr"] = m.eh_frame_hdr != nullptr;
-  return d;
 }
 
 uint64_t now_ns() {
@@ -120,9 +106,69 @@ py::dict recipe_to_dict(const cfi::Recipe& r) {
   return d;
 }
 
+const TbpipeCApi& capi() {
+  static const TbpipeCApi* api = [] {
+    py::object capsule = py::module_::import("tbpipe._native").attr("_C_API");
+    auto* table = static_cast<const TbpipeCApi*>(PyCapsule_GetPointer(capsule.ptr(), TBPIPE_CAPI_CAPSULE));
+    if (table == nullptr) throw py::error_already_set();
+    if (table->abi_version != TBPIPE_CAPI_VERSION) throw std::runtime_error("tbpipe._native C API version mismatch");
+    return table;
+  }();
+  return *api;
+}
+
+py::object as_traceback(void* handle) {
+  if (handle == nullptr) throw std::bad_alloc();
+  PyObject* object = capi().traceback_object(handle);
+  if (object == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(object);
+}
+
 }  // namespace
 
-void register_unwind_bindings(py::module_& m) {
+void register_session_hooks(py::module_& m) {
+  m.def(
+      "record_with_gil_released",
+      [](const std::string& kind, const std::string& name, const std::string& attrs_json) {
+        const TbpipeCApi& api = capi();
+        py::gil_scoped_release released;
+        api.record(kind.data(), kind.size(), name.data(), name.size(), attrs_json.data(), attrs_json.size());
+      },
+      py::arg("kind"), py::arg("name"), py::arg("attrs_json") = "",
+      "Record an event through tbpipe._native's C API with the GIL released, as native sources do.");
+
+  m.def(
+      "gather_with_gil_released",
+      [](bool python, bool native) {
+        // What a C callback that released the GIL sees (CUPTI, a C++ extension).
+        const TbpipeCApi& api = capi();
+        void* handle;
+        {
+          py::gil_scoped_release released;
+          handle = api.gather(python, native);
+        }
+        return as_traceback(handle);
+      },
+      py::arg("python") = true, py::arg("native") = true,
+      "tbpipe._native's gather through its C API, called with the GIL released.");
+
+  m.def(
+      "gather_on_native_thread",
+      []() {
+        // A thread the interpreter has never seen: no thread state, no Python frames.
+        const TbpipeCApi& api = capi();
+        void* handle = nullptr;
+        {
+          py::gil_scoped_release released;
+          std::thread worker([&api, &handle]() { handle = api.gather(1, 1); });
+          worker.join();
+        }
+        return as_traceback(handle);
+      },
+      "tbpipe._native's gather through its C API on a new native thread with no Python thread state.");
+}
+
+void register_unwinder_diagnostics(py::module_& m) {
   m.def(
       "_unwind_pcs",
       [](bool skip_own_module, bool skip_until_eval) {
@@ -147,7 +193,7 @@ void register_unwind_bindings(py::module_& m) {
         }
         return out;
       },
-      "Every module the registry has seen, by index (dlclose'd ones included).");
+      "Every module this extension's registry has seen, by index.");
 
   m.def(
       "_refresh_modules", [] { return ModuleRegistry::instance().refresh(); },
@@ -233,21 +279,12 @@ void register_unwind_bindings(py::module_& m) {
   m.def(
       "_unwind_c_entry", [] { return py::int_(reinterpret_cast<uintptr_t>(&tbpipe_unwind_into)); },
       "Address of tbpipe_unwind_into(pcs, modules, flags, max, options) for native test code.");
-
-  m.attr("_FRAME_EVAL_LOOP") = static_cast<uint32_t>(kFrameEvalLoop);
-  m.attr("_FRAME_BY_FRAME_POINTER") = static_cast<uint32_t>(kFrameByFramePointer);
-  m.attr("_FRAME_EXACT_PC") = static_cast<uint32_t>(kFrameExactPc);
-  m.attr("_FRAME_MARKER") = static_cast<uint32_t>(kFrameMarker);
-  py::dict reasons;
-  reasons["complete"] = static_cast<uint32_t>(StopReason::kComplete);
-  reasons["unknown_pc"] = static_cast<uint32_t>(StopReason::kUnknownPc);
-  reasons["no_unwind_info"] = static_cast<uint32_t>(StopReason::kNoUnwindInfo);
-  reasons["unsupported_rule"] = static_cast<uint32_t>(StopReason::kUnsupportedRule);
-  reasons["bad_stack_read"] = static_cast<uint32_t>(StopReason::kBadStackRead);
-  reasons["depth_limit"] = static_cast<uint32_t>(StopReason::kDepthLimit);
-  reasons["not_supported"] = static_cast<uint32_t>(StopReason::kNotSupported);
-  m.attr("_STOP_REASONS") = reasons;
-  m.attr("_MAX_NATIVE_FRAMES") = kMaxNativeFrames;
 }
 
 }  // namespace tbpipe
+
+PYBIND11_MODULE(_native_test, m) {
+  m.doc() = "tbpipe's test-only entry points (never shipped).";
+  tbpipe::register_unwinder_diagnostics(m);
+  tbpipe::register_session_hooks(m);
+}

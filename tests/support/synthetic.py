@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tbpipe.capture import __version__
 from tbpipe.schemas import raw
 
 _PARQUET = {"compression": "zstd", "compression_level": 3}
@@ -53,7 +54,7 @@ def manifest_for(run_id: str, *, complete: bool = True, labels: dict[str, str] |
         "python_version": "3.11.7",
         "python_implementation": "CPython",
         "torch_version": None,
-        "tbpipe_version": "0.1.0",
+        "tbpipe_version": __version__,
         "labels": dict(labels or {}),
         "sources": [],
         "capture": {"python": True, "native": True, "flush_interval_s": 1.0, "on_fork": "new_run"},

@@ -1,0 +1,48 @@
+// The C interface through which native code outside tbpipe._native records into a tbpipe session.
+//
+// An event source compiled separately (an observer built against torch's headers, a test
+// extension) takes this table from the capsule `tbpipe._native._C_API` with
+// PyCapsule_GetPointer(capsule, "tbpipe._native._C_API") and calls it from any thread. It is plain
+// C so that no C++ ABI has to match between the two builds; `abi_version` changes whenever a
+// field's meaning does, and `size` lets a newer caller see which fields an older tbpipe has.
+#ifndef TBPIPE_CAPI_H_
+#define TBPIPE_CAPI_H_
+
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TBPIPE_CAPI_CAPSULE "tbpipe._native._C_API"
+#define TBPIPE_CAPI_VERSION 1u
+
+typedef struct TbpipeCApi {
+  uint32_t abi_version;  // TBPIPE_CAPI_VERSION
+  uint32_t size;         // sizeof(TbpipeCApi) of the tbpipe that filled it
+
+  // Records one event with the calling thread's combined stack, as the built-in native sources do:
+  // any thread, the GIL not needed, a no-op when no session is active. Texts are UTF-8 with their
+  // lengths; `attrs_json` is a JSON object's text, or empty for none.
+  void (*record)(const char* kind, size_t kind_len, const char* name, size_t name_len, const char* attrs_json,
+                 size_t attrs_len);
+
+  // Gathers the calling thread's combined stack (any thread, the GIL not needed) into a new opaque
+  // handle; NULL only when memory ran out. Hand it to `traceback_object` or `free_traceback`.
+  void* (*gather)(int python, int native);
+
+  // The handle as a `tbpipe._native.RawTraceback` (a new reference; NULL with an exception set).
+  // Takes the handle over. Needs the GIL.
+  PyObject* (*traceback_object)(void* traceback);
+
+  // Frees a handle that will not become an object.
+  void (*free_traceback)(void* traceback);
+} TbpipeCApi;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  // TBPIPE_CAPI_H_

@@ -1,0 +1,51 @@
+"""Whole run folders read back into Arrow tables, validated the way the ingest validates them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from tbpipe.pipeline.rawrun import (
+    DamagedRunError,
+    find_run_dirs,
+    part_files,
+    read_manifest,
+    read_tables,
+    reference_problems,
+)
+from tbpipe.schemas import RUN_TABLES
+
+
+@dataclass
+class RawRun:
+    path: Path
+    manifest: dict[str, Any]
+    tables: dict[str, pa.Table]
+    # What an incomplete run lacks (rows referring to parts a killed process never wrote).
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def run_id(self) -> str:
+        return self.manifest["run_id"]
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.manifest.get("complete"))
+
+
+def read_run(run_dir: Path, manifest: dict[str, Any] | None = None) -> RawRun:
+    """Loads a whole run; DamagedRunError names the first problem found."""
+    manifest = manifest if manifest is not None else read_manifest(run_dir)
+    tables = read_tables(part_files(run_dir, manifest), tuple(RUN_TABLES))
+    problems = reference_problems(tables)
+    if problems and manifest.get("complete"):
+        raise DamagedRunError(f"{run_dir}: {'; '.join(problems)}")
+    return RawRun(run_dir, manifest, tables, notes=problems)
+
+
+def read_runs(out_dir: Path) -> list[RawRun]:
+    """Every run folder under `out_dir`, read whole."""
+    return [read_run(d) for d in find_run_dirs([out_dir])]
