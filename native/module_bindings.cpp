@@ -15,17 +15,7 @@ namespace py = pybind11;
 namespace tbpipe {
 
 void register_module_bindings(py::module_& m) {
-  m.def(
-      "_modules",
-      [] {
-        ModuleRegistry& reg = ModuleRegistry::instance();
-        py::list out;
-        for (size_t i = 0; i < reg.size(); ++i) {
-          if (const Module* mod = reg.module(static_cast<int32_t>(i))) out.append(module_to_dict(*mod));
-        }
-        return out;
-      },
-      "Every module the registry has seen, by index (dlclose'd ones included).");
+  m.def("_modules", &registry_modules, "Every module the registry has seen, by index (dlclose'd ones included).");
 }
 
 }  // namespace tbpipe

@@ -30,4 +30,13 @@ py::dict module_to_dict(const Module& m) {
   return d;
 }
 
+py::list registry_modules() {
+  ModuleRegistry& reg = ModuleRegistry::instance();
+  py::list out;
+  for (size_t i = 0; i < reg.size(); ++i) {
+    if (const Module* mod = reg.module(static_cast<int32_t>(i))) out.append(module_to_dict(*mod));
+  }
+  return out;
+}
+
 }  // namespace tbpipe

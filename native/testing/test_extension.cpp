@@ -183,17 +183,7 @@ void register_unwinder_diagnostics(py::module_& m) {
       "The caller's native stack as [(pc, module_index, flags)], innermost first. "
       "A final frame with the marker flag holds a stop reason in pc.");
 
-  m.def(
-      "_modules",
-      [] {
-        ModuleRegistry& reg = ModuleRegistry::instance();
-        py::list out;
-        for (size_t i = 0; i < reg.size(); ++i) {
-          if (const Module* mod = reg.module(static_cast<int32_t>(i))) out.append(module_to_dict(*mod));
-        }
-        return out;
-      },
-      "Every module this extension's registry has seen, by index.");
+  m.def("_modules", &registry_modules, "Every module this extension's registry has seen, by index.");
 
   m.def(
       "_refresh_modules", [] { return ModuleRegistry::instance().refresh(); },
