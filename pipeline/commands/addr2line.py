@@ -65,7 +65,7 @@ class _Formatter:
     """binutils' text for each address, made by the extension from the result table's columns.
 
     Keeps, per string id of the table, the name as printed (demangled with -C) and the file as
-    printed (basename with -s); the table only grows, so each string is prepared once however
+    printed (basename with -s); the table only grows, so each string is handled once however
     many batches arrive."""
 
     def __init__(self, functions: bool, inlines: bool, demangle: bool, pretty: bool, basenames: bool):
@@ -80,7 +80,7 @@ class _Formatter:
         self._file_texts: list[str] = []
         self._demangled: set[int] = set()
 
-    def prepare(self, known, entries: list[int]) -> None:
+    def take_strings(self, known, entries: list[int]) -> None:
         """Take in the table's new strings; demangle, in one batch, the names `entries` need."""
         if known is not self._known:
             self._known = known
@@ -207,8 +207,8 @@ def addr2line(
         module = ModuleRef(found or "", os.path.abspath(path))
     # Find the debug info (and build the SymCache, most of a cold run) while stdin is read:
     # symbolic releases the GIL while it builds.
-    preparing = threading.Thread(target=_prepare_quietly, args=(symbolizer, module), daemon=True)
-    preparing.start()
+    preloading = threading.Thread(target=_preload_quietly, args=(symbolizer, module), daemon=True)
+    preloading.start()
     # Blank arguments are skipped; blank lines on stdin read as 0, as binutils reads them.
     # binutils reads each argument up to its first non-hex character: a newline inside one ends
     # it there too (instead of starting another line).
@@ -223,11 +223,11 @@ def addr2line(
         for batch in batches:
             values = array("Q")
             values.frombytes(_native.parse_addresses(batch))
-            if preparing is not None:
-                preparing.join()
-                preparing = None
+            if preloading is not None:
+                preloading.join()
+                preloading = None
             known, _keys, entries = symbolizer.entries(module, values, None)
-            formatter.prepare(known, entries)
+            formatter.take_strings(known, entries)
             if as_json:
                 write("".join(_json_line(a, e, known, formatter.names, demangle) for a, e in zip(values, entries)))
             else:
@@ -245,14 +245,14 @@ def addr2line(
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
     finally:
-        if preparing is not None:
-            preparing.join()
+        if preloading is not None:
+            preloading.join()
         symbolizer.close()
 
 
-def _prepare_quietly(symbolizer, module) -> None:
+def _preload_quietly(symbolizer, module) -> None:
     try:
-        symbolizer.prepare([module])
+        symbolizer.preload([module])
     except Exception:
         pass  # the same error comes back, reported properly, from the main thread
 

@@ -4,7 +4,7 @@ Raw stack ids are content hashes too, but over per-process things (module indice
 ids), so the same stack gets different raw ids in different runs. Here native frames count by
 (module build-ID, ELF address, flags) and Python frames by (file, qualified name, first line,
 line, entry flag), so equal stacks of any run, process or host hash equally and are stored once.
-(The caller, `prepare`, leaves out the address of CPython eval-loop frames: they are replaced by
+(The caller, `flatten`, leaves out the address of CPython eval-loop frames: they are replaced by
 the Python frames they ran.)
 
 The hash must stay the same across tbpipe and DuckDB versions (it keys `stacks` rows of old

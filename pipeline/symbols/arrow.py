@@ -17,16 +17,16 @@ INVALID_RETURN_ADDRESS = "invalid address: a return address of 0"
 
 
 def results_to_arrow(
-    prepared: Sequence[tuple[Any, Any, Any, Any, Any]], demangle: bool = True, dictionary: bool = True
+    lookups: Sequence[tuple[Any, Any, Any, Any, Any]], demangle: bool = True, dictionary: bool = True
 ) -> Any:
-    """prepared: (state, known table, entry per address (-1 invalid), address, exact) per module."""
+    """lookups: (state, known table, entry per address (-1 invalid), address, exact) per module."""
     import numpy as np
     import pyarrow as pa
 
     schema = arrow_schema()
     names = [f.name for f in schema]
     tables = []
-    for state, known, entries, address, exact in prepared:
+    for state, known, entries, address, exact in lookups:
         count = len(entries)
         if count == 0:
             continue

@@ -56,7 +56,7 @@ class LineTable:
             self._dwarf = load_dwarf(self._path)
         return self._dwarf
 
-    def prepare(self) -> None:
+    def build_index(self) -> None:
         """Read and index the line table now (done on the first lookup otherwise). The
         compile-unit ranges, which only padding needs, stay lazy: without .debug_aranges they
         mean reading every CU's DIE."""

@@ -106,7 +106,7 @@ def prefetch(path: str, dwarf: bool) -> threading.Thread:
         if dwarf:
             lines = LineTable(path)
             try:
-                lines.prepare()
+                lines.build_index()
             except Exception:
                 lines = None
         with _prefetch_lock:

@@ -198,11 +198,11 @@ class Symbolizer:
         """What was found for `build_id` (DWARF / symbols only / nothing), where and why."""
         return self._state_for(ModuleRef(build_id, path)).status
 
-    def prepare(self, modules: Iterable[ModuleRef]) -> None:
+    def preload(self, modules: Iterable[ModuleRef]) -> None:
         """Find debug info, build missing SymCaches and load stored results for `modules` now
         (e.g. in a thread while the addresses are still being read)."""
         refs = list(modules)
-        self._prepare_states(refs)
+        self._decide_states(refs)
         for ref in refs:
             # The stored results, not the SymCache: when every address is known (the warm
             # case) the SymCache and symbol table are never opened.
@@ -235,10 +235,10 @@ class Symbolizer:
         demangle: bool = True,
     ) -> dict[ModuleRef, list[list[SymbolizedFrame]]]:
         """`symbolize_module` for many modules at once: unique pairs only, fanned out over processes."""
-        prepared = self._prepare(modules)
+        resolved = self._resolve_keys(modules)
         out: dict[ModuleRef, list[list[SymbolizedFrame]]] = {}
         with gc_paused():
-            for ref, (state, keys) in prepared.items():
+            for ref, (state, keys) in resolved.items():
                 out[ref] = self._frames_for(state, keys, demangle)
         return out
 
@@ -256,7 +256,7 @@ class Symbolizer:
         """
         from tbpipe.pipeline.symbols.arrow import results_to_arrow
 
-        return results_to_arrow(self._prepare_arrays(modules), demangle, dictionary)
+        return results_to_arrow(self._resolve_arrays(modules), demangle, dictionary)
 
     def entries(
         self, module: ModuleRef, addresses: Sequence[int] | Any, exact: Sequence[bool] | Any | None = None
@@ -264,8 +264,7 @@ class Symbolizer:
         """Low level, for output formats: (the module's result table, lookup key and entry of
         each address). Entry -1 marks an invalid address. Callers format each distinct entry
         once instead of building SymbolizedFrame objects per address."""
-        prepared = self._prepare({module: (addresses, exact)})
-        state, keys = prepared[module]
+        state, keys = self._resolve_keys({module: (addresses, exact)})[module]
         known = self._known(state)
         get_entry = known.position.get
         return known, keys, [get_entry(k, -1) for k in keys]
@@ -292,11 +291,11 @@ class Symbolizer:
         key = self._state_key(ref)
         state = self._states.get(key)
         if state is None:
-            self._prepare_states([ref])
+            self._decide_states([ref])
             state = self._states[key]
         return state
 
-    def _prepare_states(self, refs: Iterable[ModuleRef]) -> None:
+    def _decide_states(self, refs: Iterable[ModuleRef]) -> None:
         """Decide the status of every new module; build the SymCaches that are missing."""
         builds: list[tuple[str, ModuleStatus, _PendingBuild, ModuleStatus | None]] = []
         for ref in refs:
@@ -488,10 +487,12 @@ class Symbolizer:
 
     # ------------------------------------------------------------------ resolution
 
-    def _prepare(self, modules: Mapping[ModuleRef, tuple[Any, Any]]) -> dict[ModuleRef, tuple[_ModuleState, list[int]]]:
+    def _resolve_keys(
+        self, modules: Mapping[ModuleRef, tuple[Any, Any]]
+    ) -> dict[ModuleRef, tuple[_ModuleState, list[int]]]:
         """States for every module and the lookup keys of its addresses; resolves unknown keys."""
-        self._prepare_states(modules.keys())
-        prepared: dict[ModuleRef, tuple[_ModuleState, list[int]]] = {}
+        self._decide_states(modules.keys())
+        resolved: dict[ModuleRef, tuple[_ModuleState, list[int]]] = {}
         missing: dict[int, tuple[_ModuleState, set[int]]] = {}
         for ref, (addresses, exact) in modules.items():
             state = self._states[self._state_key(ref)]
@@ -501,7 +502,7 @@ class Symbolizer:
             else:
                 flags = _as_bool_list(exact, len(values))
                 keys = [a if e else a - 1 for a, e in zip(values, flags)]
-            prepared[ref] = (state, keys)
+            resolved[ref] = (state, keys)
             known = self._known(state)
             new = set(keys)
             new.difference_update(known.position.keys())
@@ -512,17 +513,17 @@ class Symbolizer:
                 entry[1].update(new)
         if missing:
             self._resolve_missing([(state, sorted(keys)) for state, keys in missing.values()])
-        return prepared
+        return resolved
 
-    def _prepare_arrays(self, modules: Mapping[ModuleRef, tuple[Any, Any]]) -> list[Any]:
-        """`_prepare` with numpy: [(state, known, entries, address, exact)] per module.
+    def _resolve_arrays(self, modules: Mapping[ModuleRef, tuple[Any, Any]]) -> list[Any]:
+        """`_resolve_keys` with numpy: [(state, known, entries, address, exact)] per module.
 
         Known addresses never go through a Python loop: lookup keys are computed, searched in
         the table's sorted index and gathered as arrays (the >= 1M addresses/s ingest path).
         """
         import numpy as np
 
-        self._prepare_states(modules.keys())
+        self._decide_states(modules.keys())
         staged = []
         missing: dict[int, tuple[_ModuleState, set[int]]] = {}
         for ref, (addresses, exact) in modules.items():
@@ -546,13 +547,13 @@ class Symbolizer:
             staged.append((state, keys, valid, address, flags, entries if complete else None))
         if missing:
             self._resolve_missing([(state, sorted(keys)) for state, keys in missing.values()])
-        prepared = []
+        lookups = []
         for state, keys, valid, address, flags, entries in staged:
             known = self._known(state)
             if entries is None:
                 entries = known.entries_of(keys)
-            prepared.append((state, known, np.where(valid, entries, -1), address, flags))
-        return prepared
+            lookups.append((state, known, np.where(valid, entries, -1), address, flags))
+        return lookups
 
     def _known(self, state: _ModuleState) -> KnownTable:
         if state.known is None:
@@ -592,7 +593,7 @@ class Symbolizer:
             self.store.drop_other_sources(status.build_id, None)
             self.store.forget_status(status.build_id)
         self._states.pop(status.build_id, None)
-        self._prepare_states([ModuleRef(status.build_id, status.module_path)])
+        self._decide_states([ModuleRef(status.build_id, status.module_path)])
         fresh = self._states[status.build_id]
         state.status, state.persistent, state.known = fresh.status, fresh.persistent, fresh.known
         state.frames.clear()
