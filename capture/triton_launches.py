@@ -56,6 +56,12 @@ class _State:
 _state = _State()
 
 
+def _after_fork_in_child() -> None:
+    # A parent thread that held the lock at fork time does not exist in the
+    # child; waiting for it would hang the child's session start.
+    _state.lock = threading.RLock()
+
+
 def start() -> TritonHandle:
     with _state.lock:
         triton = after_import.fully_imported("triton")
