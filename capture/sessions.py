@@ -4,11 +4,22 @@ At most one session is active per process. While it is, `record()` (and the
 switched-on sources) append events to per-thread native buffers; a background
 thread drains them about once a second into a new set of Parquet files, so a
 process killed with SIGKILL loses at most its last second of events.
+
+A forked child continues into a run of its own (`on_fork="new_run"`). Such
+children often end without running atexit handlers: multiprocessing's fork
+workers (DataLoader workers among them) leave through `os._exit` after their
+own exit routine, and many live for less than a flush interval. So the last
+write is hooked into every exit Python lets us see: atexit (normal exit,
+SystemExit), multiprocessing's exit finalizers in its children, and
+`os._exit` itself. A process killed by a signal (SIGKILL, or SIGTERM without
+a handler) or crashing loses at most its last flush interval of events.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
+import operator
 import os
 import shutil
 import sys
@@ -20,7 +31,7 @@ from typing import Any
 from tbpipe import _native
 from tbpipe.capture.errors import SessionError
 from tbpipe.capture.manifest import initial_manifest, mark_closed, new_run_id, write_manifest
-from tbpipe.capture.sources import resolve_sources
+from tbpipe.capture.sources import reset_sources_after_fork_in_child, resolve_sources
 from tbpipe.capture.writer import RunWriter
 
 DEFAULT_FLUSH_INTERVAL_S = 1.0
@@ -28,6 +39,18 @@ DEFAULT_FLUSH_INTERVAL_S = 1.0
 # rather than let a stalled writer grow memory without bound.
 DEFAULT_MAX_BUFFERED_EVENTS = 1 << 22
 ON_FORK_CHOICES = ("new_run", "stop")
+# How long a forked child's session waits for its last write when it closes.
+# That write normally holds at most one flush interval of events and takes
+# milliseconds; the bound is there because only in a forked child can the
+# flush thread be stuck for good (on a lock that another thread of the parent
+# held at the fork, inside a library), and a child must never hang on its way
+# out. Past it the run stays incomplete with what it had. The original
+# process waits as long as its last write takes, as it always has.
+FORKED_CLOSE_TIMEOUT_S = 10.0
+# Longest wait for the session registry's lock while closing; its holders keep
+# it for microseconds, unless the closing thread interrupted one of them (an
+# exit from a signal handler) and would otherwise wait for itself.
+_ACTIVE_LOCK_TIMEOUT_S = 5.0
 
 _active: Session | None = None
 _active_lock = threading.Lock()
@@ -110,6 +133,11 @@ class Session:
         self._stop_flusher = threading.Event()
         self._flusher: threading.Thread | None = None
         self._closed = False
+        self._close_timeout_s: float | None = None  # default of close(); set in forked children
+        self._pid: int | None = None  # the process that started the session
+        # In a forked child, on the parent's session as the child inherited it:
+        # the child's own run, which close() and flush() there act on instead.
+        self._continued_by: Session | None = None
 
     # -- lifecycle -------------------------------------------------------
 
@@ -139,9 +167,11 @@ class Session:
             manifest = initial_manifest(self.run_id, self.labels, self.source_names, settings, self.parent_run_id)
             write_manifest(self.run_dir, manifest)
             self._writer = RunWriter(self.run_dir, manifest)
+            self._pid = os.getpid()
             _native._set_overhead_limits(self.sample_rate, self.max_events_per_stack_per_s)
             _native.start(self.python, self.native, self.max_buffered_events)
             _active = self
+        _close_before_os_exit()
         self._start_sources()
         self._flusher = threading.Thread(target=self._flush_loop, name="tbpipe-flush", daemon=True)
         self._flusher.start()
@@ -173,28 +203,61 @@ class Session:
             status[source.name] = str(getattr(handle, "status", "recording"))
         write_manifest(self.run_dir, self._writer.manifest)
 
-    def close(self) -> None:
-        """Stop recording, write what is left and mark the run complete."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stop recording, write what is left and mark the run complete.
+
+        The last write runs on the flush thread; `timeout` bounds the wait for
+        it (None: as long as it takes, except in a forked child, where it is
+        FORKED_CLOSE_TIMEOUT_S). A run whose last write did not finish in time,
+        or failed, stays incomplete and keeps what was written before.
+        """
         global _active
-        if self._closed or self._writer is None:
+        if timeout is None:
+            timeout = self._close_timeout_s
+        if self._writer is None:
+            return
+        if self._pid != os.getpid():
+            # The parent's session as a forked child inherited it (the child
+            # leaves a `with capture.session()` block, say): the parent writes
+            # its own run; here, end the child's run instead.
+            if self._continued_by is not None:
+                self._continued_by.close(timeout)
+            return
+        if self._closed:
             return
         self._closed = True
-        for source, handle in reversed(self._source_handles):
-            source.stop(handle)
-        _native.stop()
-        self._stop_flusher.set()
-        if self._flusher is not None and self._flusher is not threading.current_thread():
-            self._flusher.join()
-        self.flush()
-        mark_closed(self._writer.manifest)
-        write_manifest(self.run_dir, self._writer.manifest)
-        with _active_lock:
-            if _active is self:
-                _active = None
+        try:
+            for source, handle in reversed(self._source_handles):
+                source.stop(handle)
+        finally:
+            _native.stop()
+            self._stop_flusher.set()
+            flusher = self._flusher
+            if flusher is not None and flusher.is_alive() and flusher is not threading.current_thread():
+                flusher.join(timeout)  # it makes the last write on its way out (_flush_loop)
+                if flusher.is_alive():
+                    print(
+                        f"tbpipe: {self.run_dir}: the last write did not finish within {timeout:g} s; "
+                        "the run stays incomplete",
+                        file=sys.stderr,
+                    )
+            else:
+                self._write_last()
+            locked = _active_lock.acquire(timeout=_ACTIVE_LOCK_TIMEOUT_S)
+            try:
+                if _active is self:
+                    _active = None
+            finally:
+                if locked:
+                    _active_lock.release()
 
     def flush(self) -> None:
         """Write everything recorded so far (also done in the background)."""
         if self._writer is None:
+            return
+        if self._pid != os.getpid():
+            if self._continued_by is not None:  # see close()
+                self._continued_by.flush()
             return
         drained = _native.drain()
         counters = _native.counters()
@@ -216,6 +279,23 @@ class Session:
                 self.flush()
             except Exception as error:  # keep recording; the manifest says what went wrong
                 self._report_flush_error(error)
+        # close() asked for the end. The last write happens here, not on the
+        # closing thread, so that a process on its way out only ever waits for
+        # it with a bound and never itself blocks inside the writer.
+        self._write_last()
+
+    def _write_last(self) -> None:
+        try:
+            self.flush()
+        except Exception as error:  # incomplete: the manifest says why
+            self._report_flush_error(error)
+            try:
+                write_manifest(self.run_dir, self._writer.manifest)
+            except OSError:
+                pass
+            return
+        mark_closed(self._writer.manifest)
+        write_manifest(self.run_dir, self._writer.manifest)
 
     def _report_flush_error(self, error: Exception) -> None:
         message = f"flush failed: {type(error).__name__}: {error}"
@@ -243,6 +323,7 @@ class Session:
             sample_rate=self.sample_rate,
             max_events_per_stack_per_s=self.max_events_per_stack_per_s,
         )
+        child._close_timeout_s = FORKED_CLOSE_TIMEOUT_S
         return child.start()
 
 
@@ -257,24 +338,84 @@ def session(
 
 
 def _after_fork_in_child() -> None:
-    # The native recorder already stopped itself and dropped the parent's
-    # buffers (they belong to the parent's run). Locks a parent thread may have
-    # held are remade, never waited on.
+    # Only the forking thread exists now. The native recorder already stopped
+    # itself and dropped the parent's buffers (they belong to the parent's
+    # run). Locks a parent thread may have held are remade, never waited on.
     global _active, _active_lock
     parent = _active
     _active = None
     _active_lock = threading.Lock()
+    reset_sources_after_fork_in_child()
     if parent is None or parent._closed:
         return
     try:
-        parent._continue_in_child()
+        child = parent._continue_in_child()
     except Exception as error:  # the child runs on, just unrecorded
         print(f"tbpipe: not recording forked child {os.getpid()}: {error}", file=sys.stderr)
+        return
+    parent._continued_by = child
+    if child is not None:
+        _close_at_multiprocessing_exit(child)
 
 
 def _close_at_exit() -> None:
-    if _active is not None:
-        _active.close()
+    session = _active
+    if session is not None:
+        session.close()
+
+
+def _close_at_multiprocessing_exit(child: Session) -> None:
+    """In a forked child: if it turns out to be a multiprocessing process, close at its exit.
+
+    multiprocessing's fork children (Pool workers, DataLoader workers) run its
+    exit routine (`multiprocessing.util._exit_function`: the registered
+    Finalize callbacks) and then leave through `os._exit`, skipping atexit.
+    A Finalize registered now would be dropped: the child clears the registry
+    right after fork, then calls the after-fork callbacks, so the finalizer is
+    registered from one of those.
+    """
+    util = sys.modules.get("multiprocessing.util")  # imported by multiprocessing before it forks
+    if util is None:
+        return
+    try:
+        util.register_after_fork(child, _register_multiprocessing_finalizer)
+    except Exception:
+        pass  # the os._exit hook still closes the run
+
+
+def _register_multiprocessing_finalizer(_session: Session) -> None:
+    util = sys.modules["multiprocessing.util"]
+    # Priority 0 runs in the first pass of the exit routine; the callback closes
+    # whichever session is active then, so registering it twice is harmless.
+    util.Finalize(None, _close_at_exit, exitpriority=0)
+
+
+def _close_before_os_exit() -> None:
+    """Wraps os._exit so that the active session is closed first.
+
+    os._exit skips atexit and every other exit hook, and Python offers no
+    hook of its own for it; yet it is how forked children end: multiprocessing's
+    workers after their exit routine, plain `os.fork()` children by convention,
+    and programs that want to skip a slow teardown. Installed when a session
+    starts, unless os._exit already is this wrapper (a forked child inherits
+    it); with no active session it only forwards the call.
+    """
+    current = os._exit
+    if getattr(current, "_tbpipe_closes_session", False):
+        return
+
+    # Named and documented as os._exit, but its module stays ours: whoever inspects it sees who wrapped it.
+    @functools.wraps(current, assigned=("__name__", "__qualname__", "__doc__"))
+    def _exit(status: int) -> None:
+        try:
+            operator.index(status)  # an invalid status raises below, leaving the session running
+            _close_at_exit()
+        except BaseException:  # the process is leaving; nothing of ours may stop it
+            pass
+        current(status)
+
+    _exit._tbpipe_closes_session = True  # type: ignore[attr-defined]
+    os._exit = _exit
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

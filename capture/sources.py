@@ -18,6 +18,7 @@ starts them, so importing tbpipe never imports torch or triton.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -55,7 +56,26 @@ def resolve_sources(names: list[str] | tuple[str, ...]) -> list[Source]:
     return resolved
 
 
+_BUILTIN_MODULES: list[str] = []
+
+
+def reset_sources_after_fork_in_child() -> None:
+    """Called first thing in a forked child, before the child's session starts its sources.
+
+    A built-in source module that keeps a lock across threads remakes it in
+    `_after_fork_in_child()`: a parent thread that held it is gone. Only
+    modules already imported are visited (nothing is imported in a fork hook).
+    """
+    for module_name in _BUILTIN_MODULES:
+        module = sys.modules.get(module_name)
+        reset = getattr(module, "_after_fork_in_child", None)
+        if reset is not None:
+            reset()
+
+
 def _register_builtin(name: str, description: str, module: str) -> None:
+    _BUILTIN_MODULES.append(module)
+
     def start() -> object:
         return importlib.import_module(module).start()
 

@@ -66,6 +66,12 @@ _state = _State()
 _torch = after_import.AttachWhenImported("torch", "torch-ops", "PyTorch", lambda torch: _attach(torch), _state.lock)
 
 
+def _after_fork_in_child() -> None:
+    # A parent thread that held the lock at fork time does not exist in the
+    # child; waiting for it would hang the child's session start.
+    _state.lock = threading.RLock()
+
+
 def start() -> TorchOpsHandle:
     with _state.lock:
         status = _torch.start()

@@ -55,6 +55,12 @@ _state = _State()
 _triton = after_import.AttachWhenImported("triton", "triton", "Triton", lambda triton: _install(triton), _state.lock)
 
 
+def _after_fork_in_child() -> None:
+    # A parent thread that held the lock at fork time does not exist in the
+    # child; waiting for it would hang the child's session start.
+    _state.lock = threading.RLock()
+
+
 def start() -> TritonHandle:
     with _state.lock:
         status = _triton.start()

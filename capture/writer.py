@@ -48,7 +48,10 @@ class RunWriter:
         self.run_dir = run_dir
         self.manifest = manifest
         self._sequence = 0
-        self._strings = pa.array([""], pa.string())  # id 0 is "no string"
+        # Made on the first write, on the flush thread: a forked child creates
+        # its writer in the fork hook, where Arrow is best left untouched
+        # (another parent thread may have been inside it at fork time).
+        self._strings: pa.Array | None = None
         self._written_codes: set[int] = set()
         self._written_modules: set[int] = set()
         self._lock = threading.Lock()  # one flush at a time (flusher thread vs. close)
@@ -91,6 +94,8 @@ class RunWriter:
         os.replace(temporary, self.run_dir / file_name)
 
     def _strings_for(self, ids: pa.Array) -> pa.Array:
+        if self._strings is None:
+            self._strings = pa.array([""], pa.string())  # id 0 is "no string"
         new = _native.strings_since(len(self._strings))
         if new:
             self._strings = pa.concat_arrays([self._strings, pa.array(new, pa.string())])
