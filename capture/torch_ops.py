@@ -69,7 +69,7 @@ _torch = after_import.AttachWhenImported("torch", "torch-ops", "PyTorch", lambda
 def _after_fork_in_child() -> None:
     # A parent thread that held the lock at fork time does not exist in the
     # child; waiting for it would hang the child's session start.
-    _state.lock = threading.RLock()
+    _state.lock = _torch.lock = threading.RLock()
 
 
 def start() -> TorchOpsHandle:

@@ -58,7 +58,7 @@ _triton = after_import.AttachWhenImported("triton", "triton", "Triton", lambda t
 def _after_fork_in_child() -> None:
     # A parent thread that held the lock at fork time does not exist in the
     # child; waiting for it would hang the child's session start.
-    _state.lock = threading.RLock()
+    _state.lock = _triton.lock = threading.RLock()
 
 
 def start() -> TritonHandle:

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TBPIPE, read_runs, run_python
+from conftest import TBPIPE, run_python
+from support.runs import read_runs
 
 
 def _runs_by_role(out_dir: Path):
@@ -119,7 +120,7 @@ def test_fork_while_other_threads_hold_tbpipe_locks(tmp_path: Path) -> None:
     code = f"""
 import importlib, os, threading, time
 from tbpipe import capture
-session_module = importlib.import_module("tbpipe.capture.session")
+session_module = importlib.import_module("tbpipe.capture.sessions")
 torch_ops = importlib.import_module("tbpipe.capture.torch_ops")
 with capture.session({str(out_dir)!r}, flush_interval_s=60) as s:
     held, release = threading.Event(), threading.Event()
@@ -156,7 +157,7 @@ def test_child_whose_last_write_is_stuck_still_exits(tmp_path: Path) -> None:
     code = f"""
 import importlib, os, threading, time
 from tbpipe import capture
-session_module = importlib.import_module("tbpipe.capture.session")
+session_module = importlib.import_module("tbpipe.capture.sessions")
 session_module.FORKED_CLOSE_TIMEOUT_S = 0.5
 with capture.session({str(out_dir)!r}, flush_interval_s=60):
     pid = os.fork()
