@@ -36,6 +36,23 @@ def _torch_version() -> str | None:
     return getattr(torch, "__version__", None) if torch is not None else None
 
 
+def _cuda_version() -> str | None:
+    """The CUDA version torch was built with, once the program imported torch (None for CPU builds)."""
+    version = getattr(sys.modules.get("torch.version"), "cuda", None)
+    return str(version) if version else None
+
+
+def _import_roots() -> list[str]:
+    """sys.path as absolute folders: the ingest names Python files relative to these, so that a
+    site keeps its identity when the same code runs from another checkout folder."""
+    roots = []
+    for entry in sys.path:
+        path = os.path.abspath(entry or os.curdir)
+        if path not in roots:
+            roots.append(path)
+    return roots
+
+
 def initial_manifest(
     run_id: str,
     labels: dict[str, str],
@@ -60,6 +77,8 @@ def initial_manifest(
         "python_version": platform.python_version(),
         "python_implementation": platform.python_implementation(),
         "torch_version": _torch_version(),
+        "cuda_version": _cuda_version(),
+        "sys_path": _import_roots(),
         "tbpipe_version": __version__,
         "labels": dict(labels),
         "sources": list(sources),
@@ -82,6 +101,7 @@ def initial_manifest(
 def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
     manifest["updated_at"] = _utc_now()
     manifest["torch_version"] = manifest.get("torch_version") or _torch_version()
+    manifest["cuda_version"] = manifest.get("cuda_version") or _cuda_version()
     target = run_dir / MANIFEST_FILE
     temporary = run_dir / f".{MANIFEST_FILE}.{os.getpid()}.tmp"
     temporary.write_text(json.dumps(manifest, indent=2, sort_keys=True))

@@ -162,11 +162,12 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         "python_version",
         "python_implementation",
         "torch_version",
+        "cuda_version",
         "tbpipe_version",
     ):
         _check_type(path, manifest, key, (str,), False)
     _check_type(path, manifest, "pid", (int,), False)
-    for key in ("argv", "sources", "errors"):
+    for key in ("argv", "sources", "errors", "sys_path"):
         _check_type(path, manifest, key, (list,), False)
         if not all(isinstance(item, str) for item in manifest.get(key) or []):
             raise _fail(path, f"manifest field {key!r} holds something other than strings")
@@ -348,3 +349,19 @@ def _first_event_time(run_dir: Path, names: list[str]) -> datetime | None:
         if value is not None and (earliest_ns is None or value < earliest_ns):
             earliest_ns = value
     return None if earliest_ns is None else datetime.fromtimestamp(earliest_ns / 1e9, timezone.utc)
+
+
+def code_first_lines(run_dir: Path) -> dict[tuple[str, str], int] | None:
+    """{(file, qualname): first line} of a run folder's code objects, for pairs with one first line
+    only; None when the folder or its code parts cannot be read."""
+    try:
+        parts = [_read_part(path, "code") for path in sorted(run_dir.glob("code-*.parquet"))]
+    except (DamagedRunError, OSError):
+        return None
+    seen: dict[tuple[str, str], set[int]] = {}
+    for part in parts:
+        for file, qualname, first_line in zip(
+            part["filename"].to_pylist(), part["qualname"].to_pylist(), part["first_line"].to_pylist()
+        ):
+            seen.setdefault((file, qualname), set()).add(first_line)
+    return {key: lines.pop() for key, lines in seen.items() if len(lines) == 1}

@@ -4,27 +4,43 @@
 -- is sited at its innermost symbolized frame (Python or native), so no event goes uncounted.
 -- `stack_sites_from` applies the `user_code` rules; the ingest stores its answer in the
 -- `stack_sites` table (again for every stack when the rules change), which the views read.
+--
+-- A site is named by what survives a new checkout folder, a rebuild and an edit elsewhere in the
+-- file (`site_identity_key`): never by an absolute path or an address.
 -- @requires user_code
 
--- Key of a call site over what it means, (function, file, line), never over addresses: the same
--- site has the same key across rebuilds, runs and databases. 16 hex digits.
--- @arg function  VARCHAR  the site's function
--- @arg file      VARCHAR  the site's file
--- @arg line      INTEGER  the site's line
+-- Key of a call site by what it means, 16 hex digits. A Python site: its file relative to its
+-- import root, its function's qualified name, and its line as an offset from the function's first
+-- line (the line itself when the first line is unknown), so a function that moved down the file
+-- keeps its sites' keys. A native site: its module's file name and its function.
+-- @arg kind           VARCHAR  'python' or 'native'
+-- @arg function       VARCHAR  the site frame's function
+-- @arg portable_file  VARCHAR  Python: `source_files.portable_file`
+-- @arg line           INTEGER  Python: the site frame's line
+-- @arg first_line     INTEGER  Python: its function's first line, NULL when unknown
+-- @arg module         VARCHAR  native: path of the module
 -- @returns VARCHAR
-CREATE OR REPLACE MACRO call_site_key(function, file, line) AS
-    substr(md5(concat_ws(chr(31), coalesce(function, ''), coalesce(file, ''), coalesce(CAST(line AS VARCHAR), ''))), 1, 16);
+CREATE OR REPLACE MACRO site_identity_key(kind, function, portable_file, line, first_line, module) AS
+    substr(md5(CASE WHEN kind = 'python'
+        THEN concat_ws(chr(31), 'py', coalesce(portable_file, ''), coalesce(function, ''),
+                       CASE WHEN first_line IS NULL THEN 'L' || coalesce(CAST(line AS VARCHAR), '')
+                            ELSE CAST(line - first_line AS VARCHAR) END)
+        ELSE concat_ws(chr(31), 'native', coalesce(regexp_extract(module, '[^/]*$'), ''), coalesce(function, ''))
+    END), 1, 16);
 
 -- The call site of every stack with stack_id >= first_stack_id, under the current `user_code` rules.
 -- @arg first_stack_id  BIGINT  the lowest stack id to compute (0: all)
--- @column stack_id       `stacks.stack_id`
--- @column site_depth     depth of the site frame in `stack_frames`; NULL when the stack has no symbolized frame
--- @column site_kind      'python' or 'native'
--- @column site_function  the site frame's function
--- @column site_file      the site frame's file
--- @column site_line      the site frame's line
--- @column site_is_user   true when the site is a user frame, false when the stack has none
--- @column site_key       `call_site_key` of the site
+-- @column stack_id            `stacks.stack_id`
+-- @column site_depth          depth of the site frame in `stack_frames`; NULL when the stack has no symbolized frame
+-- @column site_kind           'python' or 'native'
+-- @column site_function       the site frame's function
+-- @column site_file           the site frame's file
+-- @column site_line           the site frame's line
+-- @column site_portable_file  Python: the file relative to its import root (`source_files`)
+-- @column site_line_offset    Python: line minus the function's first line, NULL when that is unknown
+-- @column site_module         native: the module's path
+-- @column site_is_user        true when the site is a user frame, false when the stack has none
+-- @column site_key            `site_identity_key` of the site
 CREATE OR REPLACE MACRO stack_sites_from(first_stack_id) AS TABLE
 WITH user_frames AS (
     SELECT f.stack_id, min(f.depth) AS depth
@@ -37,31 +53,58 @@ WITH user_frames AS (
     FROM stacks s
     LEFT JOIN user_frames u USING (stack_id)
     WHERE s.stack_id >= first_stack_id
+), located AS (
+    SELECT
+        p.stack_id,
+        p.depth,
+        p.is_user,
+        f.kind,
+        f.function,
+        f.file,
+        f.line,
+        f.first_line,
+        f.module,
+        CASE WHEN f.kind = 'python' THEN coalesce(src.portable_file, f.file) END AS portable_file
+    FROM picked p
+    LEFT JOIN stack_frames f ON f.stack_id = p.stack_id AND f.depth = p.depth AND f.stack_id >= first_stack_id
+    LEFT JOIN source_files src ON src.file = f.file
 )
 SELECT
-    p.stack_id,
-    p.depth AS site_depth,
-    f.kind AS site_kind,
-    f.function AS site_function,
-    f.file AS site_file,
-    f.line AS site_line,
-    p.is_user AS site_is_user,
-    CASE WHEN p.depth IS NOT NULL THEN call_site_key(f.function, f.file, f.line) END AS site_key
-FROM picked p
-LEFT JOIN stack_frames f ON f.stack_id = p.stack_id AND f.depth = p.depth AND f.stack_id >= first_stack_id;
+    stack_id,
+    depth AS site_depth,
+    kind AS site_kind,
+    function AS site_function,
+    file AS site_file,
+    line AS site_line,
+    portable_file AS site_portable_file,
+    CASE WHEN kind = 'python' THEN line - first_line END AS site_line_offset,
+    CASE WHEN kind = 'native' THEN module END AS site_module,
+    is_user AS site_is_user,
+    CASE WHEN depth IS NOT NULL THEN site_identity_key(kind, function, portable_file, line, first_line, module) END
+        AS site_key
+FROM located;
 
--- Events per run, kind, name and call site.
--- @column run_id         `runs.run_id`
--- @column kind           event kind
--- @column name           event name (kernel, op, ...)
--- @column site_function  the site's function; NULL for events without a stack
--- @column site_file      the site's file
--- @column site_line      the site's line
--- @column events         number of events
--- @column site_key       `call_site_key` of the site (`tbpipe show --site KEY`)
+-- Events per run, kind, name and call site, with where the site was in that run.
+-- @column run_id              `runs.run_id`
+-- @column kind                event kind
+-- @column name                event name (kernel, op, ...)
+-- @column site_function       the site's function; NULL for events without a stack
+-- @column site_file           the site's file in this run (where most of its events were)
+-- @column site_line           the site's line in this run (likewise)
+-- @column events              number of events
+-- @column site_key            `site_identity_key` of the site (`tbpipe show --site KEY`): equal across runs, checkouts and rebuilds
+-- @column site_portable_file  Python site: its file relative to its import root
+-- @column site_is_user        true when the site is a user frame
 CREATE OR REPLACE VIEW call_sites AS
 WITH per_site AS (
-    SELECT c.run_number, c.name_id, s.site_id, sum(c.events) AS events
+    SELECT
+        c.run_number,
+        c.name_id,
+        s.site_id,
+        sum(c.events) AS events,
+        arg_max(s.site_file, c.events) AS site_file,
+        arg_max(s.site_line, c.events) AS site_line,
+        bool_or(s.site_is_user) AS site_is_user
     FROM event_counts c
     LEFT JOIN stack_sites s USING (stack_id)
     GROUP BY c.run_number, c.name_id, s.site_id
@@ -71,23 +114,27 @@ SELECT
     n.kind,
     n.name,
     t.function AS site_function,
-    t.file AS site_file,
-    t.line AS site_line,
+    p.site_file,
+    p.site_line,
     p.events::BIGINT AS events,
-    t.site_key
+    t.site_key,
+    t.portable_file AS site_portable_file,
+    p.site_is_user
 FROM per_site p
 JOIN runs r USING (run_number)
 JOIN event_names n USING (name_id)
 LEFT JOIN sites t USING (site_id);
 
 -- `call_sites` of kernel launches only (kind 'kernel_launch').
--- @column run_id         `runs.run_id`
--- @column kind           always 'kernel_launch'
--- @column name           kernel name
--- @column site_function  the site's function
--- @column site_file      the site's file
--- @column site_line      the site's line
--- @column events         number of launches
--- @column site_key       `call_site_key` of the site
+-- @column run_id              `runs.run_id`
+-- @column kind                always 'kernel_launch'
+-- @column name                kernel name
+-- @column site_function       the site's function
+-- @column site_file           the site's file in this run
+-- @column site_line           the site's line in this run
+-- @column events              number of launches
+-- @column site_key            `site_identity_key` of the site
+-- @column site_portable_file  Python site: its file relative to its import root
+-- @column site_is_user        true when the site is a user frame
 CREATE OR REPLACE VIEW kernel_launch_sites AS
 SELECT * FROM call_sites WHERE kind = 'kernel_launch';

@@ -140,19 +140,27 @@ def test_exact_event_counts_per_call_site(workload_db, library) -> None:
     assert kinds == ["kernel_launch"]
 
 
-def test_site_keys_are_stable_and_mean_function_file_line(workload_db) -> None:
-    keys = rows(
-        workload_db,
-        "SELECT DISTINCT site_key, call_site_key(site_function, site_file, site_line) FROM call_sites",
-    )
-    assert keys and all(stored == computed and len(stored) == 16 for stored, computed in keys)
-    # The key is a function of (function, file, line) only: no address, no database-local id.
+def test_site_keys_name_file_function_and_line_offset(workload_db) -> None:
+    # A Python site's key: its file relative to the longest import root holding it, its function's
+    # qualified name, and its line's offset from the function's first line. No absolute path, no
+    # address, no database-local id.
     import hashlib
 
-    function, file, line, key = rows(
-        workload_db, "SELECT site_function, site_file, site_line, site_key FROM call_sites WHERE name = 'softmax'"
+    here = os.path.abspath(__file__)
+    roots = sorted({os.path.abspath(p or ".") for p in sys.path}, key=len, reverse=True)
+    root = next(r for r in roots if here.startswith(r.rstrip("/") + "/"))
+    portable = here[len(root.rstrip("/")) + 1 :]
+    function, file, line, key, stored_portable = rows(
+        workload_db,
+        "SELECT site_function, site_file, site_line, site_key, site_portable_file FROM call_sites "
+        "WHERE name = 'softmax'",
     )[0]
-    assert key == hashlib.md5(f"{function}\x1f{file}\x1f{line}".encode()).hexdigest()[:16]
+    assert (function, file, line) == ("workload", here, LINES["softmax"])
+    assert stored_portable == portable
+    offset = LINES["softmax"] - workload.__code__.co_firstlineno
+    assert key == hashlib.md5(f"py\x1f{portable}\x1f{function}\x1f{offset}".encode()).hexdigest()[:16]
+    keys = rows(workload_db, "SELECT DISTINCT site_key FROM call_sites WHERE site_key IS NOT NULL")
+    assert keys and all(len(k) == 16 for (k,) in keys)
 
 
 def test_user_code_rule_changes_sites(workload_db, symbol_cache, library) -> None:

@@ -50,6 +50,7 @@ class Slots:
     function: pa.Array  # Python qualname; marker: what stopped the walk; native: null
     file: pa.Array  # Python file
     line: np.ndarray  # int32 Python line, -1 unknown
+    first_line: np.ndarray  # int32 first line of the Python frame's function, -1 unknown or not Python
     module: pa.Array  # native: path
     module_key: pa.Array  # native: `modules.module_key`, null when the run did not describe the module
     address: np.ndarray  # uint64 native address (marker: stop reason code)
@@ -188,6 +189,8 @@ def combined_slots(
         np.int32
     )
 
+    code_first_line = _flat(code["first_line"]).to_numpy(zero_copy_only=False) if code.num_rows else np.zeros(0)
+    first_line = np.where(code_row >= 0, code_first_line[np.maximum(code_row, 0)] if code.num_rows else -1, -1)
     function = _take(code["qualname"].combine_chunks() if code.num_rows else pa.array([], pa.string()), code_row)
     file = _take(code["filename"].combine_chunks() if code.num_rows else pa.array([], pa.string()), code_row)
     reason = pa.nulls(len(owner), pa.string())
@@ -205,6 +208,7 @@ def combined_slots(
         function=function,
         file=file,
         line=line,
+        first_line=first_line.astype(np.int32),
         module=_take(modules["path"].combine_chunks() if modules.num_rows else pa.array([], pa.string()), module_row),
         module_key=_take(
             modules["module_key"].combine_chunks() if modules.num_rows else pa.array([], pa.string()), module_row
@@ -243,6 +247,7 @@ def slots_from_table(table: pa.Table) -> Slots:
         function=pc.if_else(pa.array(native), pa.scalar(None, pa.string()), column("function")),
         file=pc.if_else(pa.array(native), pa.scalar(None, pa.string()), column("file")),
         line=pc.fill_null(column("line"), -1).to_numpy(zero_copy_only=False).astype(np.int32),
+        first_line=pc.fill_null(column("first_line"), -1).to_numpy(zero_copy_only=False).astype(np.int32),
         module=column("module"),
         module_key=column("module_key"),
         address=pc.fill_null(column("address"), 0).to_numpy(zero_copy_only=False).astype(np.uint64),
@@ -332,6 +337,7 @@ def expand(slots: Slots, symbols: pa.Table) -> Frames:
     )
     reason = choose("reason", slot_reason)
 
+    first_line = np.where(slots.kind[owner] == PYTHON, slots.first_line[owner], -1).astype(np.int32)
     kind = KIND_NAMES.take(pa.array(slots.kind[owner].astype(np.int64)))
     is_native = slots.kind[owner] != PYTHON
     table = pa.table(
@@ -350,6 +356,7 @@ def expand(slots: Slots, symbols: pa.Table) -> Frames:
             "exact": pa.array(slots.exact[owner], pa.bool_(), mask=slots.kind[owner] != NATIVE),
             "inlined": pa.array(inlined.astype(bool), pa.bool_()),
             "reason": reason,
+            "first_line": pa.array(first_line, pa.int32(), mask=first_line < 0),
         }
     )
 

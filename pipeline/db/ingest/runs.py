@@ -30,7 +30,15 @@ from tbpipe.pipeline.db.connection import (
 )
 from tbpipe.pipeline.db.ingest import rows as run_rows
 from tbpipe.pipeline.db.ingest.outcomes import IngestOptions, IngestSummary, RunOutcome, UnsymbolizedGroup
-from tbpipe.pipeline.db.ingest.siting import parse_user_code, site_stacks, store_user_code
+from tbpipe.pipeline.db.ingest.siting import (
+    backfill_site_identity,
+    import_roots,
+    parse_user_code,
+    python_files_of,
+    record_source_files,
+    site_stacks,
+    store_user_code,
+)
 from tbpipe.pipeline.db.ingest.symbols import SymbolLoader
 from tbpipe.pipeline.db.ingest.tables import IngestDb, QuarantineRun, sql_text
 from tbpipe.pipeline.errors import first_line
@@ -38,6 +46,7 @@ from tbpipe.pipeline.progress import RunProgress
 from tbpipe.pipeline.rawrun import (
     DamagedRunError,
     MissingManifestError,
+    code_first_lines,
     check_part,
     find_run_dirs,
     part_files,
@@ -69,6 +78,7 @@ def ingest_runs(
         con = open_database(db_path, wait_s=options.wait_s, on_wait=say)
         loader = RunLoader(IngestDb(con), options, summary)
         try:
+            backfill_site_identity(loader.db, code_first_lines)
             store_user_code(loader.db, rules)
             summary.user_code = rules
             loader.symbols.refresh_improved_modules()
@@ -256,6 +266,7 @@ class RunLoader:
             run_rows.insert_modules(db, data, run_id)
             if data.frames is not None:
                 run_rows.insert_stacks(db, data, run_id)
+                record_source_files(db, python_files_of(data.frames.table), import_roots(manifest))
                 site_stacks(db, from_stack=int(data.new_ids[data.new_order].min()))
             run_rows.insert_events(db, data, run_id, run_number)
             stacks_used = query_value(

@@ -1,17 +1,26 @@
-"""Which Python files are user code, and the call site of every stack under those rules.
+"""Which Python files are user code, the call site of every stack, and what names a site.
 
 The rules live in the `user_code` table (`--user-code PREFIX` / `!PREFIX`, plus tbpipe's own
 source folders); `sql/call_sites.sql` computes a stack's site from them (`stack_sites_from`), and
 the ingest stores the answer in `sites` / `stack_sites` for the views to read: for new stacks as
 they come in, and for every stack again when the rules change.
+
+A site's key must not change when the same code runs from another checkout folder, so each Python
+file is also named relative to the import root that held it (`source_files`): the run's sys.path
+entries and working folder, the longest that contains the file.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from tbpipe.pipeline.db.connection import query_value
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tbpipe.pipeline.db.connection import query_rows, query_value
 from tbpipe.pipeline.db.ingest.tables import IngestDb
 from tbpipe.pipeline.errors import UsageError
 
@@ -65,12 +74,14 @@ def site_stacks(db: IngestDb, from_stack: int | None) -> None:
     try:
         con.execute(
             """
-            INSERT INTO sites
-            SELECT (SELECT coalesce(max(site_id), 0) FROM sites) + row_number() OVER (ORDER BY site_key),
-                   site_key, site_function, site_file, site_line
+            INSERT INTO sites BY NAME
+            SELECT (SELECT coalesce(max(site_id), 0) FROM sites) + row_number() OVER (ORDER BY site_key) AS site_id,
+                   site_key, function, file, line, kind, portable_file, line_offset, module
             FROM (
-                SELECT site_key, any_value(site_function) AS site_function, any_value(site_file) AS site_file,
-                       any_value(site_line) AS site_line
+                SELECT site_key, any_value(site_function) AS function, any_value(site_file) AS file,
+                       any_value(site_line) AS line, any_value(site_kind) AS kind,
+                       any_value(site_portable_file) AS portable_file, any_value(site_line_offset) AS line_offset,
+                       any_value(regexp_extract(site_module, '[^/]*$')) AS module
                 FROM ingest_sites
                 WHERE site_key IS NOT NULL AND site_key NOT IN (SELECT site_key FROM sites)
                 GROUP BY site_key
@@ -79,10 +90,146 @@ def site_stacks(db: IngestDb, from_stack: int | None) -> None:
         )
         con.execute(
             """
-            INSERT INTO stack_sites
-            SELECT i.stack_id, t.site_id, i.site_depth, i.site_kind, i.site_is_user
+            INSERT INTO stack_sites BY NAME
+            SELECT i.stack_id, t.site_id, i.site_depth, i.site_kind, i.site_is_user, i.site_file, i.site_line
             FROM ingest_sites i LEFT JOIN sites t USING (site_key)
             """
         )
     finally:
         con.execute("DROP TABLE IF EXISTS temp.ingest_sites")
+
+
+# ------------------------------------------------------------------------------------------ portable file names
+
+
+def import_roots(manifest: dict[str, Any]) -> list[str]:
+    """The folders a run's Python files are named relative to, longest first.
+
+    The run's sys.path as the capture recorded it; for runs captured before it did, the script's
+    folder (what CPython puts first on sys.path) and the working folder.
+    """
+    roots = list(manifest.get("sys_path") or [])
+    if not roots:
+        cwd = manifest.get("cwd")
+        argv = manifest.get("argv") or []
+        if cwd and argv and argv[0] and not argv[0].startswith("-"):
+            roots.append(os.path.dirname(os.path.join(cwd, argv[0])))
+        if cwd:
+            roots.append(cwd)
+    cleaned = {os.path.normpath(root) for root in roots if isinstance(root, str) and root.startswith("/")}
+    return sorted((root for root in cleaned if root != "/"), key=len, reverse=True)
+
+
+def portable_file(file: str, roots: Sequence[str]) -> tuple[str, str | None]:
+    """(the file's name relative to the longest root holding it, that root); the file itself, None when
+    no root does. Installed packages are named from their site-packages folder even without a root."""
+    if not file.startswith("/"):
+        return file, None  # '<frozen os>', '<string>', an FX pseudo-file: already free of checkout paths
+    for root in roots:
+        if file.startswith(root + "/"):
+            return file[len(root) + 1 :], root
+    for marker in ("/site-packages/", "/dist-packages/"):
+        at = file.rfind(marker)
+        if at >= 0:
+            return file[at + len(marker) :], file[: at + len(marker) - 1]
+    return file, None
+
+
+def record_source_files(db: IngestDb, files: Sequence[str], roots: Sequence[str]) -> None:
+    """`source_files` rows for those of `files` the table lacks, named relative to `roots`."""
+    if not files:
+        return
+    known = {row[0] for row in query_rows(db.con, "SELECT file FROM source_files WHERE list_contains(?, file)", [list(files)])}
+    rows = [(file, *portable_file(file, roots)) for file in files if file not in known]
+    if rows:
+        table = pa.table(
+            {
+                "file": pa.array([r[0] for r in rows], pa.string()),
+                "portable_file": pa.array([r[1] for r in rows], pa.string()),
+                "root": pa.array([r[2] for r in rows], pa.string()),
+            }
+        )
+        db.insert("INSERT INTO source_files BY NAME SELECT * FROM {}", table)
+
+
+def python_files_of(frames: pa.Table) -> list[str]:
+    """Distinct files of a `stack_frames`-shaped table's Python frames."""
+    python = frames.filter(pc.equal(frames["kind"], "python"))
+    return [f for f in pc.unique(python["file"]).to_pylist() if f is not None]
+
+
+# ------------------------------------------------------------------------------------------ older databases
+
+
+def backfill_site_identity(db: IngestDb, read_first_lines) -> None:
+    """Once, for a database upgraded from schema 2: name the old runs' files (`source_files`) and give
+    their Python frames their functions' first lines where the run folders still have them.
+
+    `read_first_lines(run_dir)` -> {(file, qualname): first_line} from a run folder's code parts
+    (None when it cannot be read). Frames left without a first line keep keys over their absolute
+    line: comparable with runs of the same lines only. Sites are then recomputed by the ingest.
+    """
+    con = db.con
+    if query_value(con, "SELECT value FROM settings WHERE key = 'site_identity_backfilled'") == "1":
+        return
+    runs = query_rows(
+        con,
+        """
+        SELECT r.run_id, r.source_dir, CAST(r.manifest AS VARCHAR)
+        FROM runs r
+        WHERE EXISTS (SELECT 1 FROM stacks s WHERE s.first_run_id = r.run_id)
+        ORDER BY r.run_number
+        """,
+    )
+    import json
+
+    with db.transaction():
+        for run_id, source_dir, manifest_text in runs:
+            manifest = json.loads(manifest_text) if manifest_text else {}
+            files = [
+                row[0]
+                for row in query_rows(
+                    con,
+                    """
+                    SELECT DISTINCT f.file FROM stack_frames f JOIN stacks s USING (stack_id)
+                    WHERE s.first_run_id = ? AND f.kind = 'python' AND f.file IS NOT NULL
+                    """,
+                    [run_id],
+                )
+            ]
+            record_source_files(db, files, import_roots(manifest))
+            missing = query_value(
+                con,
+                """
+                SELECT count(*) FROM stack_frames f JOIN stacks s USING (stack_id)
+                WHERE s.first_run_id = ? AND f.kind = 'python' AND f.first_line IS NULL
+                """,
+                [run_id],
+            )
+            if not missing or not source_dir:
+                continue
+            first_lines = read_first_lines(Path(source_dir))
+            if not first_lines:
+                continue
+            table = pa.table(
+                {
+                    "file": pa.array([k[0] for k in first_lines], pa.string()),
+                    "function": pa.array([k[1] for k in first_lines], pa.string()),
+                    "first_line": pa.array(list(first_lines.values()), pa.int32()),
+                }
+            )
+            db.register("ingest_first_lines", table)
+            try:
+                con.execute(
+                    """
+                    UPDATE stack_frames SET first_line = l.first_line
+                    FROM ingest_first_lines l
+                    WHERE stack_frames.kind = 'python' AND stack_frames.first_line IS NULL
+                      AND stack_frames.file = l.file AND stack_frames.function = l.function
+                      AND stack_frames.stack_id IN (SELECT stack_id FROM stacks WHERE first_run_id = ?)
+                    """,
+                    [run_id],
+                )
+            finally:
+                db.unregister("ingest_first_lines")
+        con.execute("INSERT OR REPLACE INTO settings VALUES ('site_identity_backfilled', '1')")
