@@ -37,10 +37,10 @@ def run_captured(
     labels: dict[str, str],
     sources: list[str],
     options: dict[str, object] | None = None,
+    cwd: Path | None = None,
 ) -> int:
-    """Runs `command` with every Python process in it recording into `out_dir`; returns its exit status.
-
-    `options` are Session keyword options (sample_rate, max_events_per_stack_per_s).
+    """Runs `command` (in `cwd`) with every Python process in it recording into `out_dir`; returns its
+    exit status. `options` are Session keyword options (sample_rate, max_events_per_stack_per_s).
     """
     from tbpipe.capture.autostart_session import environment_for_run
     from tbpipe.capture.sessions import Session, ensure_out_dir
@@ -56,7 +56,7 @@ def run_captured(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(autostart_dir()), env.get("PYTHONPATH", "")) if p)
     before = _run_dirs(out_dir)
     try:
-        status = subprocess.call(command, env=env)
+        status = subprocess.call(command, env=env, cwd=cwd)
     except FileNotFoundError:
         raise LaunchError(f"command not found: {command[0]}") from None
     if not _run_dirs(out_dir) - before:

@@ -102,6 +102,10 @@ def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
     manifest["updated_at"] = _utc_now()
     manifest["torch_version"] = manifest.get("torch_version") or _torch_version()
     manifest["cuda_version"] = manifest.get("cuda_version") or _cuda_version()
+    # sys.path grows after start-up (the script's folder comes after sitecustomize, programs add
+    # their own): keep every root seen, in the order first seen.
+    roots = manifest.setdefault("sys_path", [])
+    roots.extend(root for root in _import_roots() if root not in roots)
     target = run_dir / MANIFEST_FILE
     temporary = run_dir / f".{MANIFEST_FILE}.{os.getpid()}.tmp"
     temporary.write_text(json.dumps(manifest, indent=2, sort_keys=True))

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import typer
 
 # Command names, each the name of its module under tbpipe.pipeline.commands, in `--help` order.
-_COMMANDS = ("run", "demo", "ingest", "query", "runs", "show", "addr2line", "debuginfo")
+_COMMANDS = ("run", "demo", "ingest", "query", "runs", "show", "report", "addr2line", "debuginfo")
 
 _app: typer.Typer | None = None
 
@@ -64,8 +64,10 @@ def __getattr__(name: str):
 
 def _print_error(error: TbpipeError) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
-    Console(stderr=True).print(f"[bold red]tbpipe:[/] {error}", highlight=False)
+    # Escaped: messages quote user input and file contents, where '[...]' is not rich markup.
+    Console(stderr=True).print(f"[bold red]tbpipe:[/] {escape(str(error))}", highlight=False)
 
 
 def main() -> None:

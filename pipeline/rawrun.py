@@ -360,8 +360,8 @@ def code_first_lines(run_dir: Path) -> dict[tuple[str, str], int] | None:
         return None
     seen: dict[tuple[str, str], set[int]] = {}
     for part in parts:
-        for file, qualname, first_line in zip(
+        for file, qualname, first in zip(
             part["filename"].to_pylist(), part["qualname"].to_pylist(), part["first_line"].to_pylist()
         ):
-            seen.setdefault((file, qualname), set()).add(first_line)
+            seen.setdefault((file, qualname), set()).add(first)
     return {key: lines.pop() for key, lines in seen.items() if len(lines) == 1}

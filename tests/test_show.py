@@ -19,14 +19,15 @@ from tbpipe.pipeline.db.connection import query_rows
 from tbpipe.pipeline.db.read import NotFoundError
 from tbpipe.pipeline.errors import UsageError
 
-WORKLOAD = str(Path(__import__("tbpipe.pipeline.demo.workload", fromlist=["x"]).__file__).resolve())
 FRAME_LINE = re.compile(r"^(?P<file>.+):(?P<line>\d+|\?):(?P<function>.+?)(?P<inlined> \[inlined\])?$")
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory, symbol_cache) -> tuple[Path, str]:
-    """`tbpipe demo` as `make run` runs it: capture, ingest, top call sites."""
+    """`tbpipe demo` as `make run` runs it: two nights captured, ingested, top call sites, the report."""
+    global WORKLOAD
     root = tmp_path_factory.mktemp("demo")
+    WORKLOAD = str((root / "demo-runs" / "checkout-2" / "workload.py").resolve())
     env = dict(os.environ, TBPIPE_CACHE_DIR=str(symbol_cache), COLUMNS="250")
     result = subprocess.run(
         [*TBPIPE, "demo", "--out", "demo-runs"], cwd=root, capture_output=True, text=True, timeout=300, env=env
@@ -35,30 +36,43 @@ def demo(tmp_path_factory, symbol_cache) -> tuple[Path, str]:
     return root / "demo-runs" / "tbpipe.duckdb", result.stdout
 
 
+WORKLOAD = ""  # night-2's checkout of the demo workload, set by the `demo` fixture
+
+
 def line_of(text: str) -> int:
     lines = Path(WORKLOAD).read_text().splitlines()
     return next(i for i, line in enumerate(lines, 1) if text in line)
 
 
-def test_demo_prints_the_top_kernel_launch_sites(demo) -> None:
+def test_demo_prints_the_top_kernel_launch_sites_and_the_report(demo) -> None:
     db, output = demo
     table = {}
     for row in output.splitlines():
         cells = [c.strip() for c in row.split("│")]
         if len(cells) >= 7 and cells[1].isdigit():
             table[(cells[3], cells[4].rsplit(".", 1)[-1], cells[5])] = int(cells[2].replace(",", ""))
-    softmax = WORKLOAD + f":{line_of('site: attention key')}"
-    epilogue = WORKLOAD + f":{line_of('site: feed_forward epilogue')}"
-    allreduce = WORKLOAD + f":{line_of('site: main')}"
-    compare = WORKLOAD + f":{line_of('site: feed_forward compare')}"
-    steps = 20
-    assert table[("softmax_kernel", "key", softmax)] == steps * 6  # sorted() calls key once per value
+    softmax = f"workload.py:{line_of('site: attention key')}"
+    epilogue = f"workload.py:{line_of('site: feed_forward epilogue')}"
+    allreduce = f"workload.py:{line_of('site: main')}"
+    compare = f"workload.py:{line_of('site: feed_forward compare')}"
+    layernorm = f"workload.py:{line_of('site: layer (new tonight)')}"
+    steps, values = 20, 12  # night 2 sorts twice the six values of night 1
+    assert table[("softmax_kernel", "key", softmax)] == steps * values  # sorted() calls key once per value
     assert table[("gemm_kernel", "feed_forward", epilogue)] == steps
     assert table[("allreduce_kernel", "main", allreduce)] == steps
-    assert table[("gemm_kernel", "compare", compare)] >= steps * 5  # qsort compares at least n-1 times
+    assert table[("layernorm_kernel", "layer", layernorm)] == steps
+    assert table[("gemm_kernel", "compare", compare)] >= steps * (values - 1)  # qsort compares at least n-1 times
     assert "tbpipe show --site" in output
     # The traceback printed under the table interleaves Python and native frames.
-    assert f"{compare}:feed_forward.<locals>.compare" in output or f"{compare}:compare" in output
+    assert f"{WORKLOAD}:{line_of('site: feed_forward compare')}:feed_forward.<locals>.compare" in output
+    # Then the report between the two nights: doubled softmax, more sort comparisons, a new layernorm.
+    assert "**3 regressions (1 new, 2 increased)" in output
+    assert (
+        f"| increased (+100%), moved from line {line_of('site: attention key') - 3} | kernel_launch | `softmax_kernel`"
+        in output
+    )
+    html = re.search(r"^HTML report: (.+)$", output, re.MULTILINE).group(1)
+    assert Path(html).is_file() and "layernorm_kernel" in Path(html).read_text()
 
 
 def cli(*args: str):
@@ -86,10 +100,10 @@ def _compare_event(db: Path) -> int:
         return query_rows(
             con,
             """
-            SELECT min(e.event_id) FROM events e JOIN stack_sites s USING (stack_id) JOIN sites t USING (site_id)
-            WHERE t.line = ? AND e.name = 'gemm_kernel'
+            SELECT min(e.event_id) FROM events e JOIN stack_sites s USING (stack_id)
+            WHERE s.site_file = ? AND s.site_line = ? AND e.name = 'gemm_kernel'
             """,
-            [line_of("site: feed_forward compare")],
+            [WORKLOAD, line_of("site: feed_forward compare")],
         )[0][0]
     finally:
         con.close()
@@ -140,7 +154,9 @@ def test_show_stack_and_site(demo) -> None:
     site = cli("show", "--db", str(db), "--site", site_key, "--limit", "2")
     assert site.exit_code == 0, site.output
     head = site.stdout.splitlines()
-    assert head[0].startswith(f"# call site {site_key}: {WORKLOAD}:") and head[0].endswith("(user frame)")
+    # Where the site was first seen: night 1's checkout, or night 2's for a site new tonight.
+    assert re.match(rf"# call site {site_key}: .*/demo-runs/checkout-[12]/workload\.py:\d+:", head[0]), head[0]
+    assert head[0].endswith("(user frame)")
     assert len(re.findall(r"^# stack \d+: [\d,]+ events \(", site.stdout, re.MULTILINE)) == 2
     assert all(f["file"] or f["function"] for f in _frames(site.stdout))
 

@@ -1,23 +1,19 @@
-"""`tbpipe demo`: capture the demo workload, ingest it, print its top kernel-launch call sites."""
+"""`tbpipe demo`: the product's main job end to end, on a small workload in two nightly versions.
+
+Captures version 1 and version 2 of the demo workload, each from a checkout folder of its own,
+ingests both, prints the newest run's top kernel-launch call sites with a combined traceback, then
+the regression report between the two nights (Markdown here, HTML beside the runs).
+"""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import typer
 from rich.console import Console
 
-from tbpipe.capture.launch import run_captured
 from tbpipe.pipeline.errors import TbpipeError
-
-WORKLOAD = "tbpipe.pipeline.demo.workload"
-
-
-def workload_file() -> str:
-    spec = importlib.util.find_spec(WORKLOAD)
-    return str(Path(spec.origin).resolve())
 
 
 def register(app: typer.Typer) -> None:
@@ -27,39 +23,61 @@ def register(app: typer.Typer) -> None:
         db: Path | None = typer.Option(None, "--db", help="Database file (default: OUT/tbpipe.duckdb)."),
         top: int = typer.Option(5, help="How many call sites to print."),
     ) -> None:
-        """Capture a small workload, ingest it into DuckDB, print its top kernel-launch call sites."""
+        """Capture two versions of a small workload, ingest them, print top call sites and the report."""
+        from tbpipe.capture.launch import run_captured
         from tbpipe.pipeline.db import IngestOptions, ingest_runs, open_database, read
+        from tbpipe.pipeline.demo.versions import check_out
         from tbpipe.pipeline.reports.call_sites import render_top_sites
         from tbpipe.pipeline.reports.ingest_summary import render_ingest_summary
+        from tbpipe.pipeline.reports.regression import ReportRequest, compare
+        from tbpipe.pipeline.reports.regression_html import render_html
+        from tbpipe.pipeline.reports.regression_markdown import render_markdown
         from tbpipe.pipeline.reports.traceback import show_site
 
         console = Console()
-        console.rule("1. capture: tbpipe run -- python -m " + WORKLOAD)
-        status = run_captured([sys.executable, "-m", WORKLOAD], out, {"suite": "demo"}, [])
-        if status != 0:
-            raise TbpipeError(f"the demo workload failed with exit status {status}")
         db_path = db or out / "tbpipe.duckdb"
-        console.rule(f"2. ingest: tbpipe ingest {out} --db {db_path}")
-        # The workload lives inside tbpipe, whose files are not user code: say this one is.
-        summary = ingest_runs([out], IngestOptions(db_path=db_path, user_code=[workload_file()]))
+        nights = []
+        for version in (1, 2):
+            script = check_out(out, version)
+            commit = f"night-{version}"
+            console.rule(
+                f"1.{version} capture {commit}: cd {script.parent} && tbpipe run --label commit={commit} -- python workload.py"
+            )
+            status = run_captured(
+                [sys.executable, script.name], out / "runs", {"suite": "demo", "commit": commit}, [], cwd=script.parent
+            )
+            if status != 0:
+                raise TbpipeError(f"the demo workload ({script}) failed with exit status {status}")
+            nights.append(commit)
+        console.rule(f"2. ingest: tbpipe ingest {out / 'runs'} --db {db_path}")
+        summary = ingest_runs([out / "runs"], IngestOptions(db_path=db_path))
         render_ingest_summary(summary, console)
-        new_runs = [o.run_id for o in summary.outcomes if o.status in ("ingested", "updated")]
-        if not new_runs:
-            raise TbpipeError(f"the demo run did not get into {db_path}")
         con = open_database(db_path, read_only=True)
         try:
-            sites = read.top_sites(con, "kernel_launch", new_runs, top)
+            runs = [r for r in read.runs(con, {"suite": "demo"}) if r["labels"].get("commit") in nights]
+            latest = {r["labels"]["commit"]: r["run_id"] for r in runs}  # oldest first: the newest wins
+            if set(latest) != set(nights):
+                raise TbpipeError(f"the demo runs did not get into {db_path}")
+            candidate, baseline = latest[nights[1]], latest[nights[0]]
+            sites = read.top_sites(con, "kernel_launch", [candidate], top)
             if not sites:
                 raise TbpipeError(f"the demo run recorded no kernel launches (its manifest in {out} says why)")
-            console.rule("3. top kernel-launch call sites: SELECT ... FROM kernel_launch_sites")
-            render_top_sites(sites, f"run {', '.join(new_runs)}", console)
-            if sites and sites[0]["site_key"]:
+            console.rule("3. top kernel-launch call sites of night-2: SELECT ... FROM kernel_launch_sites")
+            render_top_sites(sites, f"run {candidate}", console)
+            if sites[0]["site_key"]:
                 console.rule(f"4. tbpipe show --site {sites[0]['site_key']} --limit 1 --db {db_path}")
                 show_site(con, sites[0]["site_key"], 1, console)
+            console.rule(f"5. tbpipe report --candidate {candidate} --baseline {baseline} --db {db_path}")
+            report = compare(con, ReportRequest(candidate=candidate, baseline=baseline, tracebacks=1))
         finally:
             con.close()
+        console.print(render_markdown(report), markup=False, highlight=False, soft_wrap=True)
+        html_path = out / "report.html"
+        html_path.write_text(render_html(report), encoding="utf-8")
+        console.print(f"HTML report: {html_path.resolve()}", highlight=False, soft_wrap=True)
         console.print(
-            f'\nMore: tbpipe query --db {db_path} "SELECT * FROM kernel_launch_sites ORDER BY events DESC"',
+            f"More: tbpipe report --db {db_path} --candidate latest:suite=demo --baseline-window 3 --format html "
+            f"--out report.html",
             highlight=False,
             soft_wrap=True,
         )

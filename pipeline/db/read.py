@@ -143,7 +143,8 @@ def site(con: Any, site_key: str, limit: int) -> SiteInfo:
 
 
 def top_sites(con: Any, kind: str | None, run_ids: list[str] | None, limit: int) -> list[dict[str, Any]]:
-    """The call sites with the most events (of `kind`, in `run_ids`), summed over runs."""
+    """The call sites with the most events (of `kind`, in `run_ids`), summed over runs; each shown where
+    most of its events were, by its file relative to its import root."""
     where, params = [], []
     if kind is not None:
         where.append("kind = ?")
@@ -154,10 +155,11 @@ def top_sites(con: Any, kind: str | None, run_ids: list[str] | None, limit: int)
     rows = query_rows(
         con,
         f"""
-        SELECT name, site_function, site_file, site_line, site_key, sum(events)::BIGINT AS events
+        SELECT name, site_function, arg_max(coalesce(site_portable_file, site_file), events) AS site_file,
+               arg_max(site_line, events) AS site_line, site_key, sum(events)::BIGINT AS events
         FROM call_sites
         {"WHERE " + " AND ".join(where) if where else ""}
-        GROUP BY ALL
+        GROUP BY name, site_function, site_key
         ORDER BY events DESC, name, site_key
         LIMIT {int(limit)}
         """,

@@ -46,8 +46,8 @@ from tbpipe.pipeline.progress import RunProgress
 from tbpipe.pipeline.rawrun import (
     DamagedRunError,
     MissingManifestError,
-    code_first_lines,
     check_part,
+    code_first_lines,
     find_run_dirs,
     part_files,
     parts_fingerprint,

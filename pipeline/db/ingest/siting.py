@@ -103,19 +103,16 @@ def site_stacks(db: IngestDb, from_stack: int | None) -> None:
 
 
 def import_roots(manifest: dict[str, Any]) -> list[str]:
-    """The folders a run's Python files are named relative to, longest first.
-
-    The run's sys.path as the capture recorded it; for runs captured before it did, the script's
-    folder (what CPython puts first on sys.path) and the working folder.
-    """
+    """The folders a run's Python files are named relative to, longest first: the run's sys.path as
+    the capture recorded it, the script's folder (what CPython puts first on sys.path) and the
+    working folder (runs captured before the capture recorded sys.path have only these two)."""
     roots = list(manifest.get("sys_path") or [])
-    if not roots:
-        cwd = manifest.get("cwd")
-        argv = manifest.get("argv") or []
-        if cwd and argv and argv[0] and not argv[0].startswith("-"):
-            roots.append(os.path.dirname(os.path.join(cwd, argv[0])))
-        if cwd:
-            roots.append(cwd)
+    cwd = manifest.get("cwd")
+    argv = manifest.get("argv") or []
+    if cwd and argv and argv[0] and not argv[0].startswith("-"):
+        roots.append(os.path.dirname(os.path.join(cwd, argv[0])))
+    if cwd:
+        roots.append(cwd)
     cleaned = {os.path.normpath(root) for root in roots if isinstance(root, str) and root.startswith("/")}
     return sorted((root for root in cleaned if root != "/"), key=len, reverse=True)
 
@@ -139,7 +136,10 @@ def record_source_files(db: IngestDb, files: Sequence[str], roots: Sequence[str]
     """`source_files` rows for those of `files` the table lacks, named relative to `roots`."""
     if not files:
         return
-    known = {row[0] for row in query_rows(db.con, "SELECT file FROM source_files WHERE list_contains(?, file)", [list(files)])}
+    known = {
+        row[0]
+        for row in query_rows(db.con, "SELECT file FROM source_files WHERE list_contains(?, file)", [list(files)])
+    }
     rows = [(file, *portable_file(file, roots)) for file in files if file not in known]
     if rows:
         table = pa.table(

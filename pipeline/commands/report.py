@@ -1,0 +1,119 @@
+"""`tbpipe report --candidate RUN (--baseline RUN | --baseline-window N) [...]`: what changed, site by site.
+
+Exit status: 0 nothing flagged; 1 a regression flagged and --fail-on-regression given; 2 a usage or
+data problem (no such run, an empty window, a bad --accept file), said in one line.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+
+import typer
+
+from tbpipe.pipeline.errors import UsageError
+
+REGRESSION_EXIT = 1
+
+
+class ReportFormat(str, Enum):
+    md = "md"
+    html = "html"
+    json = "json"
+
+
+def parse_per(text: str | None) -> tuple[str, str] | None:
+    if text is None:
+        return None
+    kind, sep, name = text.partition(":")
+    if not sep or not kind or not name:
+        raise UsageError(f"--per {text!r}: expected KIND:NAME, e.g. --per step:train")
+    return kind, name
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("report")
+    def report(
+        candidate: str = typer.Option(
+            "latest", "--candidate", "-c", help="RUN: a run id, latest, latest:K=V,... or a group K=V."
+        ),
+        baseline: str | None = typer.Option(None, "--baseline", "-b", help="RUN to compare with."),
+        baseline_window: int | None = typer.Option(
+            None, "--baseline-window", "-w", help="Compare with the N previous runs (or groups) with the same labels."
+        ),
+        label: list[str] | None = typer.Option(None, "--label", "-l", help="Only runs with KEY=VALUE; repeatable."),
+        kind: list[str] | None = typer.Option(None, "--kind", "-k", help="Event kinds to compare; repeatable."),
+        per: str | None = typer.Option(
+            None, "--per", help="KIND:NAME: divide each run's counts by its number of these events."
+        ),
+        group_by: str | None = typer.Option(
+            None, "--group-by", help="Label whose value groups runs (e.g. commit): counts are summed per group."
+        ),
+        vary: list[str] | None = typer.Option(
+            None, "--vary", help="Labels the window's runs may differ in from the candidate (default: commit)."
+        ),
+        output_format: ReportFormat = typer.Option(ReportFormat.md, "--format", "-f", help="md, html or json."),
+        out: Path | None = typer.Option(None, "--out", "-o", help="Write the report here instead of stdout."),
+        fail_on_regression: bool = typer.Option(
+            False, "--fail-on-regression", help="Exit with status 1 when a regression is flagged."
+        ),
+        threshold_rel: float = typer.Option(
+            0.0, "--threshold-rel", help="Flag a count change only past this fraction of the baseline."
+        ),
+        threshold_abs: float = typer.Option(0.0, "--threshold-abs", help="... and past this many events."),
+        accept: Path | None = typer.Option(None, "--accept", help="TOML file of accepted changes."),
+        db: Path | None = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
+    ) -> None:
+        """Compare a run (or group) with a baseline run or window, call site by call site."""
+        from tbpipe.pipeline.db import open_database
+        from tbpipe.pipeline.reports.regression import ReportRequest, Thresholds, compare, load_accept_file
+        from tbpipe.pipeline.reports.regression.select import parse_label_list
+
+        if threshold_rel < 0 or threshold_abs < 0:
+            raise UsageError("--threshold-rel and --threshold-abs must not be negative")
+        labels: dict[str, str] = {}
+        for pair in label or []:
+            labels.update(parse_label_list(pair, "--label"))
+        request = ReportRequest(
+            candidate=candidate,
+            baseline=baseline,
+            window=baseline_window,
+            labels=labels,
+            kinds=tuple(kind or ()),
+            per=parse_per(per),
+            thresholds=Thresholds(relative=threshold_rel, absolute=threshold_abs),
+            group_by=group_by,
+            vary=tuple(vary) if vary else ("commit",),
+        )
+        accepted = load_accept_file(accept) if accept is not None else None
+        con = open_database(db, read_only=True)
+        try:
+            result = compare(con, request, accepted)
+        finally:
+            con.close()
+        text = render(result, output_format)
+        if out is not None:
+            try:
+                out.write_text(text, encoding="utf-8")
+            except OSError as error:
+                raise UsageError(f"cannot write the report to {out}: {error.strerror or error}") from None
+            print(f"tbpipe: {result.verdict()}\ntbpipe: report written to {out}", file=sys.stderr)
+        else:
+            sys.stdout.write(text)
+        if fail_on_regression and result.regressions:
+            raise typer.Exit(REGRESSION_EXIT)
+
+
+def render(result, output_format: ReportFormat) -> str:
+    if output_format is ReportFormat.json:
+        import json
+
+        return json.dumps(result.to_json(), indent=2) + "\n"
+    if output_format is ReportFormat.html:
+        from tbpipe.pipeline.reports.regression_html import render_html
+
+        return render_html(result)
+    from tbpipe.pipeline.reports.regression_markdown import render_markdown
+
+    return render_markdown(result)

@@ -1,0 +1,100 @@
+"""The regression report as Markdown, for a CI comment or job summary.
+
+The verdict comes first, on one line, then what differs in the environment, then the flagged
+sites as a table with each one's combined traceback folded in a `<details>` block.
+"""
+
+from __future__ import annotations
+
+from tbpipe.pipeline.reports.regression.model import NEW, RegressionReport, SiteChange
+
+FRAMES_SHOWN = 40
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.3g}"
+
+
+def _cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _change(site: SiteChange) -> str:
+    if site.change == NEW:
+        return "new at a known site" if site.site_known else "new site"
+    if site.change == "moved":
+        return f"moved from line {site.baseline_line}" if site.baseline_line is not None else "moved"
+    relative = site.relative
+    text = site.change + (f" ({relative:+.0%})" if relative is not None else "")
+    if site.baseline_line is not None:
+        text += f", moved from line {site.baseline_line}"
+    return text
+
+
+def traceback_lines(site: SiteChange) -> list[str]:
+    """`file:line:function` per frame, innermost first; Python frames marked `py`, inlined ones noted."""
+    lines = []
+    for frame in (site.traceback or [])[:FRAMES_SHOWN]:
+        if frame.kind == "marker":
+            lines.append(f"   {frame.function}")
+            continue
+        where = frame.file or (frame.module.rsplit("/", 1)[-1] if frame.module else "??")
+        line = frame.line if frame.line is not None else "?"
+        tag = "py" if frame.kind == "python" else "  "
+        lines.append(f"{tag} {where}:{line}:{frame.function or '??'}{' [inlined]' if frame.inlined else ''}")
+    more = len(site.traceback or []) - FRAMES_SHOWN
+    if more > 0:
+        lines.append(f"   ... {more} more frames")
+    return lines
+
+
+def render_markdown(report: RegressionReport) -> str:
+    icon = ":x:" if report.regressions else ":white_check_mark:"
+    out = [f"{icon} **{report.verdict()}**", ""]
+    unit = f" per {report.request.per[1]}" if report.request.per else ""
+    baseline = ", ".join(s.name for s in report.baseline)
+    out.append(f"Candidate `{report.candidate.name}` ({len(report.candidate.run_ids)} runs); baseline: {baseline}.")
+    counts = ", ".join(f"{report.count(c)} {c}" for c in ("new", "increased", "decreased", "removed", "moved"))
+    out += [f"Sites compared: {len(report.sites)} ({counts}).", ""]
+    if report.environment:
+        out += ["**Environment differences**", "", "| what | baseline | candidate |", "|---|---|---|"]
+        out += [
+            f"| {_cell(e.what)} | {_cell(e.baseline or '')} | {_cell(e.candidate or '')} |" for e in report.environment
+        ]
+        out.append("")
+    if report.regressions:
+        out += [
+            "**Regressions**",
+            "",
+            f"| change | kind | name | site | baseline{unit} | candidate{unit} |",
+            "|---|---|---|---|---|---|",
+        ]
+        for site in report.regressions:
+            where = f"`{site.where}` {site.site_function or ''}"
+            out.append(
+                f"| {_change(site)} | {site.kind} | `{_cell(site.name)}` | {_cell(where)} | "
+                f"{_number(site.baseline_events)} | {_number(site.candidate_events)} |"
+            )
+        out.append("")
+        for site in report.regressions:
+            if not site.traceback:
+                continue
+            out += [
+                "<details>",
+                f"<summary>{_cell(site.name)} at {site.where} (site {site.site_key})</summary>",
+                "",
+                "```",
+                *traceback_lines(site),
+                "```",
+                "</details>",
+                "",
+            ]
+    if report.accepted:
+        out += ["**Accepted changes** (from --accept)", ""]
+        out += [f"- `{_cell(s.name)}` at `{s.where}`: {s.accepted}" for s in report.accepted]
+        out.append("")
+    if report.expired_accepts:
+        out += ["**Accept entries past their date** (they no longer apply: remove or renew them)", ""]
+        out += [f"- {e}" for e in report.expired_accepts]
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
