@@ -1,4 +1,4 @@
-# `make run`: install into .venv and run the demo (capture -> top launch call sites).
+# `make run`: install into .venv and run the demo (two nights captured -> ingest -> top launch call sites -> report).
 # `make test`: install and run the whole suite on every CPython 3.10-3.13 found.
 PYTHON ?= python3
 VENV ?= .venv
@@ -60,6 +60,7 @@ bench: install
 	$(VENV)/bin/python bench/capture.py
 	$(VENV)/bin/python bench/symbolize.py
 	$(VENV)/bin/python bench/ingest.py
+	$(VENV)/bin/python bench/report.py
 	$(VENV)/bin/python bench/torch_overhead.py
 
 clean:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tbpipe.pipeline.db.connection import query_arrow, query_rows
 from tbpipe.pipeline.reports.regression import select
@@ -25,7 +26,6 @@ from tbpipe.pipeline.reports.regression.model import (
     INCREASED,
     MOVED,
     NEW,
-    REGRESSING,
     REMOVED,
     UNCHANGED,
     EnvironmentDifference,
@@ -37,7 +37,7 @@ from tbpipe.pipeline.reports.regression.model import (
     Spread,
 )
 from tbpipe.pipeline.reports.regression.select import SelectionError
-from tbpipe.pipeline.reports.regression.stats import spread
+from tbpipe.pipeline.reports.regression.stats import band_edges, bands
 
 ENVIRONMENT_FIELDS = ("python_version", "torch_version", "cuda_version", "tbpipe_version", "sources")
 MODULES_SHOWN = 20
@@ -99,17 +99,28 @@ def _site_values(con: Any, sets: list[RunSet], request: ReportRequest) -> pa.Tab
         params += list(request.per)
     con.register("report_sets", membership)
     try:
+        # The sets' event counts first (a join on run numbers), then sited and summed: the same
+        # joins as the `call_sites` view, without aggregating the runs outside the comparison.
         table = query_arrow(
             con,
             f"""
-            SELECT s.set_index, c.kind, c.name, c.site_key, sum(c.events)::DOUBLE AS events,
-                   arg_max(c.site_function, c.events) AS site_function,
-                   arg_max(c.site_portable_file, c.events) AS site_portable_file,
-                   arg_max(c.site_file, c.events) AS site_file,
-                   arg_max(c.site_line, c.events) AS site_line
-            FROM call_sites c JOIN report_sets s USING (run_id)
+            WITH counts AS (
+                SELECT s.set_index, c.name_id, c.stack_id, c.events
+                FROM event_counts c
+                JOIN runs r USING (run_number)
+                JOIN report_sets s ON s.run_id = r.run_id
+            ), per_site AS (
+                SELECT c.set_index, c.name_id, ss.site_id, sum(c.events)::DOUBLE AS events,
+                       arg_max(ss.site_file, c.events) AS site_file, arg_max(ss.site_line, c.events) AS site_line
+                FROM counts c LEFT JOIN stack_sites ss USING (stack_id)
+                GROUP BY c.set_index, c.name_id, ss.site_id
+            )
+            SELECT p.set_index, c.kind, c.name, t.site_key, p.events, t.function AS site_function,
+                   t.portable_file AS site_portable_file, p.site_file, p.site_line
+            FROM per_site p
+            JOIN event_names c USING (name_id)
+            LEFT JOIN sites t USING (site_id)
             {"WHERE " + " AND ".join(where) if where else ""}
-            GROUP BY s.set_index, c.kind, c.name, c.site_key
             """,
             params,
         )
@@ -118,8 +129,13 @@ def _site_values(con: Any, sets: list[RunSet], request: ReportRequest) -> pa.Tab
                 query_rows(
                     con,
                     """
-                    SELECT s.set_index, sum(c.events)::DOUBLE FROM call_sites c JOIN report_sets s USING (run_id)
-                    WHERE c.kind = ? AND c.name = ? GROUP BY s.set_index
+                    SELECT s.set_index, sum(c.events)::DOUBLE
+                    FROM event_counts c
+                    JOIN event_names n USING (name_id)
+                    JOIN runs r USING (run_number)
+                    JOIN report_sets s ON s.run_id = r.run_id
+                    WHERE n.kind = ? AND n.name = ?
+                    GROUP BY s.set_index
                     """,
                     list(request.per),
                 )
@@ -144,48 +160,54 @@ def _site_values(con: Any, sets: list[RunSet], request: ReportRequest) -> pa.Tab
 # ------------------------------------------------------------------------------------------ classification
 
 
+_CODES = (UNCHANGED, NEW, REMOVED, INCREASED, DECREASED, MOVED)
+_UNCHANGED, _NEW, _REMOVED, _INCREASED, _DECREASED, _MOVED = range(len(_CODES))
+
+
 def _classify(values: pa.Table, sets: list[RunSet], request: ReportRequest) -> list[SiteChange]:
     n_base = len(sets) - 1
-    kind = values["kind"].to_pylist()
-    name = values["name"].to_pylist()
-    key = values["site_key"].to_pylist()
-    ids: dict[tuple, int] = {}
-    site_of = np.array([ids.setdefault((k, n, s), len(ids)) for k, n, s in zip(kind, name, key)], dtype=np.int64)
+    # One id per (kind, name, site key), found column-wise: rows of one site share a joined text.
+    joined = pc.binary_join_element_wise(
+        values["kind"], values["name"], pc.fill_null(values["site_key"], "\x00"), "\x1f"
+    )
+    encoded = pc.dictionary_encode(joined).combine_chunks()
+    site_of = encoded.indices.to_numpy().astype(np.int64)
+    first_rows = np.full(len(encoded.dictionary), len(site_of), dtype=np.int64)
+    np.minimum.at(first_rows, site_of, np.arange(len(site_of)))
+    kind = values["kind"].take(pa.array(first_rows)).to_pylist()
+    name = values["name"].take(pa.array(first_rows)).to_pylist()
+    key = values["site_key"].take(pa.array(first_rows)).to_pylist()
+    ids = {(k, n, s): i for i, (k, n, s) in enumerate(zip(kind, name, key))}
     set_index = values["set_index"].to_numpy()
-    events = values["events"].to_numpy()
     matrix = np.zeros((len(ids), len(sets)))
-    matrix[site_of, set_index] = events
+    matrix[site_of, set_index] = values["events"].to_numpy()
+    window, candidate = matrix[:, :n_base], matrix[:, n_base]
 
     # Where each site is: in the candidate, else in the newest baseline set that has it; and its
     # line in the newest baseline set that has it (to tell a moved site).
-    order = np.lexsort((set_index, site_of))  # per site, sets ascending: the last row is the newest
-    last = np.ones(len(order), dtype=bool)
-    last[:-1] = site_of[order][1:] != site_of[order][:-1]
-    newest_row = np.full(len(ids), -1)
-    newest_row[site_of[order][last]] = order[last]
+    newest_row = _last_row_per_site(site_of, set_index, np.ones(len(site_of), dtype=bool), len(ids))
     in_base = set_index < n_base
-    base_order = order[in_base[order]]
-    base_last = np.ones(len(base_order), dtype=bool)
-    base_last[:-1] = site_of[base_order][1:] != site_of[base_order][:-1]
-    base_row = np.full(len(ids), -1)
-    base_row[site_of[base_order][base_last]] = base_order[base_last]
+    base_row = _last_row_per_site(site_of, set_index, in_base, len(ids))
 
-    columns = {c: values[c].to_pylist() for c in ("site_function", "site_portable_file", "site_file", "site_line")}
-    base_keys = {key[i] for i in np.flatnonzero(in_base)}
-    thresholds = request.thresholds
+    change, baseline = _verdicts(window, candidate, request)
+    lines = np.array([-1 if v is None else v for v in values["site_line"].to_pylist()], dtype=np.int64)
+    line = lines[newest_row]
+    baseline_line = np.where(base_row >= 0, lines[np.maximum(base_row, 0)], -1)
+    moved = (change == _UNCHANGED) & (candidate > 0) & (base_row >= 0) & (baseline_line != line)
+    change = np.where(moved, _MOVED, change)
+    moved_from = (base_row >= 0) & (baseline_line >= 0) & (baseline_line != line)
+    flagged = np.isin(change, (_NEW, _INCREASED)) & (np.abs(candidate - baseline) > request.thresholds.absolute)
+
+    spreads: list[Spread | None] = [None] * len(ids)
+    if n_base > 1:
+        spreads = bands(window, request.spread)
+    columns = {c: values[c].to_pylist() for c in ("site_function", "site_portable_file", "site_file")}
+    base_keys = set(values["site_key"].filter(pa.array(in_base)).to_pylist())
     out = []
     for (site_kind, site_name, site_key), index in ids.items():
         row = newest_row[index]
-        window = matrix[index, :n_base]
-        c = float(matrix[index, n_base])
-        baseline_line = columns["site_line"][base_row[index]] if base_row[index] >= 0 else None
-        candidate_has = matrix[index, n_base] > 0
-        line = columns["site_line"][row]
-        change, b, site_spread = _verdict(window, c, request)
-        if change == UNCHANGED and candidate_has and base_row[index] >= 0 and baseline_line != line:
-            change = MOVED
-        past = abs(c - b) > thresholds.absolute
-        flagged = change in REGRESSING and past
+        site_change = _CODES[change[index]]
+        site_line = int(line[index]) if line[index] >= 0 else None
         out.append(
             SiteChange(
                 kind=site_kind,
@@ -193,50 +215,58 @@ def _classify(values: pa.Table, sets: list[RunSet], request: ReportRequest) -> l
                 site_key=site_key,
                 site_function=columns["site_function"][row],
                 site_file=columns["site_file"][row],
-                site_line=line,
+                site_line=site_line,
                 site_portable_file=columns["site_portable_file"][row],
-                baseline_events=b,
-                candidate_events=c,
-                change=change,
-                baseline_line=baseline_line if baseline_line != line else None,
-                site_known=change != NEW or site_key in base_keys,
-                flagged=flagged,
-                spread=site_spread,
+                baseline_events=float(baseline[index]),
+                candidate_events=float(candidate[index]),
+                change=site_change,
+                baseline_line=int(baseline_line[index]) if moved_from[index] else None,
+                site_known=site_change != NEW or site_key in base_keys,
+                flagged=bool(flagged[index]),
+                spread=spreads[index],
             )
         )
     return out
 
 
-def _verdict(window: np.ndarray, c: float, request: ReportRequest) -> tuple[str, float, Spread | None]:
-    """(change, the baseline value it is measured from, the window's spread when it varied)."""
-    if np.all(window == window[0]):
-        # Every baseline run agrees: counts are exact, no statistics needed. A window still keeps
-        # its values (a flat trend in the report).
-        agreed = spread(window, request.spread) if len(window) > 1 else None
-        return _exact(float(window[0]), c, request), float(window[0]), agreed
-    band = spread(window, request.spread)
-    if band.low <= c <= band.high:
-        return UNCHANGED, band.median, band
-    if c == 0:
-        return REMOVED, band.median, band
-    # Outside the band: a change only when it is also large enough, measured from the median.
-    delta = c - band.median
+def _last_row_per_site(site_of: np.ndarray, set_index: np.ndarray, chosen: np.ndarray, sites: int) -> np.ndarray:
+    """Per site, the row of the highest set index among the chosen rows (-1 where none is chosen)."""
+    rows = np.flatnonzero(chosen)
+    order = rows[np.lexsort((set_index[rows], site_of[rows]))]
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = site_of[order][1:] != site_of[order][:-1]
+    out = np.full(sites, -1)
+    out[site_of[order][last]] = order[last]
+    return out
+
+
+def _verdicts(window: np.ndarray, c: np.ndarray, request: ReportRequest) -> tuple[np.ndarray, np.ndarray]:
+    """(change code, the baseline value it is measured from) per site, all sites at once.
+
+    Where every baseline run agrees, the exact tier; else the band tier: unchanged inside the
+    window's band, and outside it a change only when also past the thresholds from the median.
+    """
+    first = window[:, 0]
+    agree = np.all(window == first[:, None], axis=1)
+    exact = _exact_changes(first, c, request)
+    median = np.median(window, axis=1)
+    low, high, _robust = band_edges(window, median, request.spread)
+    delta = c - median
     thresholds = request.thresholds
-    if abs(delta) > thresholds.absolute and (band.median == 0 or abs(delta) / band.median > thresholds.relative):
-        return (INCREASED if delta > 0 else DECREASED), band.median, band
-    return UNCHANGED, band.median, band
+    gate = (np.abs(delta) > thresholds.absolute) & (
+        (median == 0) | (np.abs(delta) > thresholds.relative * np.where(median == 0, 1, median))
+    )
+    outside = np.where(c == 0, _REMOVED, np.where(gate, np.where(delta > 0, _INCREASED, _DECREASED), _UNCHANGED))
+    banded = np.where((low <= c) & (c <= high), _UNCHANGED, outside)
+    return np.where(agree, exact, banded), np.where(agree, first, median)
 
 
-def _exact(b: float, c: float, request: ReportRequest) -> str:
-    if b == 0:
-        return NEW if c > 0 else UNCHANGED
-    if c == 0:
-        return REMOVED
+def _exact_changes(b: np.ndarray, c: np.ndarray, request: ReportRequest) -> np.ndarray:
     delta = c - b
     thresholds = request.thresholds
-    if abs(delta) > thresholds.absolute and abs(delta) / b > thresholds.relative:
-        return INCREASED if delta > 0 else DECREASED
-    return UNCHANGED
+    past = (np.abs(delta) > thresholds.absolute) & (np.abs(delta) > thresholds.relative * np.where(b == 0, 1, b))
+    changed = np.where(past, np.where(delta > 0, _INCREASED, _DECREASED), _UNCHANGED)
+    return np.where(b == 0, np.where(c > 0, _NEW, _UNCHANGED), np.where(c == 0, _REMOVED, changed))
 
 
 # ------------------------------------------------------------------------------------------ tracebacks

@@ -1,10 +1,11 @@
 """The window tier's statistics: how much a per-site metric varies from night to night.
 
 Written for any metric with one value per run (or group) and site, counts today and GPU time
-later: a band around the window's values, and a candidate is unusual only outside it. With few
-runs (or when most nights agree and the median absolute deviation is 0) the band is the window's
-own range; with more it is the median plus or minus `k` robust standard deviations (1.4826 x the
-median absolute deviation), which one odd night cannot widen.
+later, and for every site at once (one row of the matrix per site, one column per night): a band
+around the window's values, and a candidate is unusual only outside it. With few runs (or when
+most nights agree and the median absolute deviation is 0) the band is the window's own range;
+with more it is the median plus or minus `k` robust standard deviations (1.4826 x the median
+absolute deviation), which one odd night cannot widen.
 """
 
 from __future__ import annotations
@@ -17,16 +18,30 @@ MEDIAN_MAD_FROM = 5  # runs in the window from which the band is median +- k MAD
 MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per unit of MAD
 
 
-def spread(values: np.ndarray, k: float) -> Spread:
-    """The band of one site's window values (oldest first)."""
-    values = np.asarray(values, dtype=float)
-    median = float(np.median(values))
-    mad = float(np.median(np.abs(values - median)))
-    # Too few runs for a robust spread, or one that cannot see the variation (most nights equal,
-    # a few not): the window's own range.
-    if len(values) < MEDIAN_MAD_FROM or mad == 0:
-        low, high, method = float(values.min()), float(values.max()), "min-max"
-    else:
-        half = k * MAD_TO_SIGMA * mad
-        low, high, method = median - half, median + half, "median-mad"
-    return Spread(values.tolist(), median, mad, low, high, method)
+def band_edges(window: np.ndarray, median: np.ndarray, k: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(low, high, uses median-MAD) per row of `window` (sites x nights), given each row's median."""
+    mad = np.median(np.abs(window - median[:, None]), axis=1)
+    robust = (window.shape[1] >= MEDIAN_MAD_FROM) & (mad > 0)
+    half = k * MAD_TO_SIGMA * mad
+    low = np.where(robust, median - half, window.min(axis=1))
+    high = np.where(robust, median + half, window.max(axis=1))
+    return low, high, robust
+
+
+def bands(window: np.ndarray, k: float) -> list[Spread]:
+    """The band of every row of `window` (sites x nights, oldest night first), as Spread values."""
+    median = np.median(window, axis=1)
+    mad = np.median(np.abs(window - median[:, None]), axis=1)
+    low, high, robust = band_edges(window, median, k)
+    values = window.tolist()
+    return [
+        Spread(
+            values[i],
+            float(median[i]),
+            float(mad[i]),
+            float(low[i]),
+            float(high[i]),
+            "median-mad" if robust[i] else "min-max",
+        )
+        for i in range(len(values))
+    ]
