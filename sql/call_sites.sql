@@ -8,6 +8,7 @@
 -- A site is named by what survives a new checkout folder, a rebuild and an edit elsewhere in the
 -- file (`site_identity_key`): never by an absolute path or an address.
 -- @requires user_code
+-- @requires stacks
 
 -- Key of a call site by what it means, 16 hex digits. A Python site: its file relative to its
 -- import root, its function's qualified name, and its line as an offset from the function's first

@@ -1,4 +1,48 @@
--- Whole stacks as text, and a key for a stack that survives rebuilds.
+-- Stacks as frames and as text, and a key for a stack that survives rebuilds.
+
+-- The frames of every stack in combined order, innermost first: Python frames where the C code
+-- ran them (each CPython eval-loop frame replaced by the Python frames it executed), native frames
+-- expanded into their inline chains. Each frame is stored once (`frames`); this view lays them out.
+-- @column stack_id     `stacks.stack_id`
+-- @column depth        position in the combined stack, 0 = innermost
+-- @column slot         position before inline expansion: frames of one native address share a slot
+-- @column chain_depth  position in the slot's inline chain, 0 = innermost; 0 for Python frames
+-- @column kind         'python', 'native', or 'marker' (the native walk stopped here; function says why)
+-- @column function     Python qualified name or demangled C/C++ name; NULL for an unsymbolized native frame
+-- @column file         source file
+-- @column line         source line, NULL when unknown
+-- @column module       path of the ELF object (native frames)
+-- @column module_key   `modules.module_key` (native frames)
+-- @column address      ELF virtual address (native frames)
+-- @column exact        false when `address` is a return address (native frames)
+-- @column inlined      true for a frame inlined into the next one
+-- @column reason       why a native frame is unsymbolized or only partly symbolized
+-- @column first_line   first line of a Python frame's function; NULL otherwise or when unknown
+-- @column frame_id     `frames.frame_id`
+CREATE OR REPLACE VIEW stack_frames AS
+SELECT r.stack_id, r.depth, r.slot, r.chain_depth, f.kind, f.function, f.file, f.line, f.module, f.module_key,
+       f.address, f.exact, f.inlined, f.reason, f.first_line, r.frame_id
+FROM stack_frame_rows r
+JOIN frames f USING (frame_id);
+
+-- The hash that names a frame by its content (`frames.frame_hash`): 64 bits of MD5 over every column.
+-- @arg kind        VARCHAR   'python', 'native' or 'marker'
+-- @arg function    VARCHAR   function
+-- @arg file        VARCHAR   file
+-- @arg line        INTEGER   line
+-- @arg first_line  INTEGER   first line of the Python function
+-- @arg module      VARCHAR   module path
+-- @arg module_key  VARCHAR   module key
+-- @arg address     UBIGINT   address
+-- @arg exact       BOOLEAN   exact
+-- @arg inlined     BOOLEAN   inlined
+-- @arg reason      VARCHAR   reason
+-- @returns UBIGINT
+CREATE OR REPLACE MACRO frame_hash(kind, function, file, line, first_line, module, module_key, address, exact, inlined, reason) AS
+    md5_number_lower(concat_ws(chr(31), kind, coalesce(function, chr(0)), coalesce(file, chr(0)),
+        coalesce(CAST(line AS VARCHAR), chr(0)), coalesce(CAST(first_line AS VARCHAR), chr(0)),
+        coalesce(module, chr(0)), coalesce(module_key, chr(0)), coalesce(CAST(address AS VARCHAR), chr(0)),
+        coalesce(CAST(exact AS VARCHAR), chr(0)), CAST(inlined AS VARCHAR), coalesce(reason, chr(0))));
 
 -- One line of a printed traceback: `file:line:function`, with ' [inlined]' for an inlined frame;
 -- an unsymbolized native frame shows its module and address.

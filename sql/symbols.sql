@@ -1,4 +1,5 @@
 -- How well the native frames are symbolized, per module and per reason.
+-- @requires stacks
 
 -- A symbolizer reason without what differs per module or address, so that like reasons group
 -- together: "no debug info for build-ID 1a2b3c4d5e6f… (looked in: ...)" -> "no debug info for build-ID …".

@@ -25,13 +25,13 @@ CREATE OR REPLACE MACRO is_library_python_file(file) AS
     OR regexp_matches(file, '/lib(64)?/python[0-9]+\.[0-9]+t?/')
     OR regexp_matches(file, '/tbpipe/(capture|pipeline|schemas)/');
 
--- Every distinct Python file of `stack_frames`, and whether it is user code.
+-- Every distinct Python file of the stored frames, and whether it is user code.
 -- @column file     the file name as captured
 -- @column is_user  true when frames of this file can be call sites
 -- @column rule     the `user_code.prefix` that decided, NULL when the built-in rule did
 CREATE OR REPLACE VIEW python_files AS
 WITH files AS (
-    SELECT DISTINCT file FROM stack_frames WHERE kind = 'python' AND file IS NOT NULL
+    SELECT DISTINCT file FROM frames WHERE kind = 'python' AND file IS NOT NULL
 ), matched AS (
     SELECT f.file, arg_max(r.is_user, length(r.prefix)) AS is_user, arg_max(r.prefix, length(r.prefix)) AS rule
     FROM files f

@@ -346,11 +346,23 @@ def test_html_report_in_chromium(db, tmp_path) -> None:
 
 
 def _downgrade_to_schema_2(path: Path) -> None:
-    """Turns a database into what tbpipe wrote before schema 3 (the columns and table it added gone)."""
+    """Turns a database into what tbpipe wrote before schema 3: schema 4's compact tables back into the
+    wide ones, schema 3's columns and table gone, sites keyed the old way."""
     con = duckdb.connect(str(path))
     try:
         for statement in (
-            "ALTER TABLE stack_frames DROP COLUMN first_line",
+            "CREATE TABLE wide_frames AS SELECT stack_id, depth, slot, chain_depth, kind, function, file, line, "
+            "module, module_key, address, exact, inlined, reason FROM stack_frames ORDER BY stack_id, depth",
+            "CREATE TABLE wide_events AS SELECT * FROM events ORDER BY event_id",
+            "DROP VIEW stack_frames",
+            "DROP VIEW events",
+            "DROP TABLE frames",
+            "DROP TABLE stack_frame_rows",
+            "DROP TABLE event_rows",
+            "ALTER TABLE wide_frames RENAME TO stack_frames",
+            "ALTER TABLE wide_events RENAME TO events",
+            "DELETE FROM sql_modules",  # the views and macros of that version were other texts
+            "DELETE FROM schema_versions WHERE version = 4",
             "ALTER TABLE runs DROP COLUMN cuda_version",
             "ALTER TABLE runs DROP COLUMN sys_path",
             "DROP TABLE source_files",

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tbpipe.pipeline.stacks.identity import mix64
 from tbpipe.schemas.raw import (
     NATIVE_FRAME_EVAL_LOOP,
     NATIVE_FRAME_EXACT_PC,
@@ -266,14 +267,62 @@ def _keys(build_codes: np.ndarray, address: np.ndarray, exact: np.ndarray) -> np
 
 @dataclass
 class Frames:
-    table: pa.Table  # shaped like `stack_frames`
+    """Laid-out stacks: a row per frame of each stack, and each distinct frame's content once."""
+
+    rows: pa.Table  # stack_id, depth, slot, chain_depth, frame (row of `frames`): ints only
+    frames: pa.Table  # kind, function, file, line, first_line, module, module_key, address, exact, inlined, reason
     per_stack_frames: np.ndarray  # int64 frames per stack, for the stacks in order of first appearance
     stack_order: np.ndarray  # int64 the stack ids those counts belong to
     symbolized_depth: np.ndarray  # int32 depth of the innermost symbolized frame per stack, -1 none
 
+    def table(self) -> pa.Table:
+        """The rows with their frames' columns: what the database's `stack_frames` view shows."""
+        index = self.rows["frame"].combine_chunks()
+        columns = {name: self.rows[name] for name in ("stack_id", "depth", "slot", "chain_depth")}
+        columns.update({name: self.frames[name].take(index) for name in self.frames.column_names})
+        return pa.table(columns)
+
+
+FRAME_COLUMNS = (
+    "kind",
+    "function",
+    "file",
+    "line",
+    "first_line",
+    "module",
+    "module_key",
+    "address",
+    "exact",
+    "inlined",
+    "reason",
+)
+
+
+def _codes(values: pa.Array) -> np.ndarray:
+    """A dense integer per distinct string (nulls -1), for keys built with numpy."""
+    if len(values) == 0:
+        return np.zeros(0, np.int64)
+    encoded = pc.dictionary_encode(_flat(values))
+    return pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _combine(*parts: np.ndarray) -> np.ndarray:
+    """One 64-bit key per row from integer columns (position-dependent mixing)."""
+    key = np.zeros(len(parts[0]), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for part in parts:
+            key = mix64(key * np.uint64(0x100000001B3) ^ mix64(part.astype(np.int64).astype(np.uint64)))
+    return key
+
 
 def expand(slots: Slots, symbols: pa.Table) -> Frames:
-    """`stack_frames` rows: native slots replaced by their inline chains from `symbols`."""
+    """Stack rows: native slots replaced by their inline chains from `symbols`; each distinct frame once.
+
+    Only integers are computed per row; the text of a frame is taken once per distinct frame, found
+    by a 64-bit key over the codes that determine it (a symbols row and module path for a symbolized
+    native frame; module, address and reason for an unsymbolized one; function, file, line and first
+    line for a Python frame; the stop reason for a marker).
+    """
     n = len(slots)
     native = slots.kind == NATIVE
     sym_build = symbols["module_key"].combine_chunks() if symbols.num_rows else pa.array([], pa.string())
@@ -315,59 +364,102 @@ def expand(slots: Slots, symbols: pa.Table) -> Frames:
         sym_order[np.minimum(chain_start[slot_ids[owner]] + chain_depth, len(sym_order) - 1)] if len(sym_order) else 0,
         -1,
     )
-    slot_row = np.where(row_chain, -1, owner)
-    n_sym = symbols.num_rows
 
-    def choose(symbol_column: str, slot_values: pa.Array) -> pa.Array:
-        sym_values = _flat(symbols[symbol_column]).cast(pa.string()) if n_sym else pa.array([], pa.string())
-        values = pa.concat_arrays([sym_values, _flat(slot_values).cast(pa.string())])
-        return _take(values, np.where(row_chain, sym_row, np.where(slot_row >= 0, n_sym + slot_row, -1)))
-
-    function = choose("function", slots.function)
-    file = choose("file", slots.file)
-    sym_line = pc.fill_null(symbols["line"], 0).to_numpy().astype(np.int64) if n_sym else np.zeros(0, np.int64)
-    sym_line[sym_line <= 0] = -1
-    line = np.where(row_chain, sym_line[np.maximum(sym_row, 0)] if n_sym else -1, slots.line[owner])
-    inlined = np.where(
-        row_chain, symbols["inlined"].to_numpy(zero_copy_only=False)[np.maximum(sym_row, 0)] if n_sym else False, False
+    # Distinct frames, found with integers only.
+    row_kind = slots.kind[owner].astype(np.int64)
+    python_row = row_kind == PYTHON
+    module_code, function_code, file_code = _codes(slots.module), _codes(slots.function), _codes(slots.file)
+    line_or_address = np.where(python_row, slots.line[owner], slots.address[owner].astype(np.int64))
+    frame_key = _combine(
+        row_kind,
+        sym_row,
+        np.where(row_chain, -1, module_code[owner] if n else 0),
+        np.where(row_chain | python_row, -1, slot_codes[owner] if n else 0),
+        np.where(row_chain, -1, line_or_address),
+        np.where(row_chain | python_row, -1, slots.exact[owner].astype(np.int64)),
+        np.where(python_row, function_code[owner] if n else 0, -1),
+        np.where(python_row, file_code[owner] if n else 0, -1),
+        np.where(python_row, slots.first_line[owner], -1),
+        np.where(row_chain, module_code[owner] if n else 0, -1),
     )
-    unresolved = np.where(slot_codes < 0, NO_MODULE_REASON, NOT_SYMBOLIZED_REASON)
-    slot_reason = pc.if_else(
-        pa.array(native & ~has_chain), pa.array(unresolved, pa.string()), slots.reason.cast(pa.string())
-    )
-    reason = choose("reason", slot_reason)
+    _, representative, frame_of_row = np.unique(frame_key, return_index=True, return_inverse=True)
+    frame_of_row = frame_of_row.ravel()
+    frames, symbolized_frame = _frame_contents(slots, symbols, representative, owner, row_chain, sym_row, slot_codes)
 
-    first_line = np.where(slots.kind[owner] == PYTHON, slots.first_line[owner], -1).astype(np.int32)
-    kind = KIND_NAMES.take(pa.array(slots.kind[owner].astype(np.int64)))
-    is_native = slots.kind[owner] != PYTHON
-    table = pa.table(
+    rows = pa.table(
         {
             "stack_id": pa.array(stack, pa.int64()),
             "depth": pa.array(depth, pa.int32()),
             "slot": pa.array(slots.slot[owner], pa.int32()),
             "chain_depth": pa.array(chain_depth, pa.int32()),
-            "kind": kind,
-            "function": function,
-            "file": file,
-            "line": pa.array(line.astype(np.int32), pa.int32(), mask=line < 0),
-            "module": _take(slots.module, np.where(is_native, owner, -1)),
-            "module_key": _take(slots.module_key, np.where(is_native, owner, -1)),
-            "address": pa.array(slots.address[owner], pa.uint64(), mask=~is_native),
-            "exact": pa.array(slots.exact[owner], pa.bool_(), mask=slots.kind[owner] != NATIVE),
-            "inlined": pa.array(inlined.astype(bool), pa.bool_()),
-            "reason": reason,
-            "first_line": pa.array(first_line, pa.int32(), mask=first_line < 0),
+            "frame": pa.array(frame_of_row, pa.int32()),
         }
     )
 
     # Per stack: frame count and the innermost symbolized frame (the call site without a user frame).
     stacks, first, counts = np.unique(stack, return_index=True, return_counts=True)
-    symbolized = (slots.kind[owner] != MARKER) & pc.is_valid(function).to_numpy(zero_copy_only=False)
+    symbolized = symbolized_frame[frame_of_row] if len(frame_of_row) else np.zeros(0, bool)
     sym_depth_out = np.full(len(stacks), -1, dtype=np.int32)
     if symbolized.any():
         with_frame, first_symbolized = np.unique(stack[symbolized], return_index=True)
         sym_depth_out[np.searchsorted(stacks, with_frame)] = depth[np.flatnonzero(symbolized)[first_symbolized]]
-    return Frames(table, counts.astype(np.int64), stacks.astype(np.int64), sym_depth_out)
+    return Frames(rows, frames, counts.astype(np.int64), stacks.astype(np.int64), sym_depth_out)
+
+
+def _frame_contents(
+    slots: Slots,
+    symbols: pa.Table,
+    rows: np.ndarray,
+    owner: np.ndarray,
+    row_chain: np.ndarray,
+    sym_row: np.ndarray,
+    slot_codes: np.ndarray,
+) -> tuple[pa.Table, np.ndarray]:
+    """The content of the frames at the given expanded rows (one per distinct frame), and whether each
+    has a function name (markers never count)."""
+    owner, chain, sym_row = owner[rows], row_chain[rows], sym_row[rows]
+    kind_codes = slots.kind[owner]
+    n_sym = symbols.num_rows
+    slot_row = np.where(chain, -1, owner)
+
+    def choose(symbol_column: str, slot_values: pa.Array) -> pa.Array:
+        sym_values = _flat(symbols[symbol_column]).cast(pa.string()) if n_sym else pa.array([], pa.string())
+        values = pa.concat_arrays([sym_values, _flat(slot_values).cast(pa.string())])
+        return _take(values, np.where(chain, sym_row, np.where(slot_row >= 0, n_sym + slot_row, -1)))
+
+    native = kind_codes == NATIVE
+    function = choose("function", slots.function)
+    file = choose("file", slots.file)
+    sym_line = pc.fill_null(symbols["line"], 0).to_numpy().astype(np.int64) if n_sym else np.zeros(0, np.int64)
+    sym_line[sym_line <= 0] = -1
+    line = np.where(chain, sym_line[np.maximum(sym_row, 0)] if n_sym else -1, slots.line[owner])
+    inlined = np.where(
+        chain, symbols["inlined"].to_numpy(zero_copy_only=False)[np.maximum(sym_row, 0)] if n_sym else False, False
+    )
+    unresolved = np.where(slot_codes[owner] < 0, NO_MODULE_REASON, NOT_SYMBOLIZED_REASON)
+    slot_reason = _take(slots.reason.cast(pa.string()), owner)
+    slot_reason = pc.if_else(pa.array(native & ~chain), pa.array(unresolved, pa.string()), slot_reason)
+    sym_reason = _flat(symbols["reason"]).cast(pa.string()) if n_sym else pa.array([], pa.string())
+    reason = pc.if_else(pa.array(chain), _take(sym_reason, np.where(chain, sym_row, -1)), slot_reason)
+    first_line = np.where(kind_codes == PYTHON, slots.first_line[owner], -1).astype(np.int32)
+    is_native = kind_codes != PYTHON
+    frames = pa.table(
+        {
+            "kind": KIND_NAMES.take(pa.array(kind_codes.astype(np.int64))),
+            "function": function,
+            "file": file,
+            "line": pa.array(line.astype(np.int32), pa.int32(), mask=line < 0),
+            "first_line": pa.array(first_line, pa.int32(), mask=first_line < 0),
+            "module": _take(slots.module, np.where(is_native, owner, -1)),
+            "module_key": _take(slots.module_key, np.where(is_native, owner, -1)),
+            "address": pa.array(slots.address[owner], pa.uint64(), mask=~is_native),
+            "exact": pa.array(slots.exact[owner], pa.bool_(), mask=~native),
+            "inlined": pa.array(inlined.astype(bool), pa.bool_()),
+            "reason": reason,
+        }
+    )
+    symbolized = (kind_codes != MARKER) & pc.is_valid(function).to_numpy(zero_copy_only=False)
+    return frames, symbolized
 
 
 def _first_index(values: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from tbpipe.pipeline.db.connection import query_value
+from tbpipe.pipeline.db.ingest.frames import insert_frame_rows
 from tbpipe.pipeline.db.ingest.symbols import upsert_module_statuses
 from tbpipe.pipeline.db.ingest.tables import IngestDb, sql_text
 from tbpipe.pipeline.stacks import layout
@@ -74,7 +75,7 @@ def insert_modules(db: IngestDb, data: RunData, run_id: str) -> None:
 
 
 def insert_stacks(db: IngestDb, data: RunData, run_id: str) -> None:
-    """`stacks` and `stack_frames` rows of the stacks this run brings in."""
+    """`stacks` rows of the stacks this run brings in, and their frames."""
     flat, order, frames = data.flat, data.new_order, data.frames
     ids = data.new_ids[order]
     counts = np.zeros(len(order), dtype=np.int64)
@@ -95,49 +96,51 @@ def insert_stacks(db: IngestDb, data: RunData, run_id: str) -> None:
         }
     )
     db.insert(f"INSERT INTO stacks BY NAME SELECT *, {sql_text(run_id)} AS first_run_id FROM {{}}", stacks)
-    db.insert("INSERT INTO stack_frames BY NAME SELECT * FROM {}", frames.table)
+    insert_frame_rows(db, frames)
 
 
 def insert_events(db: IngestDb, data: RunData, run_id: str, run_number: int) -> None:
-    """`events` from the run's Parquet parts, then the run's `event_names` and `event_counts`."""
+    """The run's `event_names` the database lacks, `event_rows` straight from its Parquet parts, and
+    its `event_counts`."""
     con = db.con
     if not data.event_files:
         return
+    files = "[" + ", ".join(sql_text(str(path)) for path, _rows in data.event_files) + "]"
+    con.execute(
+        f"""
+        INSERT INTO event_names BY NAME
+        SELECT (SELECT coalesce(max(name_id), 0) FROM event_names) + row_number() OVER (ORDER BY kind, name)
+                   AS name_id,
+               kind, name
+        FROM (SELECT DISTINCT kind, name FROM read_parquet({files})) e
+        ANTI JOIN event_names n USING (kind, name)
+        """
+    )
     db.register("ingest_stack_map", stack_map(data.flat, data.stack_ids))
     try:
-        first = int(query_value(con, "SELECT coalesce(max(event_id), 0) + 1 FROM events"))
+        first = int(query_value(con, "SELECT coalesce(max(event_id), 0) + 1 FROM event_rows"))
         # One statement per part: event ids follow the parts' order and their rows' order.
         for path, rows in data.event_files:
             con.execute(
                 f"""
-                INSERT INTO events BY NAME
-                SELECT {first} + e.file_row_number AS event_id, {sql_text(run_id)} AS run_id, e.ts, e.thread_id,
-                       e.kind, e.name, m.stack_id, e.attrs
+                INSERT INTO event_rows BY NAME
+                SELECT {first} + e.file_row_number AS event_id, {int(run_number)} AS run_number, e.ts, e.thread_id,
+                       n.name_id, m.stack_id, e.attrs
                 FROM read_parquet({sql_text(str(path))}, file_row_number = true) e
+                JOIN event_names n ON n.kind = e.kind AND n.name = e.name
                 LEFT JOIN ingest_stack_map m ON m.raw_id = e.stack_id
                 """
             )
             first += rows
         con.execute(
             """
-            INSERT INTO event_names BY NAME
-            SELECT (SELECT coalesce(max(name_id), 0) FROM event_names) + row_number() OVER (ORDER BY kind, name)
-                       AS name_id,
-                   kind, name
-            FROM (SELECT DISTINCT kind, name FROM events WHERE run_id = ?) e
-            ANTI JOIN event_names n USING (kind, name)
-            """,
-            [run_id],
-        )
-        con.execute(
-            """
             INSERT INTO event_counts BY NAME
-            SELECT ? AS run_number, n.name_id, e.stack_id, count(*) AS events
-            FROM events e JOIN event_names n USING (kind, name)
-            WHERE e.run_id = ?
-            GROUP BY n.name_id, e.stack_id
+            SELECT run_number, name_id, stack_id, count(*) AS events
+            FROM event_rows
+            WHERE run_number = ?
+            GROUP BY run_number, name_id, stack_id
             """,
-            [run_number, run_id],
+            [run_number],
         )
     finally:
         db.unregister("ingest_stack_map")

@@ -258,15 +258,16 @@ class RunLoader:
                 numbers[0][0] if numbers else query_value(con, "SELECT coalesce(max(run_number), 0) + 1 FROM runs")
             )
             if replace:
-                con.execute("DELETE FROM event_counts WHERE run_number = ?", [run_number])
-                for table in ("events", "run_modules", "runs"):
+                for table in ("event_counts", "event_rows"):
+                    con.execute(f"DELETE FROM {table} WHERE run_number = ?", [run_number])
+                for table in ("run_modules", "runs"):
                     con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
             if data.symbols is not None and data.symbols.num_rows:
                 db.insert("INSERT INTO symbols BY NAME SELECT * FROM {}", data.symbols)
             run_rows.insert_modules(db, data, run_id)
             if data.frames is not None:
                 run_rows.insert_stacks(db, data, run_id)
-                record_source_files(db, python_files_of(data.frames.table), import_roots(manifest))
+                record_source_files(db, python_files_of(data.frames.frames), import_roots(manifest))
                 site_stacks(db, from_stack=int(data.new_ids[data.new_order].min()))
             run_rows.insert_events(db, data, run_id, run_number)
             stacks_used = query_value(
@@ -275,7 +276,7 @@ class RunLoader:
             run_rows.insert_run(db, data, run_number, stacks_used or 0)
             _before_commit(run_id)
         if data.frames is not None:
-            self._count_frames(data.frames.table)
+            self._count_frames(data.frames)
         return RunOutcome(
             data.run_dir,
             "updated" if replace else "ingested",
@@ -286,9 +287,12 @@ class RunLoader:
             notes=data.notes,
         )
 
-    def _count_frames(self, table: pa.Table) -> None:
+    def _count_frames(self, frames: layout.Frames) -> None:
         """Adds the new stacks' native frames to the summary: symbolized, or unsymbolized by reason."""
-        self.db.register("ingest_new_frames", table)
+        rows = frames.rows
+        first_in_chain = rows["chain_depth"].to_numpy() == 0
+        uses = np.bincount(rows["frame"].to_numpy()[first_in_chain], minlength=frames.frames.num_rows)
+        self.db.register("ingest_new_frames", frames.frames.append_column("uses", pa.array(uses, pa.int64())))
         try:
             rows = query_rows(
                 self.db.con,
@@ -297,9 +301,9 @@ class RunLoader:
                        module, frames
                 FROM (
                     SELECT function IS NOT NULL AS symbolized, reason, module_key, any_value(module) AS module,
-                           count(*) AS frames
+                           sum(uses)::BIGINT AS frames
                     FROM ingest_new_frames
-                    WHERE kind = 'native' AND chain_depth = 0
+                    WHERE kind = 'native' AND uses > 0
                     GROUP BY ALL
                 )
                 """,

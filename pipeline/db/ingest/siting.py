@@ -220,16 +220,22 @@ def backfill_site_identity(db: IngestDb, read_first_lines) -> None:
             )
             db.register("ingest_first_lines", table)
             try:
+                # Frames are shared by stacks; equal frames of other runs get the same first line.
                 con.execute(
                     """
-                    UPDATE stack_frames SET first_line = l.first_line
+                    UPDATE frames SET first_line = l.first_line
                     FROM ingest_first_lines l
-                    WHERE stack_frames.kind = 'python' AND stack_frames.first_line IS NULL
-                      AND stack_frames.file = l.file AND stack_frames.function = l.function
-                      AND stack_frames.stack_id IN (SELECT stack_id FROM stacks WHERE first_run_id = ?)
-                    """,
-                    [run_id],
+                    WHERE frames.kind = 'python' AND frames.first_line IS NULL
+                      AND frames.file = l.file AND frames.function = l.function
+                    """
                 )
             finally:
                 db.unregister("ingest_first_lines")
+        con.execute(
+            """
+            UPDATE frames SET frame_hash = frame_hash(kind, function, file, line, first_line, module, module_key,
+                                                      address, exact, inlined, reason)
+            WHERE kind = 'python'
+            """
+        )
         con.execute("INSERT OR REPLACE INTO settings VALUES ('site_identity_backfilled', '1')")
