@@ -33,6 +33,7 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "tbpipe-bench-ingest")
     parser.add_argument("--cache-dir", type=Path, default=None, help="symbol store [default: WORK/symbols]")
     parser.add_argument("--keep-db", action="store_true", help="keep the database (WORK/bench.duckdb)")
+    parser.add_argument("--stages", action="store_true", help="print where the ingest's time goes, per stage")
     return parser.parse_args()
 
 
@@ -102,12 +103,103 @@ def _warm_symbols(runs_dir: Path, cache_dir: Path) -> None:
     )
 
 
-def _ingest(runs_dir: Path, db: Path, cache_dir: Path, label: str):
+# The ingest's stages, as (module, function): timed by wrapping them for one ingest (--stages).
+STAGES = [
+    ("tbpipe.pipeline.db.ingest.runs", "read_manifest", "manifest"),
+    ("tbpipe.pipeline.db.ingest.runs", "check_part", "events parts' footers"),
+    ("tbpipe.pipeline.db.ingest.runs", "read_tables", "read stacks/modules/code parts"),
+    ("tbpipe.pipeline.db.ingest.runs", "flatten_run", "flatten + hash stacks"),
+    ("tbpipe.pipeline.db.ingest.runs.RunLoader", "_stack_ids", "find known stacks"),
+    ("tbpipe.pipeline.db.ingest.runs.RunLoader", "_dangling_events", "events without stacks"),
+    ("tbpipe.pipeline.db.ingest.runs.RunLoader", "_slots", "combined order (slots)"),
+    ("tbpipe.pipeline.db.ingest.symbols.SymbolLoader", "symbols_for", "symbols for new frames"),
+    ("tbpipe.pipeline.db.ingest.runs.layout", "expand", "inline expansion, distinct frames"),
+    ("tbpipe.pipeline.db.ingest.rows", "insert_modules", "insert modules"),
+    ("tbpipe.pipeline.db.ingest.rows", "insert_stacks", "insert stacks + frames"),
+    ("tbpipe.pipeline.db.ingest.runs", "record_source_files", "source files"),
+    ("tbpipe.pipeline.db.ingest.runs", "site_stacks", "site new stacks"),
+    ("tbpipe.pipeline.db.ingest.rows", "insert_events", "insert events + counts"),
+    ("tbpipe.pipeline.db.ingest.rows", "insert_run", "insert run"),
+    ("tbpipe.pipeline.db.ingest.tables.Transaction", "__exit__", "commit"),
+    ("tbpipe.pipeline.db.ingest.runs.RunLoader", "_count_frames", "summary counts"),
+]
+
+
+class _StageTimes:
+    """Wraps the stage functions; sums wall and CPU time (all threads: DuckDB's too) per stage."""
+
+    def __init__(self) -> None:
+        import importlib
+        import resource
+
+        self._resource = resource
+        self.times: dict[str, list[float]] = {}
+        self._undo = []
+        for owner, name, label in STAGES:
+            target = self._resolve(importlib, owner)
+            original = getattr(target, name)
+            self._undo.append((target, name, original))
+            setattr(target, name, self._timed(label, original))
+
+    @staticmethod
+    def _resolve(importlib, dotted: str):
+        parts = dotted.split(".")
+        for split in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:split]))
+            except ImportError:
+                continue
+            for attribute in parts[split:]:
+                obj = getattr(obj, attribute)
+            return obj
+        raise ImportError(dotted)
+
+    def _cpu(self) -> float:
+        usage = self._resource.getrusage(self._resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    def _timed(self, label, function):
+        def timed(*args, **kwargs):
+            wall, cpu = time.perf_counter(), self._cpu()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                entry = self.times.setdefault(label, [0.0, 0.0, 0])
+                entry[0] += time.perf_counter() - wall
+                entry[1] += self._cpu() - cpu
+                entry[2] += 1
+
+        return timed
+
+    def restore(self) -> None:
+        for target, name, original in self._undo:
+            setattr(target, name, original)
+
+    def print(self, total_wall: float, total_cpu: float, runs: int, new_stacks: int) -> None:
+        print(
+            f"stages: {total_wall:.1f} s wall, {total_cpu:.1f} s CPU (all threads) for {runs} runs, {new_stacks:,} new stacks"
+        )
+        for label, (wall, cpu, calls) in sorted(self.times.items(), key=lambda item: -item[1][1]):
+            print(f"  {label:<36} {wall:7.2f} s wall {cpu:7.2f} s CPU  ({calls} calls)")
+        staged = sum(cpu for _wall, cpu, _calls in self.times.values())
+        print(f"  {'the rest (open, close, checkpoint)':<36} {'':>14} {total_cpu - staged:7.2f} s CPU")
+
+
+def _ingest(runs_dir: Path, db: Path, cache_dir: Path, label: str, stages: bool = False):
+    import resource
+
     from tbpipe.pipeline.db import IngestOptions, ingest_runs
 
+    timer = _StageTimes() if stages else None
+    cpu_started = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
     started = time.perf_counter()
-    summary = ingest_runs([runs_dir], IngestOptions(db_path=db, cache_dir=cache_dir, progress=False))
+    try:
+        summary = ingest_runs([runs_dir], IngestOptions(db_path=db, cache_dir=cache_dir, progress=False))
+    finally:
+        if timer is not None:
+            timer.restore()
     seconds = time.perf_counter() - started
+    cpu = sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - cpu_started
     rate = summary.events / seconds if seconds else 0
     print(
         f"{label}: {summary.ingested} runs ingested, {summary.present} present, {summary.events:,} events, "
@@ -116,6 +208,8 @@ def _ingest(runs_dir: Path, db: Path, cache_dir: Path, label: str):
     )
     if summary.quarantined:
         raise SystemExit(f"quarantined: {[o.reason for o in summary.quarantined]}")
+    if timer is not None:
+        timer.print(seconds, cpu, summary.ingested, summary.new_stacks)
     return summary, seconds
 
 
@@ -179,7 +273,7 @@ def main() -> None:
     db = args.work / "bench.duckdb"
     for path in (db, db.with_name(db.name + ".wal")):
         path.unlink(missing_ok=True)
-    summary, seconds = _ingest(runs_dir, db, cache_dir, "ingest")
+    summary, seconds = _ingest(runs_dir, db, cache_dir, "ingest", stages=args.stages)
     _ingest(runs_dir, db, cache_dir, "re-ingest")
     first, warm = _query(db)
     size, used = _sizes(db)

@@ -25,7 +25,9 @@ SELECT r.stack_id, r.depth, r.slot, r.chain_depth, f.kind, f.function, f.file, f
 FROM stack_frame_rows r
 JOIN frames f USING (frame_id);
 
--- The hash that names a frame by its content (`frames.frame_hash`): 64 bits of MD5 over every column.
+-- The hash that finds a stored frame by its content (`frames.frame_hash`): DuckDB's hash of every
+-- column. DuckDB may change its hash between versions; then frames stored before the upgrade are
+-- stored once more when they come again, and nothing else changes.
 -- @arg kind        VARCHAR   'python', 'native' or 'marker'
 -- @arg function    VARCHAR   function
 -- @arg file        VARCHAR   file
@@ -39,10 +41,7 @@ JOIN frames f USING (frame_id);
 -- @arg reason      VARCHAR   reason
 -- @returns UBIGINT
 CREATE OR REPLACE MACRO frame_hash(kind, function, file, line, first_line, module, module_key, address, exact, inlined, reason) AS
-    md5_number_lower(concat_ws(chr(31), kind, coalesce(function, chr(0)), coalesce(file, chr(0)),
-        coalesce(CAST(line AS VARCHAR), chr(0)), coalesce(CAST(first_line AS VARCHAR), chr(0)),
-        coalesce(module, chr(0)), coalesce(module_key, chr(0)), coalesce(CAST(address AS VARCHAR), chr(0)),
-        coalesce(CAST(exact AS VARCHAR), chr(0)), CAST(inlined AS VARCHAR), coalesce(reason, chr(0))));
+    hash(kind, function, file, line, first_line, module, module_key, address, exact, inlined, reason);
 
 -- One line of a printed traceback: `file:line:function`, with ' [inlined]' for an inlined frame;
 -- an unsymbolized native frame shows its module and address.

@@ -9,7 +9,7 @@
 
 -- Each distinct frame once, over all stacks.
 -- @column frame_id     number of the frame in this database
--- @column frame_hash   64 bits of MD5 over all the columns below: equal frames have equal hashes
+-- @column frame_hash   DuckDB's hash of all the columns below (`frame_hash` in sql/stacks.sql): finds a stored frame by content
 -- @column kind         'python', 'native' or 'marker'
 -- @column function     Python qualified name or demangled C/C++ name; NULL for an unsymbolized native frame
 -- @column file         source file
@@ -54,10 +54,7 @@ CREATE TABLE stack_frame_rows (
 INSERT INTO frames
 SELECT
     (row_number() OVER (ORDER BY kind, function, file, line, first_line, module, address, exact, inlined, reason))::INTEGER,
-    md5_number_lower(concat_ws(chr(31), kind, coalesce(function, chr(0)), coalesce(file, chr(0)),
-        coalesce(CAST(line AS VARCHAR), chr(0)), coalesce(CAST(first_line AS VARCHAR), chr(0)),
-        coalesce(module, chr(0)), coalesce(module_key, chr(0)), coalesce(CAST(address AS VARCHAR), chr(0)),
-        coalesce(CAST(exact AS VARCHAR), chr(0)), CAST(inlined AS VARCHAR), coalesce(reason, chr(0)))),
+    hash(kind, function, file, line, first_line, module, module_key, address, exact, inlined, reason),
     kind, function, file, line, first_line, module, module_key, address, exact, inlined, reason
 FROM (
     SELECT DISTINCT kind, function, file, line, first_line, module, module_key, address, exact, inlined, reason

@@ -48,9 +48,9 @@ def store_frames(db: IngestDb, frames: pa.Table) -> np.ndarray:
             SELECT (SELECT coalesce(max(frame_id), 0) FROM frames) + row_number() OVER (ORDER BY frame_hash) AS frame_id,
                    * EXCLUDE (local)
             FROM (
-                SELECT * FROM ingest_frames i
-                WHERE NOT EXISTS (SELECT 1 FROM frames f WHERE f.frame_hash = i.frame_hash)
-                QUALIFY row_number() OVER (PARTITION BY frame_hash ORDER BY local) = 1
+                SELECT DISTINCT ON (frame_hash) * FROM ingest_frames i
+                ANTI JOIN frames f USING (frame_hash)
+                ORDER BY frame_hash, local
             )
             """
         )
