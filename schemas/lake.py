@@ -184,7 +184,7 @@ TABLES: dict[str, LakeTable] = {
         _table(
             "stack_frame_rows",
             CONTENT,
-            ("stack_id",),
+            ("stack_id", "depth"),
             [
                 ("stack_id", pa.int64()),
                 ("depth", pa.int32()),
