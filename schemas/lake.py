@@ -131,7 +131,7 @@ TABLES: dict[str, LakeTable] = {
         _table(
             "symbols",
             CONTENT,
-            ("module_key", "address", "exact"),
+            ("module_key", "address", "exact", "depth"),
             [
                 ("module_key", pa.string()),
                 ("address", pa.int64()),

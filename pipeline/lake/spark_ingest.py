@@ -49,6 +49,7 @@ from tbpipe.pipeline.lake.store import LakeError
 from tbpipe.schemas.lake import CONTENT, PARTITION, TABLES
 
 DEFAULT_SHARD_ADDRESSES = 200_000  # addresses of one module symbolized by one task, at most
+SHARD_CONF = "spark.tbpipe.symbolShardAddresses"  # --conf that sets it
 DEFAULT_COMPACT_FILES = 32  # an unpartitioned table with more files than this is rewritten
 
 
@@ -97,6 +98,7 @@ def spark_session(master: str | None = None, conf: dict[str, str] | None = None)
     settings = dict(JOB_CONF)
     if master.startswith("local"):
         settings.update(LOCAL_CONF)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -743,6 +745,8 @@ def ingest_runs_spark(roots: Sequence[Path], options: SparkIngestOptions, *, spa
     for key, value in JOB_CONF.items():
         if key not in options.conf:
             spark.conf.set(key, value)
+    if SHARD_CONF in options.conf:
+        options.shard_addresses = int(options.conf[SHARD_CONF])
     job = _Job(spark, options, rules)
     try:
         with job.step("prepare"):

@@ -1,0 +1,282 @@
+"""The lake: really captured runs ingested by a real local Spark (`tbpipe ingest --engine spark`) and
+by DuckDB (`tbpipe ingest --db`), read back by DuckDB and by Spark SQL, compared row for row.
+
+One SparkSession (local[2], no UI, loopback) serves the whole session; the Spark ingest itself runs
+once through the CLI (its own JVM) and once more in-process to show it adds nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TBPIPE
+from test_report import VERSION_1, capture_night, version_2
+
+from tbpipe.pipeline.db.connection import open_database, query_rows
+from tbpipe.pipeline.lake import ids, store
+from tbpipe.pipeline.lake.spark_ingest import SHARD_CONF
+
+SHARD_ADDRESSES = 2  # small: the libpython module's addresses are split over several tasks
+
+
+def spark_unavailable() -> str | None:
+    """Why PySpark cannot run here, or None. Only the interpreter is a reason: PySpark 4.3 (the
+    version the `spark` extra installs) needs CPython 3.11+; a missing package or Java is a setup
+    error the tests report by failing."""
+    if sys.version_info < (3, 11):
+        return f"PySpark 4.3 needs CPython 3.11 or newer; this is CPython {platform.python_version()}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def spark():
+    reason = spark_unavailable()
+    if reason:
+        pytest.skip(reason)
+    from tbpipe.pipeline.lake.spark_ingest import spark_session
+
+    session = spark_session("local[2]", {"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "2"})
+    yield session
+    session.stop()
+
+
+def tbpipe(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    full = dict(os.environ, COLUMNS="200", **(env or {}))
+    return subprocess.run([*TBPIPE, *args], capture_output=True, text=True, timeout=timeout, env=full)
+
+
+@pytest.fixture(scope="module")
+def nights(tmp_path_factory) -> Path:
+    """Three nights, two ranks each, captured with `tbpipe run` in checkouts of their own, and one
+    damaged copy of a run (its stacks part cut short) under a folder of its own."""
+    root = tmp_path_factory.mktemp("lake-nights")
+    capture_night(root, 1, VERSION_1, commit="c1")
+    capture_night(root, 2, VERSION_1, commit="c2")
+    capture_night(root, 3, version_2(), commit="c3")
+    source = sorted((root / "runs").iterdir())[0]
+    damaged = root / "runs" / "damaged" / (source.name + "-dmg")
+    shutil.copytree(source, damaged)
+    manifest = json.loads((damaged / "manifest.json").read_text())
+    manifest["run_id"] = damaged.name
+    (damaged / "manifest.json").write_text(json.dumps(manifest))
+    stacks = sorted(damaged.glob("stacks-*.parquet"))[0]
+    stacks.write_bytes(stacks.read_bytes()[: stacks.stat().st_size // 2])
+    return root
+
+
+@pytest.fixture(scope="module")
+def db(nights, symbol_cache) -> tuple[Path, str]:
+    path = nights / "tbpipe.duckdb"
+    result = tbpipe(
+        "ingest", str(nights / "runs"), "--db", str(path), "--no-progress",
+        env={"TBPIPE_CACHE_DIR": str(symbol_cache)},
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr  # 1: a run was quarantined
+    return path, result.stdout
+
+
+@pytest.fixture(scope="module")
+def spark_lake(nights, symbol_cache, spark) -> tuple[Path, str]:
+    """The lake built by `tbpipe ingest --engine spark` (its own local[2] Spark)."""
+    lake = nights / "lake"
+    result = tbpipe(
+        "ingest", str(nights / "runs"), "--engine", "spark", "--lake", str(lake), "--master", "local[2]",
+        "--cache-dir", str(symbol_cache), "--conf", "spark.sql.shuffle.partitions=4",
+        "--conf", f"{SHARD_CONF}={SHARD_ADDRESSES}",
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    return lake, result.stdout
+
+
+def duckdb_rows(path: Path, sql: str) -> list[tuple]:
+    con = open_database(path, read_only=True)
+    try:
+        return query_rows(con, sql)
+    finally:
+        con.close()
+
+
+def lake_rows(lake: Path, sql: str) -> list[tuple]:
+    con = store.connect(lake)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def _plain(value):
+    if isinstance(value, datetime.datetime):
+        return value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    if isinstance(value, list):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+def spark_rows(session, sql: str) -> list[tuple]:
+    return sorted((tuple(_plain(v) for v in row) for row in session.sql(sql).collect()), key=repr)
+
+
+def sorted_rows(rows: list[tuple]) -> list[tuple]:
+    return sorted((tuple(_plain(v) for v in row) for row in rows), key=repr)
+
+
+CALL_SITES = "SELECT * FROM call_sites"
+# Views compared across engines, without the columns that hold ids (the DuckDB file numbers them).
+VIEWS = {
+    "call_sites": CALL_SITES,
+    "kernel_launch_sites": "SELECT * FROM kernel_launch_sites",
+    "stack_tracebacks": "SELECT stack_key, frames, traceback FROM stack_tracebacks",
+    "events": "SELECT run_id, ts, thread_id, kind, name, CAST(attrs AS STRING) FROM events",
+    "stack_frames": "SELECT depth, slot, chain_depth, kind, function, file, line, module, module_key, address, exact, "
+    "inlined, reason, first_line FROM stack_frames",
+    "python_files": "SELECT * FROM python_files",
+}
+
+
+# ------------------------------------------------------------------------------------------ the acceptance checks
+
+
+def test_spark_call_sites_equal_duckdb_ingest(db, spark_lake, spark) -> None:
+    from tbpipe.pipeline.lake.sparksql import register_lake
+
+    expected = sorted_rows(duckdb_rows(db[0], CALL_SITES))
+    assert len(expected) > 20 and len({r[0] for r in expected}) == 6  # six runs landed
+    assert sorted_rows(lake_rows(spark_lake[0], CALL_SITES)) == expected  # DuckDB over the lake
+    register_lake(spark, spark_lake[0])
+    assert spark_rows(spark, CALL_SITES) == expected  # Spark SQL over the lake
+
+
+def test_views_equal_on_both_engines(db, spark_lake, spark) -> None:
+    from tbpipe.pipeline.lake.sparksql import register_lake
+
+    register_lake(spark, spark_lake[0])
+    for name, sql in VIEWS.items():
+        in_file = sorted_rows(duckdb_rows(db[0], sql.replace("AS STRING", "AS VARCHAR")))
+        assert in_file, name
+        assert sorted_rows(lake_rows(spark_lake[0], sql.replace("AS STRING", "AS VARCHAR"))) == in_file, name
+        assert spark_rows(spark, sql) == in_file, name
+
+
+def test_lake_ids_are_content_ids(spark_lake) -> None:
+    lake = spark_lake[0]
+    runs = lake_rows(lake, "SELECT run_id, run_number FROM runs")
+    assert all(number == ids.run_number(run_id) for run_id, number in runs)
+    stacks = lake_rows(lake, "SELECT stack_id, stack_hash FROM stacks")
+    assert all(int(ids.signed([h])[0]) == s for s, h in stacks)
+    sites = lake_rows(lake, "SELECT site_id, site_key FROM sites")
+    assert all(int(ids.site_ids([k])[0].as_py()) == i for i, k in sites)
+    # Events are numbered from 1 within their run, without gaps.
+    numbered = lake_rows(lake, "SELECT run_number, min(event_id), max(event_id), count(*) FROM event_rows GROUP BY ALL")
+    assert numbered and all(lo == 1 and hi == count for _run, lo, hi, count in numbered)
+
+
+def test_sharded_symbolization_equals_serial(db, spark_lake) -> None:
+    columns = "module_key, address, exact, depth, function, file, line, inlined, reason"
+    serial = sorted_rows(duckdb_rows(db[0], f"SELECT {columns} FROM symbols"))
+    sharded = sorted_rows(lake_rows(spark_lake[0], f"SELECT {columns} FROM symbols"))
+    assert sharded == serial
+    # The shard size really split a module: some module has more addresses than one shard takes.
+    per_module = lake_rows(spark_lake[0], "SELECT count(*) FROM symbols WHERE depth = 0 GROUP BY module_key")
+    assert max(n for (n,) in per_module) > 2 * SHARD_ADDRESSES
+    modules = "module_key, build_id, path, quality, reason, debug_file, found_via"
+    assert sorted_rows(lake_rows(spark_lake[0], f"SELECT {modules} FROM modules")) == sorted_rows(
+        duckdb_rows(db[0], f"SELECT {modules} FROM modules")
+    )
+
+
+def test_damaged_run_quarantined_others_land(db, spark_lake, nights) -> None:
+    duckdb_out, spark_out = db[1], spark_lake[1]
+    quarantined = [line for line in duckdb_out.splitlines() if line.startswith("quarantined ")]
+    assert len(quarantined) == 1 and "-dmg" in quarantined[0] and "unreadable Parquet" in quarantined[0]
+    assert [line for line in spark_out.splitlines() if line.startswith("quarantined ")] == quarantined
+    assert "runs ingested       │      6" in spark_out, spark_out
+    landed = {r[0] for r in lake_rows(spark_lake[0], "SELECT run_id FROM runs")}
+    assert landed == {r[0] for r in duckdb_rows(db[0], "SELECT run_id FROM runs")} and len(landed) == 6
+
+
+def _files(lake: Path) -> dict[str, int]:
+    return {
+        str(p.relative_to(lake)): p.stat().st_size
+        for p in lake.rglob("*")
+        if p.is_file() and not p.name.endswith(".crc") and p.name != "_SUCCESS"
+    }
+
+
+def test_rerun_adds_nothing(spark_lake, nights, symbol_cache, spark) -> None:
+    from tbpipe.pipeline.lake.spark_ingest import SparkIngestOptions, ingest_runs_spark
+
+    lake = spark_lake[0]
+    before = _files(lake)
+    counts = {t: lake_rows(lake, f"SELECT count(*) FROM {t}")[0][0] for t in ("runs", "event_rows", "frames", "stacks")}
+    options = SparkIngestOptions(lake=lake, cache_dir=symbol_cache, shard_addresses=SHARD_ADDRESSES)
+    summary = ingest_runs_spark([nights / "runs"], options, spark=spark)
+    assert summary.present == 6 and summary.ingested == 0 and len(summary.quarantined) == 1
+    assert _files(lake) == before
+    assert {t: lake_rows(lake, f"SELECT count(*) FROM {t}")[0][0] for t in counts} == counts
+
+
+@pytest.fixture(scope="module")
+def exported(db, nights) -> Path:
+    lake = nights / "exported"
+    result = tbpipe("lake", "export", "--db", str(db[0]), "--lake", str(lake))
+    assert result.returncode == 0, result.stderr
+    assert "6 runs" in result.stdout
+    return lake
+
+
+def test_export_equals_duckdb(db, exported) -> None:
+    for name, sql in VIEWS.items():
+        sql = sql.replace("AS STRING", "AS VARCHAR")
+        assert sorted_rows(lake_rows(exported, sql)) == sorted_rows(duckdb_rows(db[0], sql)), name
+
+
+def test_export_equals_spark_lake(db, exported, spark_lake, spark) -> None:
+    from tbpipe.pipeline.lake.sparksql import register_lake
+
+    # Content ids: the exported lake names everything as the Spark-built one does.
+    for table, key in (
+        ("stacks", "stack_id"),
+        ("frames", "frame_id"),
+        ("sites", "site_id"),
+        ("event_names", "name_id"),
+    ):
+        query = f"SELECT {key} FROM {table}"
+        assert sorted_rows(lake_rows(exported, query)) == sorted_rows(lake_rows(spark_lake[0], query)), table
+    register_lake(spark, exported)
+    assert spark_rows(spark, CALL_SITES) == sorted_rows(duckdb_rows(db[0], CALL_SITES))
+
+
+def test_query_and_report_read_the_lake(db, spark_lake) -> None:
+    sql = "SELECT kind, name, site_key, sum(events) AS n FROM call_sites GROUP BY ALL ORDER BY ALL"
+    from_db = tbpipe("query", "--db", str(db[0]), "--format", "json", sql)
+    from_lake = tbpipe("query", "--lake", str(spark_lake[0]), "--format", "json", sql)
+    assert from_db.returncode == 0 and from_lake.returncode == 0, from_lake.stderr
+    assert json.loads(from_lake.stdout) == json.loads(from_db.stdout) and json.loads(from_db.stdout)
+    args = ["report", "--format", "json", "--candidate", "commit=c3", "--baseline", "commit=c2"]
+    report_db = tbpipe(*args, "--db", str(db[0]))
+    report_lake = tbpipe(*args, "--lake", str(spark_lake[0]))
+    assert report_db.returncode == 0 and report_lake.returncode == 0, report_lake.stderr
+    db_json, lake_json = json.loads(report_db.stdout), json.loads(report_lake.stdout)
+    assert lake_json["sites"] == db_json["sites"] and any(s["change"] == "new" for s in db_json["sites"])
+    missing = tbpipe("query", "--lake", str(spark_lake[0].parent / "no-lake"), "SELECT 1")
+    assert missing.returncode == 2 and "not a tbpipe lake" in missing.stderr
+
+
+def test_spark_sql_translation_is_spark_sql() -> None:
+    """Every packaged view translates, and no DuckDB-only spelling is left in the Spark text."""
+    from tbpipe.pipeline.lake.sparksql import spark_views
+
+    views = dict(spark_views())
+    assert {"call_sites", "kernel_launch_sites", "stack_tracebacks", "events", "stack_frames"} <= set(views)
+    text = "\n".join(views.values())
+    for duckdb_only in ("ARG_MAX", "STRING_AGG", "REGEXP_MATCHES", "STARTS_WITH(", "frame_text(", "::"):
+        assert duckdb_only not in text, duckdb_only
+    assert "REGEXP_EXTRACT((module), '[^/]*$', 0)" in views["stack_tracebacks"]
