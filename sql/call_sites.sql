@@ -103,8 +103,12 @@ WITH per_site AS (
         c.name_id,
         s.site_id,
         sum(c.events) AS events,
-        arg_max(s.site_file, c.events) AS site_file,
-        arg_max(s.site_line, c.events) AS site_line,
+        -- The file and line of the stack with most events; among equals, the greatest (file, line),
+        -- so that both come from one stack and every engine picks the same.
+        arg_max(s.site_file, struct_pack(n := c.events, f := coalesce(s.site_file, ''), l := coalesce(s.site_line, -1)))
+            AS site_file,
+        arg_max(s.site_line, struct_pack(n := c.events, f := coalesce(s.site_file, ''), l := coalesce(s.site_line, -1)))
+            AS site_line,
         bool_or(s.site_is_user) AS site_is_user
     FROM event_counts c
     LEFT JOIN stack_sites s USING (stack_id)
