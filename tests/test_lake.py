@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import TBPIPE
 from test_report import VERSION_1, capture_night, version_2
@@ -69,6 +71,17 @@ def nights(tmp_path_factory) -> Path:
     (damaged / "manifest.json").write_text(json.dumps(manifest))
     stacks = sorted(damaged.glob("stacks-*.parquet"))[0]
     stacks.write_bytes(stacks.read_bytes()[: stacks.stat().st_size // 2])
+    # Another copy whose events carry attributes that are not JSON: readable, but refused by both.
+    garbled = root / "runs" / "damaged" / (source.name + "-json")
+    shutil.copytree(source, garbled)
+    manifest["run_id"] = garbled.name
+    (garbled / "manifest.json").write_text(json.dumps(manifest))
+    part = sorted(garbled.glob("events-*.parquet"))[0]
+    table = pq.read_table(part)
+    attrs = table["attrs"].to_pylist()
+    attrs[0] = "{not json"
+    table = table.set_column(table.schema.get_field_index("attrs"), table.schema.field("attrs"), pa.array(attrs))
+    pq.write_table(table, part, compression="zstd")
     return root
 
 
@@ -192,11 +205,21 @@ def test_sharded_symbolization_equals_serial(db, spark_lake) -> None:
     )
 
 
+def _quarantined(output: str) -> list[str]:
+    return sorted(line for line in output.splitlines() if line.startswith("quarantined "))
+
+
 def test_damaged_run_quarantined_others_land(db, spark_lake, nights) -> None:
     duckdb_out, spark_out = db[1], spark_lake[1]
-    quarantined = [line for line in duckdb_out.splitlines() if line.startswith("quarantined ")]
-    assert len(quarantined) == 1 and "-dmg" in quarantined[0] and "unreadable Parquet" in quarantined[0]
-    assert [line for line in spark_out.splitlines() if line.startswith("quarantined ")] == quarantined
+    quarantined, by_spark = _quarantined(duckdb_out), _quarantined(spark_out)
+    assert len(quarantined) == 2 == len(by_spark)
+    # A damaged part: the same reason, word for word.
+    assert "-dmg" in quarantined[0] and "unreadable Parquet" in quarantined[0]
+    assert by_spark[0] == quarantined[0]
+    # Attributes that are not JSON: the same reason up to the engine's own detail in brackets.
+    reason = "-json: events have attributes that are not JSON ("
+    assert reason in quarantined[1] and reason in by_spark[1]
+    assert quarantined[1].split(" (")[0] == by_spark[1].split(" (")[0]
     assert "runs ingested       │      6" in spark_out, spark_out
     landed = {r[0] for r in lake_rows(spark_lake[0], "SELECT run_id FROM runs")}
     assert landed == {r[0] for r in duckdb_rows(db[0], "SELECT run_id FROM runs")} and len(landed) == 6
@@ -218,7 +241,7 @@ def test_rerun_adds_nothing(spark_lake, nights, symbol_cache, spark) -> None:
     counts = {t: lake_rows(lake, f"SELECT count(*) FROM {t}")[0][0] for t in ("runs", "event_rows", "frames", "stacks")}
     options = SparkIngestOptions(lake=lake, cache_dir=symbol_cache, shard_addresses=SHARD_ADDRESSES)
     summary = ingest_runs_spark([nights / "runs"], options, spark=spark)
-    assert summary.present == 6 and summary.ingested == 0 and len(summary.quarantined) == 1
+    assert summary.present == 6 and summary.ingested == 0 and len(summary.quarantined) == 2
     assert _files(lake) == before
     assert {t: lake_rows(lake, f"SELECT count(*) FROM {t}")[0][0] for t in counts} == counts
 
