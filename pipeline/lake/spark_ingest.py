@@ -232,7 +232,7 @@ class _Job:
         import uuid
 
         target = self.staging / f"add-{uuid.uuid4().hex}"
-        frame.coalesce(self._files_for(frame)).write.mode("overwrite").parquet(str(target))
+        frame.coalesce(self._files()).write.mode("overwrite").parquet(str(target))
         added = 0
         for path in store.data_files(target):
             rows = pq.read_metadata(path).num_rows
@@ -243,7 +243,8 @@ class _Job:
         shutil.rmtree(target, ignore_errors=True)
         return added
 
-    def _files_for(self, frame: Any) -> int:
+    def _files(self) -> int:
+        """Files per append: one per core the job has, up to 8 (compaction merges them later)."""
         return max(1, min(8, self.spark.sparkContext.defaultParallelism))
 
     def compact(self, name: str) -> None:
@@ -265,7 +266,7 @@ class _Job:
         if replaced and store.data_files(directory):
             keep = self.read_table(name).where(~self._col("run_id").isin(replaced))
             target = self.staging / f"replace-{name}"
-            keep.unionByName(frame.select(*columns)).coalesce(self._files_for(frame)).write.mode("overwrite").parquet(
+            keep.unionByName(frame.select(*columns)).coalesce(self._files()).write.mode("overwrite").parquet(
                 str(target)
             )
             store.swap_in(target, directory)
@@ -766,7 +767,7 @@ def ingest_runs_spark(roots: Sequence[Path], options: SparkIngestOptions, *, spa
                 run["status"],
                 run_id=run["run_id"],
                 complete=run["complete"],
-                events=run["events"] or 0 if run["status"] in ("ingested", "updated") else 0,
+                events=(run["events"] or 0) if run["status"] in ("ingested", "updated") else 0,
                 new_stacks=new_stacks.get(run["run_number"], 0) if run["status"] in ("ingested", "updated") else 0,
                 reason=run["reason"],
                 notes=list(run["notes"] or []),
