@@ -439,9 +439,9 @@ class _Job:
         grouped = laid.groupBy(PARTITION).cogroup(needed.groupBy("owner"))
         return self.stage("built", grouped.applyInArrow(build_group, spark_schema(schema)))
 
-    def events(self, ready_runs: list[dict[str, Any]], prepared: Any) -> tuple[Any, Any, dict[int, int]]:
-        """(event rows, name rows) of the ready runs, and the count of events whose attributes are
-        not JSON, per run."""
+    def events(self, ready_runs: list[dict[str, Any]], prepared: Any) -> tuple[Any, Any, Any, dict[int, int]]:
+        """(event rows, name rows, event counts) of the ready runs, and the count of events whose
+        attributes are not JSON, per run."""
         from pyspark.sql import functions as F
 
         files = [
@@ -450,7 +450,7 @@ class _Job:
             for path, first in zip(run["event_files"], run["event_first"])
         ]
         if not files:
-            return None, None, {}
+            return None, None, None, {}
         raw_schema = "ts long, thread_id long, kind string, name string, stack_id decimal(20,0), attrs string"
         paths = [os.path.abspath(f[0]) for f in files]
         reader = self.spark.read.schema(raw_schema).parquet(*paths)
@@ -463,12 +463,20 @@ class _Job:
         events = reader.select("*", local.alias("local_path"), F.col("_metadata.row_index").alias("row_index")).join(
             F.broadcast(file_map), "local_path"
         )
+        # The raw stack id is a uint64 (a DECIMAL(20, 0) to Spark): its bits as a signed long.
+        signed = F.expr(
+            "CAST(CASE WHEN stack_id >= 9223372036854775808BD THEN stack_id - 18446744073709551616BD "
+            "ELSE stack_id END AS BIGINT)"
+        )
+        events = events.withColumn("raw_id", signed)
+        # One pass over (run, kind, name, raw stack): the names, the attributes that are not JSON,
+        # and (re-keyed below) the event counts.
         bad_json = F.col("attrs").isNotNull() & F.try_parse_json(F.col("attrs")).isNull()
-        names = events.groupBy(PARTITION, "kind", "name").agg(
+        grouped = events.groupBy(PARTITION, "kind", "name", "raw_id").agg(
             F.count(F.lit(1)).alias("events"), F.sum(bad_json.cast("long")).alias("bad")
         )
-        names = self.stage("names", names, partition=None)
-        bad = {row[0]: row[1] for row in names.groupBy(PARTITION).agg(F.sum("bad")).collect() if row[1]}
+        grouped = self.stage("names", grouped, partition=None)
+        bad = {row[0]: row[1] for row in grouped.groupBy(PARTITION).agg(F.sum("bad")).collect() if row[1]}
 
         def name_ids(batches):
             for batch in batches:
@@ -478,20 +486,14 @@ class _Job:
                     names=["name_id", "kind", "name"],
                 )
 
-        distinct = names.select("kind", "name").distinct()
+        distinct = grouped.select("kind", "name").distinct()
         name_rows = self.stage(
             "name_ids", distinct.mapInArrow(name_ids, spark_schema(TABLES["event_names"].schema)), None
         )
-        raw = prepared.where(F.col("part") == "stack").select("stack.*")
-        # The raw stack id is a uint64 (a DECIMAL(20, 0) to Spark): its bits as a signed long.
-        signed = F.expr(
-            "CAST(CASE WHEN stack_id >= 9223372036854775808BD THEN stack_id - 18446744073709551616BD "
-            "ELSE stack_id END AS BIGINT)"
-        )
+        raw = prepared.where(F.col("part") == "stack").select("stack.*").withColumnRenamed("stack_id", "lake_stack_id")
         rows = (
-            events.withColumn("raw_id", signed)
-            .join(F.broadcast(name_rows), ["kind", "name"])
-            .join(raw.withColumnRenamed("stack_id", "lake_stack_id"), [PARTITION, "raw_id"], "left")
+            events.join(F.broadcast(name_rows), ["kind", "name"])
+            .join(raw, [PARTITION, "raw_id"], "left")
             .select(
                 (F.col("first") + F.col("row_index") + 1).alias("event_id"),
                 F.col(PARTITION),
@@ -502,7 +504,13 @@ class _Job:
                 F.col("attrs"),
             )
         )
-        return rows, name_rows, bad
+        counts = (
+            grouped.join(F.broadcast(name_rows), ["kind", "name"])
+            .join(raw, [PARTITION, "raw_id"], "left")
+            .groupBy(PARTITION, "name_id", F.col("lake_stack_id").alias("stack_id"))
+            .agg(F.sum("events").alias("events"))
+        )
+        return rows, name_rows, counts, bad
 
     def load(self, prepared: Any, ready_runs: list[dict[str, Any]], summary: IngestSummary) -> dict[int, int]:
         """Everything after `prepare` for the runs to load; returns new stacks per run. Runs whose
@@ -511,7 +519,7 @@ class _Job:
 
         spark, lake = self.spark, self.lake
         with self.step("names and attributes"):
-            events, names, bad = self.events(ready_runs, prepared)
+            events, names, counts, bad = self.events(ready_runs, prepared)
         if bad:
             # Attributes that are not JSON quarantine the run, as DuckDB's JSON column does.
             for run in ready_runs:
@@ -524,6 +532,7 @@ class _Job:
             ready_runs = [r for r in ready_runs if r["status"] != "quarantined"]
             if events is not None:
                 events = events.where(~F.col(PARTITION).isin(list(bad)))
+                counts = counts.where(~F.col(PARTITION).isin(list(bad)))
         ready = spark.createDataFrame(
             [(r["run_number"], r["path"]) for r in ready_runs], "run_number long, path string"
         )
@@ -558,18 +567,12 @@ class _Job:
                 rows = events.repartition(PARTITION).sortWithinPartitions(PARTITION, "event_id")
                 rows.write.mode("overwrite").partitionBy(PARTITION).parquet(str(store.table_dir(lake, "event_rows")))
             with self.step("count events"):
-                written = self.read_table("event_rows").join(ready, PARTITION, "left_semi")
-                counts = written.groupBy(PARTITION, "name_id", "stack_id").agg(F.count(F.lit(1)).alias("events"))
+                counts = self.stage("counts", counts.select(*TABLES["event_counts"].schema.names), partition=None)
                 counts.repartition(PARTITION).write.mode("overwrite").partitionBy(PARTITION).parquet(
                     str(store.table_dir(lake, "event_counts"))
                 )
                 counts_by_run = {
-                    row[0]: row[1]
-                    for row in self.read_table("event_counts")
-                    .join(ready, PARTITION, "left_semi")
-                    .groupBy(PARTITION)
-                    .agg(F.count_distinct("stack_id"))
-                    .collect()
+                    row[0]: row[1] for row in counts.groupBy(PARTITION).agg(F.count_distinct("stack_id")).collect()
                 }
         with self.step("write runs"):
             replaced = [r["run_id"] for r in ready_runs if r["status"] == "updated"]
