@@ -46,7 +46,7 @@ CREATE OR REPLACE MACRO stack_sites_from(first_stack_id) AS TABLE
 WITH user_frames AS (
     SELECT f.stack_id, min(f.depth) AS depth
     FROM stack_frames f
-    JOIN python_files p ON p.file = f.file AND p.is_user
+    JOIN python_files_from(first_stack_id) p ON p.file = f.file AND p.is_user
     WHERE f.kind = 'python' AND f.stack_id >= first_stack_id
     GROUP BY f.stack_id
 ), picked AS (

@@ -163,6 +163,33 @@ def test_site_keys_name_file_function_and_line_offset(workload_db) -> None:
     assert keys and all(len(k) == 16 for (k,) in keys)
 
 
+def test_sites_of_new_stacks_equal_the_sql_definition(workload_db, tmp_path) -> None:
+    # The ingest sites new stacks from their frames in memory; `stack_sites_from` (SQL) is the
+    # definition, used when every stack is sited again. Both must give every stack the same site.
+    import shutil as _shutil
+
+    from tbpipe.pipeline.db.ingest.siting import site_stacks
+    from tbpipe.pipeline.db.ingest.tables import IngestDb
+
+    copy = tmp_path / "copy.duckdb"
+    _shutil.copy(workload_db, copy)
+    query = (
+        "SELECT s.stack_id, s.site_depth, s.site_kind, s.site_is_user, s.site_file, s.site_line, t.site_key, "
+        "t.portable_file, t.line_offset FROM stack_sites s LEFT JOIN sites t USING (site_id) ORDER BY s.stack_id"
+    )
+    before = rows(copy, query)
+    con = open_database(copy)
+    try:
+        con.execute("BEGIN TRANSACTION")
+        site_stacks(IngestDb(con), from_stack=None)
+        con.execute("COMMIT")
+    finally:
+        con.close()
+    after = rows(copy, query)
+    assert len(before) == rows(copy, "SELECT count(*) FROM stacks")[0][0] > 3
+    assert before == after
+
+
 def test_user_code_rule_changes_sites(workload_db, symbol_cache, library) -> None:
     here = __file__
     library_file = library.__file__

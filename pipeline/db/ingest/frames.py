@@ -15,14 +15,19 @@ from tbpipe.pipeline.db.ingest.tables import IngestDb
 from tbpipe.pipeline.stacks import layout
 
 
-def insert_frame_rows(db: IngestDb, frames: layout.Frames) -> None:
-    """`stack_frame_rows` of laid-out stacks, adding to `frames` the frames the database lacks."""
-    frame_ids = store_frames(db, frames.frames)
-    rows = frames.rows
-    local = rows["frame"].to_numpy()
+def insert_frame_rows(
+    db: IngestDb, frames: layout.Frames, rows: np.ndarray | None = None, used: np.ndarray | None = None
+) -> None:
+    """`stack_frame_rows` of laid-out stacks (`rows` of them, all by default), adding to `frames` those
+    of their frames (`used`, the distinct frames those rows refer to) that the database lacks."""
+    table = frames.rows if rows is None else frames.rows.take(pa.array(rows))
+    used = np.arange(frames.frames.num_rows) if used is None else used
+    frame_ids = np.full(frames.frames.num_rows, -1, dtype=np.int64)
+    frame_ids[used] = store_frames(db, frames.frames.take(pa.array(used)))
+    local = table["frame"].to_numpy()
     db.insert(
         "INSERT INTO stack_frame_rows BY NAME SELECT * FROM {}",
-        rows.set_column(rows.column_names.index("frame"), "frame_id", pa.array(frame_ids[local], pa.int32())),
+        table.set_column(table.column_names.index("frame"), "frame_id", pa.array(frame_ids[local], pa.int32())),
     )
 
 
