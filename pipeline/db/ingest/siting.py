@@ -81,12 +81,12 @@ def site_stacks(db: IngestDb, from_stack: int | None) -> None:
 def sites_of_laid_out(db: IngestDb, frames: Any, stack_ids: np.ndarray, portable: dict[str, str]) -> pa.Table:
     """`stack_sites_from`'s answer for freshly laid-out stacks, computed from their frames in memory.
 
-    The same rule as the SQL (which the ingest uses to site every stack again when the rules
-    change, and the tests hold the two equal): the innermost Python frame of a user file, else the
-    innermost symbolized frame; the key by `site_identity_key`. Only the distinct files are
-    classified and the distinct site frames keyed in DuckDB, so a batch of small runs is sited
-    without scanning the stored frames. `stack_ids` are the stacks to site (increasing; a stack
-without frames has no site), `portable` names the frames' Python files.
+        The same rule as the SQL (which the ingest uses to site every stack again when the rules
+        change, and the tests hold the two equal): the innermost Python frame of a user file, else the
+        innermost symbolized frame; the key by `site_identity_key`. Only the distinct files are
+        classified and the distinct site frames keyed in DuckDB, so a batch of small runs is sited
+        without scanning the stored frames. `stack_ids` are the stacks to site (increasing; a stack
+    without frames has no site), `portable` names the frames' Python files.
     """
     rows, table = frames.rows, frames.frames
     frame_of_row = rows["frame"].to_numpy()
