@@ -97,19 +97,6 @@ FROM located;
 -- @column site_portable_file  Python site: its file relative to its import root
 -- @column site_is_user        true when the site is a user frame
 CREATE OR REPLACE VIEW call_sites AS
-WITH per_site AS (
-    SELECT
-        c.run_number,
-        c.name_id,
-        s.site_id,
-        sum(c.events) AS events,
-        arg_max(s.site_file, c.events) AS site_file,
-        arg_max(s.site_line, c.events) AS site_line,
-        bool_or(s.site_is_user) AS site_is_user
-    FROM event_counts c
-    LEFT JOIN stack_sites s USING (stack_id)
-    GROUP BY c.run_number, c.name_id, s.site_id
-)
 SELECT
     r.run_id,
     n.kind,
@@ -121,7 +108,7 @@ SELECT
     t.site_key,
     t.portable_file AS site_portable_file,
     p.site_is_user
-FROM per_site p
+FROM site_counts p
 JOIN runs r USING (run_number)
 JOIN event_names n USING (name_id)
 LEFT JOIN sites t USING (site_id);

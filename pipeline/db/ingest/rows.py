@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tbpipe.pipeline.db.connection import query_value
-from tbpipe.pipeline.db.ingest.frames import insert_frame_rows
+from tbpipe.pipeline.db.ingest.frames import FrameIds, insert_frame_rows
 from tbpipe.pipeline.db.ingest.symbols import upsert_module_statuses
 from tbpipe.pipeline.db.ingest.tables import IngestDb, sql_text
 from tbpipe.pipeline.stacks import layout
@@ -65,10 +65,13 @@ class Batch:
     statuses: pa.Table | None = None  # `modules` rows of the modules just symbolized
     slot_keys: pa.Table | None = None  # stack_id, module_key, address, exact of the new stacks' native slots
     sites: pa.Table | None = None  # the new stacks' sites, shaped like `stack_sites_from`
+    frame_ids: FrameIds | None = None  # database ids of the layout's frames
+    frame_first_run: np.ndarray | None = None  # per layout frame: the first run whose new stacks use it
     # Python files of the new frames that the database does not name yet: (portable, root, first run index)
     new_files: dict[str, tuple[str, str | None, int]] = field(default_factory=dict)
 
     _symbol_runs: np.ndarray | None = None
+    _row_runs: np.ndarray | None = None  # per layout row: the run that brings its stack in
 
     @property
     def event_files(self) -> list[tuple[int, Path, int]]:
@@ -86,9 +89,10 @@ class Batch:
         order = self.new_order[self.run_of_stack[self.new_order] == index]
         rows = frames = None
         if self.frames is not None and len(order):
-            row_stacks = self.frames.rows["stack_id"].to_numpy()
-            rows = np.flatnonzero(self.runs_of_new_stacks(row_stacks) == index)
-            frames = np.unique(self.frames.rows["frame"].to_numpy()[rows])
+            if self._row_runs is None:
+                self._row_runs = self.runs_of_new_stacks(self.frames.rows["stack_id"].to_numpy())
+            rows = np.flatnonzero(self._row_runs == index)
+            frames = np.flatnonzero(self.frame_ids.new & (self.frame_first_run == index))
         symbols = statuses = None
         if self.symbols is not None and self.symbols.num_rows:
             mine = pa.array(self._first_runs_of_symbols() == index)
@@ -128,7 +132,7 @@ class RunPart:
     index: int  # the run's index in the batch
     new_order: np.ndarray  # flat stack indices of the stacks it brings in, by stack id
     rows: np.ndarray | None  # rows of `Batch.frames.rows` of those stacks
-    frames: np.ndarray | None  # rows of `Batch.frames.frames` those rows use
+    frames: np.ndarray | None  # rows of `Batch.frames.frames` to store: new frames this run uses first
     symbols: pa.Table | None  # new `symbols` rows it is the first to need
     statuses: pa.Table | None  # `modules` rows of the modules of those symbols
 
@@ -168,24 +172,28 @@ def insert_modules(db: IngestDb, run: PreparedRun, statuses: pa.Table | None) ->
     """`run_modules` rows of the run, and a `modules` row for every module the database lacks."""
     if statuses is not None and statuses.num_rows:
         upsert_module_statuses(db, statuses)
-    db.insert(
-        f"INSERT INTO run_modules BY NAME SELECT {sql_text(run.run_id)} AS run_id, module_index, module_key, path, "
-        "load_bias, exec_ranges FROM {}",
-        run.flat.modules,
-    )
-    # Every module a run loaded has a row, even one none of whose addresses needed symbols yet.
-    db.con.execute(
-        """
-        INSERT INTO modules BY NAME
-        SELECT module_key, any_value(path) AS path,
-               CASE WHEN NOT starts_with(module_key, 'path:') AND NOT starts_with(module_key, 'invalid:')
-                    THEN module_key END AS build_id
-        FROM run_modules r
-        WHERE run_id = ? AND NOT EXISTS (SELECT 1 FROM modules m WHERE m.module_key = r.module_key)
-        GROUP BY module_key
-        """,
-        [run.run_id],
-    )
+    db.register("ingest_run_modules", run.flat.modules)
+    try:
+        db.con.execute(
+            f"""
+            INSERT INTO run_modules BY NAME
+            SELECT {sql_text(run.run_id)} AS run_id, module_index, module_key, path, load_bias, exec_ranges
+            FROM ingest_run_modules
+            """
+        )
+        # Every module a run loaded has a row, even one none of whose addresses needed symbols yet.
+        db.con.execute(
+            """
+            INSERT INTO modules BY NAME
+            SELECT module_key, any_value(path) AS path,
+                   CASE WHEN NOT starts_with(module_key, 'path:') AND NOT starts_with(module_key, 'invalid:')
+                        THEN module_key END AS build_id
+            FROM ingest_run_modules ANTI JOIN modules USING (module_key)
+            GROUP BY module_key
+            """
+        )
+    finally:
+        db.unregister("ingest_run_modules")
 
 
 def insert_stacks(db: IngestDb, batch: Batch, part: RunPart) -> None:
@@ -214,7 +222,7 @@ def insert_stacks(db: IngestDb, batch: Batch, part: RunPart) -> None:
     )
     run_id = batch.runs[part.index].run_id
     db.insert(f"INSERT INTO stacks BY NAME SELECT *, {sql_text(run_id)} AS first_run_id FROM {{}}", stacks)
-    insert_frame_rows(db, frames, part.rows, part.frames)
+    insert_frame_rows(db, frames, batch.frame_ids, part.rows, part.frames)
 
 
 def insert_events(db: IngestDb, batch: Batch, index: int) -> None:

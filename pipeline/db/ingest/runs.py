@@ -33,10 +33,12 @@ from tbpipe.pipeline.db.connection import (
     resolve_db_path,
 )
 from tbpipe.pipeline.db.ingest import rows as run_rows
+from tbpipe.pipeline.db.ingest.frames import resolve_frames
 from tbpipe.pipeline.db.ingest.outcomes import IngestOptions, IngestSummary, RunOutcome, UnsymbolizedGroup
 from tbpipe.pipeline.db.ingest.rows import Batch, PreparedRun
 from tbpipe.pipeline.db.ingest.siting import (
     backfill_site_identity,
+    count_sites,
     import_roots,
     parse_user_code,
     portable_file,
@@ -215,7 +217,7 @@ class RunLoader:
             )
             if numbers:
                 run.run_number = numbers[0][0]
-                for table in ("event_counts", "event_rows"):
+                for table in ("event_counts", "event_rows", "site_counts"):
                     con.execute(f"DELETE FROM {table} WHERE run_number = ?", [run.run_number])
                 for table in ("run_modules", "runs"):
                     con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run.run_id])
@@ -233,6 +235,7 @@ class RunLoader:
                     db, batch.sites.filter(pc.is_in(batch.sites["stack_id"], pa.array(batch.new_ids[part.new_order])))
                 )
             run_rows.insert_events(db, batch, index)
+            count_sites(db, run.run_number)
             run_rows.insert_run(db, run)
             _before_commit(run.run_id)
         self._loaded[run.run_id] = (bool(run.manifest.get("complete")), run.fingerprint)
@@ -274,6 +277,10 @@ class RunLoader:
             )
             batch.frames = layout.expand(slots, known)
             batch.problems = shapes.problem
+            batch.frame_ids = resolve_frames(self.db, batch.frames.frames)
+            row_run = batch.runs_of_new_stacks(batch.frames.rows["stack_id"].to_numpy())
+            batch.frame_first_run = np.full(batch.frames.frames.num_rows, len(runs), dtype=np.int64)
+            np.minimum.at(batch.frame_first_run, batch.frames.rows["frame"].to_numpy(), row_run)
             portable = self._name_source_files(batch)
             batch.sites = sites_of_laid_out(self.db, batch.frames, new_ids[new_order], portable)
         return batch
@@ -373,10 +380,7 @@ class RunLoader:
                 self.db.con, "SELECT file, portable_file FROM source_files WHERE list_contains(?, file)", [wanted]
             )
         )
-        # The first run (in batch order) whose new stacks' rows use each frame.
-        row_run = batch.runs_of_new_stacks(frames.rows["stack_id"].to_numpy())
-        first_run = np.full(frames.frames.num_rows, len(batch.runs), dtype=np.int64)
-        np.minimum.at(first_run, frames.rows["frame"].to_numpy(), row_run)
+        first_run = batch.frame_first_run
         roots_of: dict[int, list[str]] = {}
         for frame, (kind, file) in enumerate(zip(kinds, files)):
             if kind != "python" or file is None or file in known:

@@ -76,6 +76,25 @@ def site_stacks(db: IngestDb, from_stack: int | None) -> None:
         _insert_sites(con)
     finally:
         con.execute("DROP TABLE IF EXISTS temp.ingest_sites")
+    if from_stack is None:
+        con.execute("DELETE FROM site_counts")
+        count_sites(db, None)
+
+
+def count_sites(db: IngestDb, run_number: int | None) -> None:
+    """`site_counts` of one run (all runs with None) from its `event_counts` and the stacks' sites."""
+    db.con.execute(
+        f"""
+        INSERT INTO site_counts BY NAME
+        SELECT c.run_number, c.name_id, s.site_id, sum(c.events) AS events, arg_max(s.site_file, c.events) AS site_file,
+               arg_max(s.site_line, c.events) AS site_line, bool_or(s.site_is_user) AS site_is_user
+        FROM event_counts c
+        LEFT JOIN stack_sites s USING (stack_id)
+        {"WHERE c.run_number = ?" if run_number is not None else ""}
+        GROUP BY c.run_number, c.name_id, s.site_id
+        """,
+        [run_number] if run_number is not None else [],
+    )
 
 
 def sites_of_laid_out(db: IngestDb, frames: Any, stack_ids: np.ndarray, portable: dict[str, str]) -> pa.Table:
