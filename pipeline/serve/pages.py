@@ -146,7 +146,7 @@ def history_chart(runs: list[dict[str, Any]]) -> str:
         return ""
     shown = runs[-60:]
     width, height, gap = 720, 90, 2
-    bar = max(2.0, (width - gap * len(shown)) / len(shown))
+    bar = min(24.0, max(2.0, (width - gap * len(shown)) / len(shown)))
     largest = max(r["events"] for r in shown) or 1
     parts = []
     for i, entry in enumerate(shown):

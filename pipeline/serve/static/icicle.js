@@ -129,8 +129,9 @@
       });
       element.dataset.focus = focus.node.name;
       element.dataset.focusDepth = focus.depth;
+      var names = chain.slice().reverse().map(function (i) { return items[i].node.name; });
       crumb.textContent = chain.length > 1
-        ? chain.slice().reverse().map(function (i) { return items[i].node.name; }).join(" \u203a ")
+        ? (names.length > 5 ? "\u2026 \u203a " : "") + names.slice(-5).join(" \u203a ")
         : "click a box to zoom";
     }
     reset.addEventListener("click", function () { zoom(items[0]); });
