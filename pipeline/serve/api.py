@@ -53,8 +53,11 @@ def runs(
     offset: Offset = 0,
     order: Annotated[str, Query(pattern="^(newest|oldest)$", description="newest or oldest first.")] = "newest",
 ) -> dict[str, Any]:
-    with service_of(request).database.read() as cursor:
-        return queries.runs_page(cursor, parse_labels(label), complete, limit, offset, order == "newest")
+    database = service_of(request).database
+    with database.read() as cursor:
+        return queries.runs_page(
+            cursor, parse_labels(label), complete, limit, offset, order == "newest", database.state_key()
+        )
 
 
 @router.get("/labels", summary="Every label key of the runs with its values")

@@ -154,6 +154,11 @@ class ServedDatabase:
             self._problem = str(error)
             log.error("cannot reopen the database: %s", error)
 
+    def state_key(self) -> tuple | None:
+        """What identifies the data readers see now, for results kept between requests: None while
+        an ingest writes (each of its commits changes the data)."""
+        return (str(self.path), self.generation) if self.mode == LOCKED else None
+
     # ------------------------------------------------------------------ readers
 
     @contextlib.contextmanager

@@ -110,7 +110,9 @@ def runs_page(
 ) -> HTMLResponse:
     labels = parse_labels([item for item in label or [] if item])
     with service_of(request).database.read() as cursor:
-        page = queries.runs_page(cursor, labels, None, PAGE_RUNS, offset)
+        page = queries.runs_page(
+            cursor, labels, None, PAGE_RUNS, offset, generation=service_of(request).database.state_key()
+        )
         values = queries.label_values(cursor)
     kinds = sorted({k for run in page["runs"] for k in run["counts"]})
 

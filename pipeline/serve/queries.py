@@ -28,29 +28,49 @@ def _run_json(run: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def counts_by_kind(cursor: Any, run_ids: list[str]) -> dict[str, dict[str, int]]:
-    """{run_id: {kind: events}} for the given runs."""
+_COUNTS: dict[tuple, dict[str, dict[str, int]]] = {}
+
+
+def counts_by_kind(cursor: Any, run_ids: list[str], generation: tuple | None = None) -> dict[str, dict[str, int]]:
+    """{run_id: {kind: events}} for the given runs; with `generation` (what identifies the database's
+    state), every run's counts are computed once per state and kept."""
+    if generation is not None:
+        every = _COUNTS.get(generation)
+        if every is None:
+            _COUNTS.clear()
+            every = _COUNTS[generation] = _counts(cursor, None)
+        return {run_id: every.get(run_id, {}) for run_id in run_ids}
+    return _counts(cursor, run_ids)
+
+
+def _counts(cursor: Any, run_ids: list[str] | None) -> dict[str, dict[str, int]]:
     rows = query_rows(
         cursor,
-        """
+        f"""
         SELECT r.run_id, n.kind, sum(c.events)::BIGINT
         FROM event_counts c
         JOIN event_names n USING (name_id)
         JOIN runs r USING (run_number)
-        WHERE c.run_number IN (SELECT run_number FROM runs WHERE list_contains(?, run_id))
+        {"WHERE c.run_number IN (SELECT run_number FROM runs WHERE list_contains(?, run_id))" if run_ids is not None else ""}
         GROUP BY ALL
         ORDER BY 1, 3 DESC
         """,
-        [run_ids],
+        [run_ids] if run_ids is not None else None,
     )
-    out: dict[str, dict[str, int]] = {run_id: {} for run_id in run_ids}
+    out: dict[str, dict[str, int]] = {run_id: {} for run_id in run_ids or []}
     for run_id, kind, events in rows:
-        out[run_id][kind] = events
+        out.setdefault(run_id, {})[kind] = events
     return out
 
 
 def runs_page(
-    cursor: Any, labels: dict[str, str], complete: bool | None, limit: int, offset: int, newest_first: bool = True
+    cursor: Any,
+    labels: dict[str, str],
+    complete: bool | None,
+    limit: int,
+    offset: int,
+    newest_first: bool = True,
+    generation: tuple | None = None,
 ) -> dict[str, Any]:
     runs = read.runs(cursor, labels)
     if complete is not None:
@@ -58,7 +78,7 @@ def runs_page(
     if newest_first:
         runs.reverse()
     page = [_run_json(r) for r in runs[offset : offset + limit]]
-    counts = counts_by_kind(cursor, [r["run_id"] for r in page]) if page else {}
+    counts = counts_by_kind(cursor, [r["run_id"] for r in page], generation) if page else {}
     for run in page:
         run["counts"] = counts.get(run["run_id"], {})
     return {"runs": page, "total": len(runs), "limit": limit, "offset": offset}
@@ -112,9 +132,40 @@ def run(cursor: Any, run_id: str) -> dict[str, Any]:
 def run_sites(
     cursor: Any, run_id: str, kind: str | None, name: str | None, limit: int, offset: int
 ) -> list[dict[str, Any]]:
-    if not _run_exists(cursor, run_id):
+    """A run's call sites, most events first: what `read.top_sites` gives for one run, reading only
+    that run's `event_counts` rows (the `call_sites` view would add up every run before filtering)."""
+    numbers = run_numbers(cursor, [run_id])
+    if not numbers:
         raise NotFoundError(f"no run {run_id!r} in the database (GET /api/runs lists them)")
-    return read.top_sites(cursor, kind, [run_id], limit, name=name, offset=offset)
+    where, params = ["c.run_number = ?"], [numbers[0]]
+    if kind is not None:
+        where.append("n.kind = ?")
+        params.append(kind)
+    if name is not None:
+        where.append("contains(lower(n.name), lower(?))")
+        params.append(name)
+    rows = query_rows(
+        cursor,
+        f"""
+        WITH per_site AS (
+            SELECT c.name_id, ss.site_id, sum(c.events)::BIGINT AS events,
+                   arg_max(ss.site_file, c.events) AS site_file, arg_max(ss.site_line, c.events) AS site_line
+            FROM event_counts c
+            JOIN event_names n USING (name_id)
+            LEFT JOIN stack_sites ss USING (stack_id)
+            WHERE {" AND ".join(where)}
+            GROUP BY c.name_id, ss.site_id
+            ORDER BY events DESC, c.name_id, ss.site_id
+            LIMIT {int(limit)} OFFSET {int(offset)}
+        )
+        SELECT n.kind, n.name, t.function, coalesce(t.portable_file, p.site_file), p.site_line, t.site_key, p.events
+        FROM per_site p JOIN event_names n USING (name_id) LEFT JOIN sites t USING (site_id)
+        ORDER BY p.events DESC, n.name, t.site_key
+        """,
+        params,
+    )
+    keys = ("kind", "name", "site_function", "site_file", "site_line", "site_key", "events")
+    return [dict(zip(keys, row)) for row in rows]
 
 
 def _run_exists(cursor: Any, run_id: str) -> bool:
