@@ -61,6 +61,7 @@ bench: install
 	$(VENV)/bin/python bench/symbolize.py
 	$(VENV)/bin/python bench/ingest.py
 	$(VENV)/bin/python bench/report.py
+	$(VENV)/bin/python bench/serve.py
 	$(VENV)/bin/python bench/torch_overhead.py
 
 clean:
