@@ -1,0 +1,254 @@
+"""Chrome trace JSON (the Trace Event Format PyTorch's profiler writes; Perfetto UI and chrome://tracing open it).
+
+    {"displayTimeUnit": "ms", "otherData": {...},
+     "stackFrames": {"12:0": {"name": "launch (train.py:40)", "category": "python", "parent": "12:1"}, ...},
+     "traceEvents": [
+       {"name": "process_name", "ph": "M", "pid": 4242, "tid": 0, "args": {"name": "..."}},
+       {"name": "thread_name", "ph": "M", "pid": 4242, "tid": 4243, "args": {"name": "MainThread"}},
+       {"name": "gemm", "cat": "kernel_launch", "ph": "i", "s": "t", "ts": 1767225600000123,
+        "pid": 4242, "tid": 4243, "sf": "12:0",
+        "args": {"event_id": 7, "stack_id": 12, "site": "train.py:40:launch", "attrs": {...}}}, ...]}
+
+Every event is an instant event of its thread (`pid` the run's process id, `tid` the OS thread
+id; `ts` in microseconds since the Unix epoch, as recorded), named by the event's name with its
+kind as category. Its combined traceback is its stack frame `sf`: the format's `stackFrames`
+table holds each chosen stack once as a chain of frames (`"STACK:DEPTH"`, depth 0 innermost,
+each naming its caller as `parent`), so a stack costs its frames once however many events share
+it. `args` carries the event id, the stack id (`tbpipe show --stack ID`), the call site and the
+event's attributes; `traceback_args=True` also copies the whole traceback (innermost first)
+into every event's args, for viewers that show args but not `sf`, at the price of the
+traceback's size per event.
+
+Runs that share a process id get ids of their own above Linux's largest pid (2**22 + run
+number). The JSON text is assembled column-wise with Arrow, batch by batch, from the source's
+record batches; strings from the database go through `json.dumps` (event names, frames) or
+are JSON already (attributes).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, BinaryIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tbpipe.pipeline.export.frames import location_labels, stack_texts
+from tbpipe.pipeline.export.source import BATCH_ROWS, ExportSource
+
+_FAKE_PID_BASE = 1 << 22
+_STACKS_PER_CHUNK = 4096  # stacks whose frames are rendered at once (bounds the memory it takes)
+
+
+def _text(values: Any) -> pa.Array:
+    return pc.cast(values, pa.large_string())
+
+
+def _join(*parts: Any) -> pa.Array:
+    """Element-wise concatenation of string arrays and scalars (nulls must be filled before)."""
+    pieces = [pa.scalar(p, pa.large_string()) if isinstance(p, str) else p for p in parts]
+    return pc.binary_join_element_wise(*pieces, pa.scalar("", pa.large_string()))
+
+
+class _BackgroundWriter:
+    """Writes to `out` on a second thread, one write in flight, so writing a batch overlaps
+    rendering the next (both release the GIL); `write` returns once the previous write is done."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self._out = out
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tbpipe-export-write")
+        self._pending: Future | None = None
+
+    def write(self, data: Any, keep: Any = None) -> None:
+        """Writes `data` (bytes or a buffer; `keep` holds what owns the buffer until it is written)."""
+        self.wait()
+        self._pending = self._pool.submit(lambda: (self._out.write(data), keep))
+
+    def wait(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+
+
+class _JsonItems:
+    """Writes the items of one JSON array or object, comma-separated, straight from Arrow string buffers."""
+
+    def __init__(self, out: _BackgroundWriter) -> None:
+        self.out = out
+        self.count = 0
+
+    def write(self, values: pa.Array) -> None:
+        """`values`: the items' JSON texts (a large_string array without nulls)."""
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        if len(values) == 0:
+            return
+        if self.count == 0:
+            self.out.write(values[0].as_py().encode())
+            values = values.slice(1)
+            self.count = 1
+        if len(values):
+            self._write_buffer(_join(",\n", values))
+            self.count += len(values)
+
+    def write_texts(self, texts: list[str]) -> None:
+        self.write(pa.array(texts, pa.large_string()))
+
+    def _write_buffer(self, values: pa.Array) -> None:
+        offsets = np.frombuffer(values.buffers()[1], dtype=np.int64, count=len(values) + 1, offset=values.offset * 8)
+        data = values.buffers()[2]
+        self.out.write(memoryview(data)[int(offsets[0]) : int(offsets[-1])], keep=values)
+
+
+def process_ids(source: ExportSource) -> dict[int, int]:
+    """run_number -> the pid the trace shows for the run."""
+    seen = Counter(run.pid for run in source.runs)
+    return {
+        run.run_number: run.pid if run.pid is not None and seen[run.pid] == 1 else _FAKE_PID_BASE + run.run_number
+        for run in source.runs
+    }
+
+
+def _metadata(source: ExportSource, pids: dict[int, int]) -> list[str]:
+    runs = {run.run_number: run for run in source.runs}
+    events = []
+    for run in source.runs:
+        name = f"tbpipe run {run.run_id}" + (f" (pid {run.pid})" if run.pid is not None else "")
+        events.append(
+            {"name": "process_name", "ph": "M", "pid": pids[run.run_number], "tid": 0, "args": {"name": name}}
+        )
+    for run_number, thread_id in source.event_threads():
+        name = runs[run_number].threads.get(thread_id) or f"thread {thread_id}"
+        events.append(
+            {"name": "thread_name", "ph": "M", "pid": pids[run_number], "tid": thread_id, "args": {"name": name}}
+        )
+    return [json.dumps(event, ensure_ascii=False) for event in events]
+
+
+def _stack_frames(items: _JsonItems, stack_ids: np.ndarray, frames: pa.LargeListArray) -> None:
+    """The `stackFrames` entries: `"STACK:DEPTH": {..., "parent": "STACK:DEPTH+1"}`, depth 0 innermost."""
+    lengths = pc.list_value_length(frames).to_numpy(zero_copy_only=False).astype(np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return
+    offsets = frames.offsets.to_numpy()
+    depth = np.arange(total, dtype=np.int64) - np.repeat(offsets[:-1] - offsets[0], lengths)
+    owner = _text(pa.array(np.repeat(stack_ids, lengths)))
+    outermost = pa.array(depth == np.repeat(lengths, lengths) - 1)
+    parent = pc.if_else(
+        outermost, pa.scalar("", pa.large_string()), _join(',"parent":"', owner, ":", _text(pa.array(depth + 1)), '"')
+    )
+    items.write(_join('"', owner, ":", _text(pa.array(depth)), '":', frames.flatten(), parent, "}"))
+
+
+def write_chrome_trace(source: ExportSource, out: BinaryIO, traceback_args: bool = False) -> int:
+    """Writes the source's events as a Chrome trace JSON object to `out`; returns how many events it holds."""
+    pids = process_ids(source)
+    located = source.stack_locations()
+    locations = located.locations.to_pylist()
+    # Each location's frames as `{"name": ..., "category": ...` (closed by the writer, after the parent).
+    fragments = [
+        [
+            f'{{"name":{json.dumps(label, ensure_ascii=False)},"category":{json.dumps(location["kind"])}'
+            for label in location_labels(location)
+        ]
+        for location in locations
+    ]
+    stack_ids, frames = stack_texts(located.locations, located.stacks, fragments)
+    del fragments
+
+    # Per stack, what its events carry: `"sf"` and the stack's part of `args`.
+    sites = source.stack_sites()
+    site_of = dict(zip(sites["stack_id"].to_pylist(), sites["site"].to_pylist()))
+    tracebacks = None
+    if traceback_args:
+        texts = [[label for label in location_labels(location)] for location in locations]
+        _, tracebacks = stack_texts(located.locations, located.stacks, texts)
+    del locations, located
+    stack_sf, stack_args = [], []
+    for index, stack_id in enumerate(stack_ids.tolist()):
+        stack_sf.append(f',"sf":"{stack_id}:0"')
+        args = f',"stack_id":{stack_id}'
+        site = site_of.get(stack_id)
+        if site is not None:
+            args += f',"site":{json.dumps(site, ensure_ascii=False)}'
+        if tracebacks is not None:
+            args += f',"traceback":{json.dumps(tracebacks[index].as_py(), ensure_ascii=False)}'
+        stack_args.append(args)
+    stack_sf_array = pa.array(stack_sf, pa.large_string())
+    stack_args_array = pa.array(stack_args, pa.large_string())
+    del stack_sf, stack_args, site_of, tracebacks
+
+    writer = _BackgroundWriter(out)
+    try:
+        return _write_trace(source, writer, pids, stack_ids, frames, stack_sf_array, stack_args_array)
+    finally:
+        writer.close()
+
+
+def _write_trace(
+    source: ExportSource,
+    writer: _BackgroundWriter,
+    pids: dict[int, int],
+    stack_ids: np.ndarray,
+    frames: pa.LargeListArray,
+    stack_sf_array: pa.Array,
+    stack_args_array: pa.Array,
+) -> int:
+    name_ids = sorted(source.names)
+    name_parts = pa.array(
+        [
+            f'{{"name":{json.dumps(source.names[i][1], ensure_ascii=False)},"cat":{json.dumps(source.names[i][0], ensure_ascii=False)},"ph":"i","s":"t","ts":'
+            for i in name_ids
+        ],
+        pa.large_string(),
+    )
+    pid_numbers = sorted(pids)
+    pid_texts = pa.array([str(pids[n]) for n in pid_numbers], pa.large_string())
+
+    otherData = {"exporter": "tbpipe", "runs": source.run_ids}
+    if source.choice.describe():
+        otherData["filter"] = source.choice.describe()
+    writer.write(b'{"displayTimeUnit":"ms","otherData":' + json.dumps(otherData, ensure_ascii=False).encode())
+    writer.write(b',\n"stackFrames":{\n')
+    frame_items = _JsonItems(writer)
+    for start in range(0, len(stack_ids), _STACKS_PER_CHUNK):
+        _stack_frames(frame_items, stack_ids[start : start + _STACKS_PER_CHUNK], frames.slice(start, _STACKS_PER_CHUNK))
+    del frames
+    writer.write(b'},\n"traceEvents":[\n')
+    items = _JsonItems(writer)
+    items.write_texts(_metadata(source, pids))
+
+    empty = pa.scalar("", pa.large_string())
+    stack_values = pa.array(stack_ids)
+    total = 0
+    for batch in source.event_batches(BATCH_ROWS):
+        event_id, run_number, ts_us, thread_id, name_id, stack_id, attrs = batch.columns
+        stack_index = pc.index_in(stack_id, value_set=stack_values)
+        events = _join(
+            name_parts.take(pc.index_in(pc.cast(name_id, pa.int64()), value_set=pa.array(name_ids, pa.int64()))),
+            _text(ts_us),
+            ',"pid":',
+            pid_texts.take(pc.index_in(pc.cast(run_number, pa.int64()), value_set=pa.array(pid_numbers, pa.int64()))),
+            ',"tid":',
+            _text(thread_id),
+            pc.fill_null(stack_sf_array.take(stack_index), empty),
+            ',"args":{"event_id":',
+            _text(event_id),
+            pc.fill_null(stack_args_array.take(stack_index), empty),
+            pc.fill_null(_join(',"attrs":', pc.cast(attrs, pa.large_string())), empty),
+            "}}",
+        )
+        items.write(events)
+        total += batch.num_rows
+    writer.write(b"\n]}\n")
+    return total
