@@ -60,6 +60,7 @@ bench: install
 	$(VENV)/bin/python bench/capture.py
 	$(VENV)/bin/python bench/symbolize.py
 	$(VENV)/bin/python bench/ingest.py
+	$(VENV)/bin/python bench/export.py
 	$(VENV)/bin/python bench/torch_overhead.py
 
 clean:

@@ -5,23 +5,24 @@
      "traceEvents": [
        {"name": "process_name", "ph": "M", "pid": 4242, "tid": 0, "args": {"name": "..."}},
        {"name": "thread_name", "ph": "M", "pid": 4242, "tid": 4243, "args": {"name": "MainThread"}},
-       {"name": "gemm", "cat": "kernel_launch", "ph": "i", "s": "t", "ts": 1767225600000123,
-        "pid": 4242, "tid": 4243, "sf": "12:0",
-        "args": {"event_id": 7, "stack_id": 12, "site": "train.py:40:launch", "attrs": {...}}}, ...]}
+       {"name": "gemm", "cat": "kernel_launch", "ph": "i", "s": "t", "pid": 4242, "tid": 4243,
+        "ts": 1767225600000123, "args": {"event_id": 7, "attrs": {...}, "stack_id": 12,
+        "site": "train.py:40:launch"}, "sf": "12:0"}, ...]}
 
 Every event is an instant event of its thread (`pid` the run's process id, `tid` the OS thread
 id; `ts` in microseconds since the Unix epoch, as recorded), named by the event's name with its
 kind as category. Its combined traceback is its stack frame `sf`: the format's `stackFrames`
 table holds each chosen stack once as a chain of frames (`"STACK:DEPTH"`, depth 0 innermost,
 each naming its caller as `parent`), so a stack costs its frames once however many events share
-it. `args` carries the event id, the stack id (`tbpipe show --stack ID`), the call site and the
-event's attributes; `traceback_args=True` also copies the whole traceback (innermost first)
+it. `args` carries the event id, the event's attributes (null when it has none), the stack id
+(`tbpipe show --stack ID`) and the call site; `traceback_args=True` also copies the whole traceback (innermost first)
 into every event's args, for viewers that show args but not `sf`, at the price of the
 traceback's size per event.
 
 Runs that share a process id get ids of their own above Linux's largest pid (2**22 + run
-number). The JSON text is assembled column-wise with Arrow, batch by batch, from the source's
-record batches; strings from the database go through `json.dumps` (event names, frames) or
+number). The JSON text is assembled column-wise with Arrow, one pass per batch of the source's
+record batches, and written from Arrow's buffers on a second thread while the next batch is
+assembled; strings from the database go through `json.dumps` (event names, frames, sites) or
 are JSON already (attributes).
 """
 
@@ -100,13 +101,8 @@ class _JsonItems:
             self._write_buffer(_join(",\n", values))
             self.count += len(values)
 
-    def write_texts(self, texts: list[str]) -> None:
-        self.write(pa.array(texts, pa.large_string()))
-
     def _write_buffer(self, values: pa.Array) -> None:
-        offsets = np.frombuffer(values.buffers()[1], dtype=np.int64, count=len(values) + 1, offset=values.offset * 8)
-        data = values.buffers()[2]
-        self.out.write(memoryview(data)[int(offsets[0]) : int(offsets[-1])], keep=values)
+        self.out.write(_buffer(values), keep=values)
 
 
 def process_ids(source: ExportSource) -> dict[int, int]:
@@ -150,105 +146,126 @@ def _stack_frames(items: _JsonItems, stack_ids: np.ndarray, frames: pa.LargeList
     items.write(_join('"', owner, ":", _text(pa.array(depth)), '":', frames.flatten(), parent, "}"))
 
 
+def _stack_parts(source: ExportSource, stack_ids: np.ndarray, located: Any, traceback_args: bool) -> pa.Array:
+    """Per stack, how its events end: the stack's part of `args`, then `"sf"`. The last entry
+    (index len(stack_ids)) ends the events without a stack (or without frames)."""
+    sites = source.stack_sites()
+    site_of = dict(zip(sites["stack_id"].to_pylist(), sites["site"].to_pylist()))
+    tracebacks = None
+    if traceback_args:
+        texts = [location_labels(location) for location in located.locations.to_pylist()]
+        _, tracebacks = stack_texts(located.locations, located.stacks, texts)
+    parts = []
+    for index, stack_id in enumerate(stack_ids.tolist()):
+        part = f',"stack_id":{stack_id}'
+        site = site_of.get(stack_id)
+        if site is not None:
+            part += f',"site":{json.dumps(site, ensure_ascii=False)}'
+        if tracebacks is not None:
+            part += f',"traceback":{json.dumps(tracebacks[index].as_py(), ensure_ascii=False)}'
+        parts.append(part + f'}},"sf":"{stack_id}:0"}}')
+    parts.append("}}")
+    return pa.array(parts, pa.large_string())
+
+
+def _heads(source: ExportSource, pids: dict[int, int]) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """How the events of each (run, name) begin, up to `"tid":`: (run numbers, name ids, texts);
+    the text of the i-th run and j-th name is at i * len(name ids) + j."""
+    run_numbers = np.array(sorted(pids), dtype=np.int64)
+    name_ids = np.array(sorted(source.names), dtype=np.int64)
+    texts = []
+    for run_number in run_numbers.tolist():
+        for name_id in name_ids.tolist():
+            kind, name = source.names[name_id]
+            texts.append(
+                f',\n{{"name":{json.dumps(name, ensure_ascii=False)},"cat":{json.dumps(kind, ensure_ascii=False)},'
+                f'"ph":"i","s":"t","pid":{pids[run_number]},"tid":'
+            )
+    return run_numbers, name_ids, pa.array(texts, pa.large_string())
+
+
+def _positions(values: pa.Array, sorted_keys: np.ndarray, missing: int) -> pa.Array:
+    """Index of each value in `sorted_keys` (`missing` for nulls and values not there)."""
+    found = pc.fill_null(values, -1).to_numpy().astype(np.int64)
+    if len(sorted_keys) == 0:
+        return pa.array(np.full(len(found), missing, np.int64))
+    where = np.minimum(np.searchsorted(sorted_keys, found), len(sorted_keys) - 1)
+    hit = sorted_keys[where] == found
+    if values.null_count:
+        hit &= ~values.is_null().to_numpy(zero_copy_only=False)
+    return pa.array(np.where(hit, where, missing))
+
+
 def write_chrome_trace(source: ExportSource, out: BinaryIO, traceback_args: bool = False) -> int:
     """Writes the source's events as a Chrome trace JSON object to `out`; returns how many events it holds."""
     pids = process_ids(source)
     located = source.stack_locations()
-    locations = located.locations.to_pylist()
     # Each location's frames as `{"name": ..., "category": ...` (closed by the writer, after the parent).
     fragments = [
         [
             f'{{"name":{json.dumps(label, ensure_ascii=False)},"category":{json.dumps(location["kind"])}'
             for label in location_labels(location)
         ]
-        for location in locations
+        for location in located.locations.to_pylist()
     ]
     stack_ids, frames = stack_texts(located.locations, located.stacks, fragments)
     del fragments
-
-    # Per stack, what its events carry: `"sf"` and the stack's part of `args`.
-    sites = source.stack_sites()
-    site_of = dict(zip(sites["stack_id"].to_pylist(), sites["site"].to_pylist()))
-    tracebacks = None
-    if traceback_args:
-        texts = [[label for label in location_labels(location)] for location in locations]
-        _, tracebacks = stack_texts(located.locations, located.stacks, texts)
-    del locations, located
-    stack_sf, stack_args = [], []
-    for index, stack_id in enumerate(stack_ids.tolist()):
-        stack_sf.append(f',"sf":"{stack_id}:0"')
-        args = f',"stack_id":{stack_id}'
-        site = site_of.get(stack_id)
-        if site is not None:
-            args += f',"site":{json.dumps(site, ensure_ascii=False)}'
-        if tracebacks is not None:
-            args += f',"traceback":{json.dumps(tracebacks[index].as_py(), ensure_ascii=False)}'
-        stack_args.append(args)
-    stack_sf_array = pa.array(stack_sf, pa.large_string())
-    stack_args_array = pa.array(stack_args, pa.large_string())
-    del stack_sf, stack_args, site_of, tracebacks
+    stack_parts = _stack_parts(source, stack_ids, located, traceback_args)
+    del located
 
     writer = _BackgroundWriter(out)
     try:
-        return _write_trace(source, writer, pids, stack_ids, frames, stack_sf_array, stack_args_array)
+        other = {"exporter": "tbpipe", "runs": source.run_ids}
+        if source.choice.describe():
+            other["filter"] = source.choice.describe()
+        writer.write(b'{"displayTimeUnit":"ms","otherData":' + json.dumps(other, ensure_ascii=False).encode())
+        writer.write(b',\n"stackFrames":{\n')
+        frame_items = _JsonItems(writer)
+        for start in range(0, len(stack_ids), _STACKS_PER_CHUNK):
+            chunk = slice(start, start + _STACKS_PER_CHUNK)
+            _stack_frames(frame_items, stack_ids[chunk], frames.slice(start, _STACKS_PER_CHUNK))
+        del frames
+        writer.write(b'},\n"traceEvents":[\n')
+        # The metadata events come first, so every event can be written after a separator.
+        writer.write(",\n".join(_metadata(source, pids)).encode())
+        total = _write_events(source, writer, pids, stack_ids, stack_parts)
+        writer.write(b"\n]}\n")
+        return total
     finally:
         writer.close()
 
 
-def _write_trace(
-    source: ExportSource,
-    writer: _BackgroundWriter,
-    pids: dict[int, int],
-    stack_ids: np.ndarray,
-    frames: pa.LargeListArray,
-    stack_sf_array: pa.Array,
-    stack_args_array: pa.Array,
+def _write_events(
+    source: ExportSource, writer: _BackgroundWriter, pids: dict[int, int], stack_ids: np.ndarray, stack_parts: pa.Array
 ) -> int:
-    name_ids = sorted(source.names)
-    name_parts = pa.array(
-        [
-            f'{{"name":{json.dumps(source.names[i][1], ensure_ascii=False)},"cat":{json.dumps(source.names[i][0], ensure_ascii=False)},"ph":"i","s":"t","ts":'
-            for i in name_ids
-        ],
-        pa.large_string(),
-    )
-    pid_numbers = sorted(pids)
-    pid_texts = pa.array([str(pids[n]) for n in pid_numbers], pa.large_string())
-
-    otherData = {"exporter": "tbpipe", "runs": source.run_ids}
-    if source.choice.describe():
-        otherData["filter"] = source.choice.describe()
-    writer.write(b'{"displayTimeUnit":"ms","otherData":' + json.dumps(otherData, ensure_ascii=False).encode())
-    writer.write(b',\n"stackFrames":{\n')
-    frame_items = _JsonItems(writer)
-    for start in range(0, len(stack_ids), _STACKS_PER_CHUNK):
-        _stack_frames(frame_items, stack_ids[start : start + _STACKS_PER_CHUNK], frames.slice(start, _STACKS_PER_CHUNK))
-    del frames
-    writer.write(b'},\n"traceEvents":[\n')
-    items = _JsonItems(writer)
-    items.write_texts(_metadata(source, pids))
-
-    empty = pa.scalar("", pa.large_string())
-    stack_values = pa.array(stack_ids)
+    """Each event: `,\n{"name":..,"cat":..,"ph":"i","s":"t","pid":..,"tid":..,"ts":..,"args":{"event_id":..,
+    "attrs":..,<the stack's part>}` joined column-wise in one pass per batch."""
+    run_numbers, name_ids, heads = _heads(source, pids)
+    no_stack = len(stack_ids)
     total = 0
     for batch in source.event_batches(BATCH_ROWS):
         event_id, run_number, ts_us, thread_id, name_id, stack_id, attrs = batch.columns
-        stack_index = pc.index_in(stack_id, value_set=stack_values)
+        head = (
+            _positions(run_number, run_numbers, 0).to_numpy() * len(name_ids)
+            + _positions(name_id, name_ids, 0).to_numpy()
+        )
         events = _join(
-            name_parts.take(pc.index_in(pc.cast(name_id, pa.int64()), value_set=pa.array(name_ids, pa.int64()))),
-            _text(ts_us),
-            ',"pid":',
-            pid_texts.take(pc.index_in(pc.cast(run_number, pa.int64()), value_set=pa.array(pid_numbers, pa.int64()))),
-            ',"tid":',
+            heads.take(pa.array(head)),
             _text(thread_id),
-            pc.fill_null(stack_sf_array.take(stack_index), empty),
+            ',"ts":',
+            _text(ts_us),
             ',"args":{"event_id":',
             _text(event_id),
-            pc.fill_null(stack_args_array.take(stack_index), empty),
-            pc.fill_null(_join(',"attrs":', pc.cast(attrs, pa.large_string())), empty),
-            "}}",
+            ',"attrs":',
+            pc.fill_null(pc.cast(attrs, pa.large_string()), "null"),
+            stack_parts.take(_positions(stack_id, stack_ids, no_stack)),
         )
-        items.write(events)
+        writer.write(_buffer(events), keep=events)
         total += batch.num_rows
-    writer.write(b"\n]}\n")
     return total
+
+
+def _buffer(values: pa.Array) -> memoryview:
+    """The characters of a large_string array without nulls, end to end, without a copy."""
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int64, count=len(values) + 1, offset=values.offset * 8)
+    return memoryview(values.buffers()[2])[int(offsets[0]) : int(offsets[-1])]
