@@ -184,16 +184,32 @@ def _heads(source: ExportSource, pids: dict[int, int]) -> tuple[np.ndarray, np.n
     return run_numbers, name_ids, pa.array(texts, pa.large_string())
 
 
-def _positions(values: pa.Array, sorted_keys: np.ndarray, missing: int) -> pa.Array:
-    """Index of each value in `sorted_keys` (`missing` for nulls and values not there)."""
-    found = pc.fill_null(values, -1).to_numpy().astype(np.int64)
-    if len(sorted_keys) == 0:
-        return pa.array(np.full(len(found), missing, np.int64))
-    where = np.minimum(np.searchsorted(sorted_keys, found), len(sorted_keys) - 1)
-    hit = sorted_keys[where] == found
-    if values.null_count:
-        hit &= ~values.is_null().to_numpy(zero_copy_only=False)
-    return pa.array(np.where(hit, where, missing))
+class _Index:
+    """Positions of integer keys (ids: small, dense numbers) in a sorted array, looked up per batch."""
+
+    _TABLE_LIMIT = 1 << 26  # largest key answered by a direct table (else a binary search)
+
+    def __init__(self, sorted_keys: np.ndarray, missing: int) -> None:
+        self.keys = np.asarray(sorted_keys, dtype=np.int64)
+        self.missing = missing
+        self.table = None
+        if len(self.keys) and 0 <= self.keys[0] and self.keys[-1] < self._TABLE_LIMIT:
+            self.table = np.full(int(self.keys[-1]) + 2, missing, np.int64)
+            self.table[self.keys] = np.arange(len(self.keys))
+
+    def positions(self, values: pa.Array) -> np.ndarray:
+        """Index of each value in the keys (`missing` for nulls and values not there)."""
+        found = pc.fill_null(values, -1).to_numpy().astype(np.int64, copy=False)
+        if self.table is not None:
+            where = self.table[np.clip(found, -1, len(self.table) - 1)]  # -1 and beyond: the last entry, missing
+        elif len(self.keys):
+            where = np.minimum(np.searchsorted(self.keys, found), len(self.keys) - 1)
+            where = np.where(self.keys[where] == found, where, self.missing)
+        else:
+            where = np.full(len(found), self.missing, np.int64)
+        if values.null_count:
+            where = np.where(values.is_null().to_numpy(zero_copy_only=False), self.missing, where)
+        return where
 
 
 def write_chrome_trace(source: ExportSource, out: BinaryIO, traceback_args: bool = False) -> int:
@@ -241,14 +257,12 @@ def _write_events(
     """Each event: `,\n{"name":..,"cat":..,"ph":"i","s":"t","pid":..,"tid":..,"ts":..,"args":{"event_id":..,
     "attrs":..,<the stack's part>}` joined column-wise in one pass per batch."""
     run_numbers, name_ids, heads = _heads(source, pids)
-    no_stack = len(stack_ids)
+    runs, names = _Index(run_numbers, 0), _Index(name_ids, 0)
+    stacks = _Index(stack_ids, len(stack_ids))
     total = 0
-    for batch in source.event_batches(BATCH_ROWS):
+    for batch in source.event_batches(BATCH_ROWS, numbers_as_text=True):
         event_id, run_number, ts_us, thread_id, name_id, stack_id, attrs = batch.columns
-        head = (
-            _positions(run_number, run_numbers, 0).to_numpy() * len(name_ids)
-            + _positions(name_id, name_ids, 0).to_numpy()
-        )
+        head = runs.positions(run_number) * len(name_ids) + names.positions(name_id)
         events = _join(
             heads.take(pa.array(head)),
             _text(thread_id),
@@ -258,7 +272,7 @@ def _write_events(
             _text(event_id),
             ',"attrs":',
             pc.fill_null(pc.cast(attrs, pa.large_string()), "null"),
-            stack_parts.take(_positions(stack_id, stack_ids, no_stack)),
+            stack_parts.take(pa.array(stacks.positions(stack_id))),
         )
         writer.write(_buffer(events), keep=events)
         total += batch.num_rows

@@ -257,14 +257,16 @@ class ExportSource:
             rows,
         )
 
-    def event_batches(self, rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    def event_batches(self, rows: int = BATCH_ROWS, numbers_as_text: bool = False) -> Iterator[pa.RecordBatch]:
         """event_id, run_number, ts_us (Unix epoch microseconds), thread_id, name_id, stack_id, attrs (JSON text):
-        every chosen event, in no particular order."""
+        every chosen event, in no particular order. `numbers_as_text`: event_id, ts_us and thread_id come
+        as decimal text (DuckDB converts them on all cores, for writers of text formats)."""
+        as_text = (lambda column: f"CAST({column} AS VARCHAR)") if numbers_as_text else (lambda column: column)
         yield from _arrow_batches(
             self.con,
             f"""
-            SELECT e.event_id, r.run_number, epoch_us(e.ts) AS ts_us, e.thread_id, n.name_id, e.stack_id,
-                   CAST(e.attrs AS VARCHAR) AS attrs
+            SELECT {as_text("e.event_id")} AS event_id, r.run_number, {as_text("epoch_us(e.ts)")} AS ts_us,
+                   {as_text("e.thread_id")} AS thread_id, n.name_id, e.stack_id, CAST(e.attrs AS VARCHAR) AS attrs
             FROM events e
             JOIN {self._table("runs")} r USING (run_id)
             JOIN {self._table("names")} n ON n.kind = e.kind AND n.name = e.name
