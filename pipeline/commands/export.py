@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from tbpipe.pipeline.export import ExportFormat
+from tbpipe.pipeline.export.formats import ExportFormat
 
 
 def register(app: typer.Typer) -> None:
