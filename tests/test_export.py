@@ -225,6 +225,23 @@ def test_collapsed_escapes_frame_text(db, tmp_path, odd_module) -> None:
     assert frames[-1] == escape_frame(line_label("python", expected[0], None, None))
 
 
+def test_filters_by_kind_name_and_site(db, tmp_path) -> None:
+    a, b = run_id(db, "a"), run_id(db, "b")
+    sites = rows(
+        db,
+        "SELECT name, site_key, run_id, events FROM call_sites WHERE site_function = 'launch_pair' ORDER BY ALL",
+    )
+    (mm_site, mm_events), (gemm_site, gemm_events) = {(r[0], r[1]): r[3] for r in sites if r[2] == a}.items()
+    assert [mm_site[0], gemm_site[0], mm_events, gemm_events] == ["aten::mm", "gemm", 3, 3]
+    out = tmp_path / "site.folded"
+    assert run_export(db, out, "collapsed", a, site=gemm_site[1]) == 3
+    assert run_export(db, out, "collapsed", a, b, site=gemm_site[1]) == 3 + 1  # the same site in run b
+    assert run_export(db, out, "collapsed", a, b, site=gemm_site[1], kind="kernel_launch", name="gemm") == 4
+    assert all(stack.split(";")[-1].startswith("launch_pair ") for stack, _ in parse_collapsed(out.read_text()))
+    assert run_export(db, out, "collapsed", a, kind="op") == 3
+    assert run_export(db, out, "collapsed", a, b, name="gemm") == 7 + 3 + 4 + 1
+
+
 # ------------------------------------------------------------------------------ pprof, read by Go's pprof
 
 
