@@ -107,27 +107,38 @@ main()
 """
 
 
-def _export(db: Path, runs: list[str], fmt: str, out: Path) -> tuple[float, int, str]:
-    """(seconds, peak RSS bytes, what the command said) of one `tbpipe export` in a child process."""
+def _cpu_of_children() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _export(db: Path, runs: list[str], fmt: str, out: Path) -> tuple[float, float, int, str]:
+    """(seconds, CPU seconds, peak RSS bytes, what the command said) of one `tbpipe export` in a
+    child process. CPU time says how much work it was when other processes share the cores."""
     command = [sys.executable, "-c", _CHILD, "export", "--db", str(db), "-f", fmt, "-o", str(out)]
     for run_id in runs:
         command += ["--run", run_id]
-    started = time.perf_counter()
     env = {**os.environ, "COLUMNS": "400"}  # its one-line summary, unwrapped
+    cpu = _cpu_of_children()
+    started = time.perf_counter()
     process = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     seconds = time.perf_counter() - started
+    cpu = _cpu_of_children() - cpu
     lines = process.stderr.strip().splitlines()
     if process.returncode != 0:
         raise SystemExit(f"tbpipe export -f {fmt} failed: {process.stderr.strip()}")
     peak = next((int(line.split()[1]) * 1024 for line in lines if line.startswith("peak-kb ")), 0)
     said = [line for line in lines if not line.startswith("peak-kb ")]
-    return seconds, peak, said[-1] if said else ""
+    return seconds, cpu, peak, said[-1] if said else ""
 
 
 def main() -> None:
     args = _args()
     args.work.mkdir(parents=True, exist_ok=True)
-    print(f"tbpipe export bench on {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+    load = os.getloadavg()[0]
+    print(f"tbpipe export bench on {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load average {load:.1f}")
     db = _database(args)
     runs, events = _run_ids(db)
     print(f"database: {len(runs)} runs, {events:,} events, {db.stat().st_size / 1e6:.0f} MB")
@@ -135,10 +146,11 @@ def main() -> None:
     verdicts = []
     for fmt in args.formats:
         out = args.work / f"export.{fmt}"
-        seconds, peak, said = _export(db, runs, fmt, out)
+        seconds, cpu, peak, said = _export(db, runs, fmt, out)
         size = out.stat().st_size
         print(
-            f"{fmt}: {seconds:.1f} s ({events / seconds / 1e6:.2f} M events/s, {seconds / anchor:.1f}x the anchor), "
+            f"{fmt}: {seconds:.1f} s ({cpu:.1f} s CPU; {events / seconds / 1e6:.2f} M events/s, "
+            f"{seconds / anchor:.1f}x the anchor), "
             f"{size / 1e6:.0f} MB written, {peak / 1e9:.2f} GB peak RSS"
         )
         print(f"       {said}")
