@@ -5,7 +5,8 @@
     latest:K=V,K2=V2    the newest run carrying all of these labels
 
 "Newest" is by `runs.started_at`, ties broken by `run_id`. Shared by the commands that read
-chosen runs (`tbpipe export`, the report), so every one accepts the same words.
+chosen runs (`tbpipe export`; `tbpipe report` adds groups and windows on top, in
+`pipeline.reports.regression.select`), so every one accepts the same words.
 """
 
 from __future__ import annotations
@@ -37,6 +38,17 @@ class RunSelector:
         return self.run_id is None
 
 
+def parse_label_list(text: str, what: str) -> dict[str, str]:
+    """'K=V,K2=V2' -> {K: V, K2: V2}; RunSelectionError names `what` and the malformed pair."""
+    labels: dict[str, str] = {}
+    for pair in text.split(","):
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise RunSelectionError(f"{what} {text!r}: {pair!r} is not of the form KEY=VALUE")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
 def parse_selector(text: str) -> RunSelector:
     """`RUN_ID`, `latest` or `latest:K=V,...` -> RunSelector; a malformed label list is a RunSelectionError."""
     text = text.strip()
@@ -45,13 +57,7 @@ def parse_selector(text: str) -> RunSelector:
     if text == LATEST:
         return RunSelector(text)
     if text.startswith(LATEST + ":"):
-        labels: dict[str, str] = {}
-        for pair in text[len(LATEST) + 1 :].split(","):
-            key, sep, value = pair.partition("=")
-            if not sep or not key.strip():
-                raise RunSelectionError(f"run selector {text!r}: {pair!r} is not of the form KEY=VALUE")
-            labels[key.strip()] = value.strip()
-        return RunSelector(text, labels=labels)
+        return RunSelector(text, labels=parse_label_list(text[len(LATEST) + 1 :], "run selector"))
     return RunSelector(text, run_id=text)
 
 
