@@ -44,7 +44,7 @@ def parse_label_list(text: str, what: str) -> dict[str, str]:
     for pair in text.split(","):
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise RunSelectionError(f"{what} {text!r}: {pair!r} is not of the form KEY=VALUE")
+            raise RunSelectionError(f"{what} {text!r}: expected KEY=VALUE[,KEY=VALUE...], not {pair!r}")
         labels[key.strip()] = value.strip()
     return labels
 
