@@ -602,6 +602,13 @@ def test_damaged_runs_are_quarantined_and_good_ones_go_in(tmp_path, good_run, sy
     )
     # Nothing of the quarantined runs got in: two copies of one workload, events and all.
     assert rows(db, "SELECT count(*) FROM events") == [(2 * read_run(good_run).tables["events"].num_rows,)]
+    # The runs are laid out in one batch: stacks a quarantined run would have brought in (the
+    # damaged copies sort before the good ones) were brought in by the good runs instead.
+    assert rows(
+        db, "SELECT count(*) FROM events e ANTI JOIN stacks s USING (stack_id) WHERE e.stack_id IS NOT NULL"
+    ) == [(0,)]
+    assert rows(db, "SELECT count(*) FROM stacks s ANTI JOIN stack_sites USING (stack_id)") == [(0,)]
+    assert rows(db, "SELECT count(DISTINCT first_run_id) FROM stacks") == [(1,)]
 
 
 def test_cli_exit_status_and_messages_for_quarantined_runs(tmp_path, good_run, symbol_cache) -> None:
