@@ -132,12 +132,12 @@ def run(cursor: Any, run_id: str) -> dict[str, Any]:
 def run_sites(
     cursor: Any, run_id: str, kind: str | None, name: str | None, limit: int, offset: int
 ) -> list[dict[str, Any]]:
-    """A run's call sites, most events first: what `read.top_sites` gives for one run, reading only
-    that run's `event_counts` rows (the `call_sites` view would add up every run before filtering)."""
+    """A run's call sites, most events first: what `read.top_sites` gives for one run, from that run's
+    `site_counts` rows."""
     numbers = run_numbers(cursor, [run_id])
     if not numbers:
         raise NotFoundError(f"no run {run_id!r} in the database (GET /api/runs lists them)")
-    where, params = ["c.run_number = ?"], [numbers[0]]
+    where, params = ["p.run_number = ?"], [numbers[0]]
     if kind is not None:
         where.append("n.kind = ?")
         params.append(kind)
@@ -147,20 +147,12 @@ def run_sites(
     rows = query_rows(
         cursor,
         f"""
-        WITH per_site AS (
-            SELECT c.name_id, ss.site_id, sum(c.events)::BIGINT AS events,
-                   arg_max(ss.site_file, c.events) AS site_file, arg_max(ss.site_line, c.events) AS site_line
-            FROM event_counts c
-            JOIN event_names n USING (name_id)
-            LEFT JOIN stack_sites ss USING (stack_id)
-            WHERE {" AND ".join(where)}
-            GROUP BY c.name_id, ss.site_id
-            ORDER BY events DESC, c.name_id, ss.site_id
-            LIMIT {int(limit)} OFFSET {int(offset)}
-        )
-        SELECT n.kind, n.name, t.function, coalesce(t.portable_file, p.site_file), p.site_line, t.site_key, p.events
-        FROM per_site p JOIN event_names n USING (name_id) LEFT JOIN sites t USING (site_id)
+        SELECT n.kind, n.name, t.function, coalesce(t.portable_file, p.site_file), p.site_line, t.site_key,
+               p.events::BIGINT
+        FROM site_counts p JOIN event_names n USING (name_id) LEFT JOIN sites t USING (site_id)
+        WHERE {" AND ".join(where)}
         ORDER BY p.events DESC, n.name, t.site_key
+        LIMIT {int(limit)} OFFSET {int(offset)}
         """,
         params,
     )
@@ -212,18 +204,13 @@ def site_history(cursor: Any, site_key: str, limit: int) -> dict[str, Any]:
     rows = query_rows(
         cursor,
         """
-        WITH per_run AS (
-            SELECT c.run_number, n.kind, n.name, sum(c.events)::BIGINT AS events,
-                   arg_max(ss.site_file, c.events) AS site_file, arg_max(ss.site_line, c.events) AS site_line
-            FROM event_counts c
-            JOIN stack_sites ss USING (stack_id)
-            JOIN sites t USING (site_id)
-            JOIN event_names n USING (name_id)
-            WHERE t.site_key = ?
-            GROUP BY ALL
-        )
-        SELECT r.run_id, r.started_at AT TIME ZONE 'UTC', r.labels, p.kind, p.name, p.events, p.site_file, p.site_line
-        FROM per_run p JOIN runs r USING (run_number)
+        SELECT r.run_id, r.started_at AT TIME ZONE 'UTC', r.labels, n.kind, n.name, p.events::BIGINT, p.site_file,
+               p.site_line
+        FROM site_counts p
+        JOIN sites t USING (site_id)
+        JOIN event_names n USING (name_id)
+        JOIN runs r USING (run_number)
+        WHERE t.site_key = ?
         ORDER BY r.started_at DESC, r.run_id, p.events DESC
         """,
         [site_key],
