@@ -1,9 +1,9 @@
 """The ingest's flow: find run folders, and per run read, lay out and load it in one transaction.
 
-Per run: validate it (`rawrun`: manifest, every part's footer and schema; a damaged run is
-quarantined and the others go on), skip it when the database already has it (a run ingested while
-incomplete is loaded again once its files changed), flatten and hash its stacks
-(`stacks.flatten`), find which stacks the database does not know yet, symbolize their new
+Per run: validate it (`rawrun`: manifest, every part's footer, schema and page checksums; a
+damaged run is quarantined and the others go on), skip it when the database already has it (a
+run ingested while incomplete is loaded again once its files changed), flatten and hash its
+stacks (`stacks.flatten`), find which stacks the database does not know yet, symbolize their new
 addresses (`symbols`), lay out their frames (`stacks.layout`), then insert everything (`rows`)
 and site the new stacks (`siting`) in one transaction. A kill at any point leaves the database as
 it was before that run's transaction; the ingest lock keeps two ingests apart.
@@ -38,7 +38,6 @@ from tbpipe.pipeline.progress import RunProgress
 from tbpipe.pipeline.rawrun import (
     DamagedRunError,
     MissingManifestError,
-    check_part,
     find_run_dirs,
     part_files,
     parts_fingerprint,
@@ -46,6 +45,7 @@ from tbpipe.pipeline.rawrun import (
     read_tables,
     recovered_manifest,
     reference_problems,
+    verify_part,
 )
 from tbpipe.pipeline.stacks import layout
 from tbpipe.pipeline.stacks.flatten import FlatRun, flatten_run
@@ -128,7 +128,7 @@ class RunLoader:
         self, run_dir: Path, manifest: dict[str, Any], fingerprint: str, progress: RunProgress, notes: list[str]
     ) -> run_rows.RunData:
         files = part_files(run_dir, manifest)
-        event_files = [(path, check_part(path, "events")) for path in files["events"]]
+        event_files = [(path, verify_part(path, "events")) for path in files["events"]]
         tables = read_tables(files, ("stacks", "modules", "code"))
         notes = notes + reference_problems(tables)
         progress.describe(f"hashing {tables['stacks'].num_rows:,} stacks")
