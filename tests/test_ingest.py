@@ -738,44 +738,70 @@ from pathlib import Path
 import tbpipe.pipeline.db.ingest as ingest_module
 import tbpipe.pipeline.db.ingest.runs as ingest_runs_module
 
-runs, db, cache, victim, marker, pause = sys.argv[1:7]
 
 def before_commit(run_id):
     if run_id == victim:
         Path(marker).write_text("inside the transaction")
-        time.sleep(float(pause))
+        deadline = time.monotonic() + 300
+        while not Path(release).exists():
+            if time.monotonic() > deadline:
+                sys.exit("never released")
+            time.sleep(0.02)
 
-ingest_runs_module._before_commit = before_commit
-summary = ingest_module.ingest_runs(
-    [Path(runs)], ingest_module.IngestOptions(db_path=Path(db), cache_dir=Path(cache), progress=False)
-)
-print("ingested", summary.ingested)
+
+# Guarded: with a cold symbol store the symbolizer starts a forkserver pool, which imports this
+# script again as __mp_main__.
+if __name__ == "__main__":
+    runs, db, cache, victim, marker, release = sys.argv[1:7]
+    ingest_runs_module._before_commit = before_commit
+    summary = ingest_module.ingest_runs(
+        [Path(runs)], ingest_module.IngestOptions(db_path=Path(db), cache_dir=Path(cache), progress=False)
+    )
+    print("ingested", summary.ingested)
 """
 
 
-def _start_pausing_ingest(tmp_path: Path, runs: Path, db: Path, cache: Path, victim: str, pause: float):
-    script = tmp_path / "pausing_ingest.py"
-    script.write_text(PAUSING_INGEST)
-    marker = tmp_path / f"marker-{victim}"
-    process = subprocess.Popen(
-        [sys.executable, str(script), str(runs), str(db), str(cache), victim, str(marker), str(pause)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not marker.exists():
-        if process.poll() is not None:
-            raise AssertionError(f"ingest ended early: {process.communicate()}")
-        if time.monotonic() > deadline:
-            process.kill()
-            raise AssertionError("ingest never reached the victim run's commit")
-        time.sleep(0.05)
-    return process
+class PausingIngest:
+    """An ingest in a child process that stops inside the victim run's transaction, holding the
+    database, until `release()` (or until it is killed)."""
+
+    def __init__(self, tmp_path: Path, runs: Path, db: Path, cache: Path, victim: str):
+        script = tmp_path / "pausing_ingest.py"
+        script.write_text(PAUSING_INGEST)
+        marker = tmp_path / f"marker-{victim}"
+        self.release_file = tmp_path / f"release-{victim}"
+        self.process = subprocess.Popen(
+            [sys.executable, str(script), str(runs), str(db), str(cache), victim, str(marker), str(self.release_file)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            if self.process.poll() is not None:
+                raise AssertionError(f"ingest ended early: {self.process.communicate()}")
+            if time.monotonic() > deadline:
+                self.process.kill()
+                raise AssertionError(f"ingest never reached the victim run's commit: {self.process.communicate()}")
+            time.sleep(0.02)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def release(self) -> tuple[str, str]:
+        """Lets the ingest commit and finish; its (stdout, stderr)."""
+        self.release_file.write_text("go on")
+        return self.process.communicate(timeout=240)
 
 
 def _run_ids(runs: Path) -> list[str]:
     return [json.loads((d / "manifest.json").read_text())["run_id"] for d in find_run_dirs([runs])]
+
+
+def _words(text: str) -> str:
+    """Text with every run of whitespace made one blank: rich wraps messages at the terminal width."""
+    return " ".join(text.split())
 
 
 def test_killed_ingest_leaves_the_database_as_before(tmp_path, good_run, symbol_cache) -> None:
@@ -788,9 +814,9 @@ def test_killed_ingest_leaves_the_database_as_before(tmp_path, good_run, symbol_
     ingest(reference, first, cache=symbol_cache)
 
     db = tmp_path / "t.duckdb"
-    process = _start_pausing_ingest(tmp_path, runs, db, symbol_cache, second_id, pause=120)
-    process.send_signal(signal.SIGKILL)  # in the middle of the second run's transaction
-    process.wait(timeout=30)
+    holder = PausingIngest(tmp_path, runs, db, symbol_cache, second_id)
+    holder.process.send_signal(signal.SIGKILL)  # in the middle of the second run's transaction
+    holder.process.communicate(timeout=30)
     assert rows(db, "SELECT run_id FROM runs") == [(first_id,)]
     assert snapshot(db, exclude_ingest_times=True) == snapshot(reference, exclude_ingest_times=True)
     # The lock died with the process, and the next ingest finishes the job.
@@ -805,29 +831,41 @@ def test_concurrent_ingests_wait_or_fail_clearly(tmp_path, good_run, symbol_cach
     _copy(good_run, two, "two")
     _copy(good_run, three, "three")
     db = tmp_path / "t.duckdb"
-    env = dict(os.environ, TBPIPE_CACHE_DIR=str(symbol_cache))
-    holder = _start_pausing_ingest(tmp_path, one, db, symbol_cache, _run_ids(one)[0], pause=3)
-    impatient = subprocess.run(
-        [*TBPIPE, "ingest", str(three), "--db", str(db), "--wait", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    patient = subprocess.run(
-        [*TBPIPE, "ingest", str(two), "--db", str(db), "--wait", "120"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-    )
-    out, err = holder.communicate(timeout=120)
-    assert holder.returncode == 0, err
+    # A narrow terminal: the messages wrap, and the checks must not depend on where.
+    env = dict(os.environ, TBPIPE_CACHE_DIR=str(symbol_cache), COLUMNS="50")
+    holder = PausingIngest(tmp_path, one, db, symbol_cache, _run_ids(one)[0])
+    patient_err = tmp_path / "patient.err"
+    try:
+        impatient = subprocess.run(
+            [*TBPIPE, "ingest", str(three), "--db", str(db), "--wait", "0"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        with open(patient_err, "w") as err:
+            patient = subprocess.Popen(
+                [*TBPIPE, "ingest", str(two), "--db", str(db), "--wait", "240"],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=env,
+            )
+        # The holder keeps the database until the patient one says that it waits.
+        deadline = time.monotonic() + 240
+        while "waiting for another ingest" not in _words(patient_err.read_text()):
+            assert patient.poll() is None, f"the second ingest did not wait: {patient_err.read_text()}"
+            assert time.monotonic() < deadline, "the second ingest never said that it waits"
+            time.sleep(0.02)
+    finally:
+        _out, holder_err = holder.release()
+    patient.communicate(timeout=240)
+    assert holder.process.returncode == 0, holder_err
     assert impatient.returncode == 2, impatient.stderr
-    assert f"another ingest (pid {holder.pid}) is writing it" in impatient.stderr
+    assert f"another ingest (pid {holder.pid}) is writing it" in _words(impatient.stderr)
     assert "Traceback" not in impatient.stderr
-    assert patient.returncode == 0, patient.stderr
-    assert "waiting for another ingest" in patient.stderr
+    assert patient.returncode == 0, patient_err.read_text()
+    assert f"waiting for another ingest (pid {holder.pid})" in _words(patient_err.read_text())
     assert sorted(r[0] for r in rows(db, "SELECT run_id FROM runs")) == sorted(_run_ids(one) + _run_ids(two))
 
 
@@ -839,13 +877,14 @@ def test_readers_are_refused_while_an_ingest_writes(tmp_path, good_run, symbol_c
     db = tmp_path / "t.duckdb"
     ingest(db, tmp_path / "runs", cache=symbol_cache)  # the file exists before the writer holds it
     _copy(good_run, runs, "more")
-    holder = _start_pausing_ingest(tmp_path, runs, db, symbol_cache, "20260101T000000-1-more", pause=2)
+    holder = PausingIngest(tmp_path, runs, db, symbol_cache, "20260101T000000-1-more")
     try:
         with pytest.raises(DatabaseBusyError, match="another process is writing the database"):
             open_database(db, read_only=True)
     finally:
-        holder.communicate(timeout=120)
-    assert holder.returncode == 0
+        _out, err = holder.release()
+    assert holder.process.returncode == 0, err
+    assert sorted(r[0] for r in rows(db, "SELECT run_id FROM runs")) == sorted(_run_ids(runs))
 
 
 # ------------------------------------------------------------------------------ better debug info later
