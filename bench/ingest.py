@@ -106,7 +106,7 @@ def _warm_symbols(runs_dir: Path, cache_dir: Path) -> None:
 # The ingest's stages, as (module, function): timed by wrapping them for one ingest (--stages).
 STAGES = [
     ("tbpipe.pipeline.db.ingest.runs", "read_manifest", "manifest"),
-    ("tbpipe.pipeline.db.ingest.runs", "check_part", "events parts' footers"),
+    ("tbpipe.pipeline.db.ingest.runs", "verify_part", "events parts' checksums"),
     ("tbpipe.pipeline.db.ingest.runs", "read_tables", "read stacks/modules/code parts"),
     ("tbpipe.pipeline.db.ingest.runs", "flatten_run", "flatten + hash stacks"),
     ("tbpipe.pipeline.db.ingest.runs.RunLoader", "_stack_ids", "find known stacks"),

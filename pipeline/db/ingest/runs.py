@@ -1,7 +1,7 @@
 """The ingest's flow: find run folders; read and validate each; load them in batches, one transaction each.
 
-Per run: validate it (`rawrun`: manifest, every part's footer and schema; a damaged run is
-quarantined and the others go on), skip it when the database already has it (a run ingested while
+Per run: validate it (`rawrun`: manifest, every part's footer, schema and page checksums; a damaged
+run is quarantined and the others go on), skip it when the database already has it (a run ingested while
 incomplete is loaded again once its files changed), and flatten and hash its stacks
 (`stacks.flatten`). Runs are then laid out in batches (a big run alone, small runs together, so a
 night of a thousand small runs does not pay a thousand times for each step): find which stacks the
@@ -54,7 +54,6 @@ from tbpipe.pipeline.progress import RunProgress
 from tbpipe.pipeline.rawrun import (
     DamagedRunError,
     MissingManifestError,
-    check_part,
     code_first_lines,
     find_run_dirs,
     part_files,
@@ -63,6 +62,7 @@ from tbpipe.pipeline.rawrun import (
     read_tables,
     recovered_manifest,
     reference_problems,
+    verify_part,
 )
 from tbpipe.pipeline.stacks import layout
 from tbpipe.pipeline.stacks.flatten import concat_flat_runs, flatten_run
@@ -162,7 +162,7 @@ class RunLoader:
             return RunOutcome(run_dir, "present", run_id=run_id, complete=existing[0])
         try:
             files = part_files(run_dir, manifest)
-            event_files = [(path, check_part(path, "events")) for path in files["events"]]
+            event_files = [(path, verify_part(path, "events")) for path in files["events"]]
             tables = read_tables(files, ("stacks", "modules", "code"))
             notes += reference_problems(tables)
             if notes and manifest.get("complete") and not manifest.get("recovered"):
