@@ -46,7 +46,7 @@ CREATE OR REPLACE MACRO stack_sites_from(first_stack_id) AS TABLE
 WITH user_frames AS (
     SELECT f.stack_id, min(f.depth) AS depth
     FROM stack_frames f
-    JOIN python_files p ON p.file = f.file AND p.is_user
+    JOIN python_files_from(first_stack_id) p ON p.file = f.file AND p.is_user
     WHERE f.kind = 'python' AND f.stack_id >= first_stack_id
     GROUP BY f.stack_id
 ), picked AS (
@@ -97,23 +97,6 @@ FROM located;
 -- @column site_portable_file  Python site: its file relative to its import root
 -- @column site_is_user        true when the site is a user frame
 CREATE OR REPLACE VIEW call_sites AS
-WITH per_site AS (
-    SELECT
-        c.run_number,
-        c.name_id,
-        s.site_id,
-        sum(c.events) AS events,
-        -- The file and line of the stack with most events; among equals, the greatest (file, line),
-        -- so that both come from one stack and every engine picks the same.
-        arg_max(s.site_file, struct_pack(n := c.events, f := coalesce(s.site_file, ''), l := coalesce(s.site_line, -1)))
-            AS site_file,
-        arg_max(s.site_line, struct_pack(n := c.events, f := coalesce(s.site_file, ''), l := coalesce(s.site_line, -1)))
-            AS site_line,
-        bool_or(s.site_is_user) AS site_is_user
-    FROM event_counts c
-    LEFT JOIN stack_sites s USING (stack_id)
-    GROUP BY c.run_number, c.name_id, s.site_id
-)
 SELECT
     r.run_id,
     n.kind,
@@ -125,7 +108,7 @@ SELECT
     t.site_key,
     t.portable_file AS site_portable_file,
     p.site_is_user
-FROM per_site p
+FROM site_counts p
 JOIN runs r USING (run_number)
 JOIN event_names n USING (name_id)
 LEFT JOIN sites t USING (site_id);

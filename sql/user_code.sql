@@ -25,19 +25,38 @@ CREATE OR REPLACE MACRO is_library_python_file(file) AS
     OR regexp_matches(file, '/lib(64)?/python[0-9]+\.[0-9]+t?/')
     OR regexp_matches(file, '/tbpipe/(capture|pipeline|schemas)/');
 
--- Every distinct Python file of the stored frames, and whether it is user code.
+-- Whether a Python file is user code: the longest matching `user_code` prefix decides, else the
+-- built-in rule (`is_library_python_file`).
+-- @arg file  VARCHAR  a Python file name as captured
+-- @returns BOOLEAN
+CREATE OR REPLACE MACRO python_file_is_user(file) AS
+    coalesce(
+        (SELECT arg_max(r.is_user, length(r.prefix)) FROM user_code r WHERE user_code_prefix_matches(file, r.prefix)),
+        NOT is_library_python_file(file)
+    );
+
+-- The `user_code` prefix that decides whether a Python file is user code, NULL when the built-in rule does.
+-- @arg file  VARCHAR  a Python file name as captured
+-- @returns VARCHAR
+CREATE OR REPLACE MACRO python_file_rule(file) AS
+    (SELECT arg_max(r.prefix, length(r.prefix)) FROM user_code r WHERE user_code_prefix_matches(file, r.prefix));
+
+-- The Python files of the stacks with stack_id >= first_stack_id, and whether each is user code.
+-- @requires stacks
+-- @arg first_stack_id  BIGINT  the lowest stack id whose frames' files are classified (0: all)
+-- @column file     the file name as captured
+-- @column is_user  true when frames of this file can be call sites (`python_file_is_user`)
+-- @column rule     the `user_code.prefix` that decided, NULL when the built-in rule did
+CREATE OR REPLACE MACRO python_files_from(first_stack_id) AS TABLE
+SELECT file, python_file_is_user(file) AS is_user, python_file_rule(file) AS rule
+FROM (
+    SELECT DISTINCT file FROM stack_frames
+    WHERE stack_id >= first_stack_id AND kind = 'python' AND file IS NOT NULL
+);
+
+-- Every distinct Python file of the stored stacks, and whether it is user code.
 -- @column file     the file name as captured
 -- @column is_user  true when frames of this file can be call sites
 -- @column rule     the `user_code.prefix` that decided, NULL when the built-in rule did
 CREATE OR REPLACE VIEW python_files AS
-WITH files AS (
-    SELECT DISTINCT file FROM frames WHERE kind = 'python' AND file IS NOT NULL
-), matched AS (
-    SELECT f.file, arg_max(r.is_user, length(r.prefix)) AS is_user, arg_max(r.prefix, length(r.prefix)) AS rule
-    FROM files f
-    JOIN user_code r ON user_code_prefix_matches(f.file, r.prefix)
-    GROUP BY f.file
-)
-SELECT f.file, coalesce(m.is_user, NOT is_library_python_file(f.file)) AS is_user, m.rule
-FROM files f
-LEFT JOIN matched m USING (file);
+SELECT * FROM python_files_from(0);

@@ -359,6 +359,7 @@ def _downgrade_to_schema_2(path: Path) -> None:
             "DROP TABLE frames",
             "DROP TABLE stack_frame_rows",
             "DROP TABLE event_rows",
+            "DROP TABLE site_counts",
             "ALTER TABLE wide_frames RENAME TO stack_frames",
             "ALTER TABLE wide_events RENAME TO events",
             "DELETE FROM sql_modules",  # the views and macros of that version were other texts

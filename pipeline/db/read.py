@@ -142,9 +142,12 @@ def site(con: Any, site_key: str, limit: int) -> SiteInfo:
     )
 
 
-def top_sites(con: Any, kind: str | None, run_ids: list[str] | None, limit: int) -> list[dict[str, Any]]:
-    """The call sites with the most events (of `kind`, in `run_ids`), summed over runs; each shown where
-    most of its events were, by its file relative to its import root."""
+def top_sites(
+    con: Any, kind: str | None, run_ids: list[str] | None, limit: int, *, name: str | None = None, offset: int = 0
+) -> list[dict[str, Any]]:
+    """The call sites with the most events (of `kind`, in `run_ids`, with `name` in the event name),
+    summed over runs, from the `offset`-th on; each shown where most of its events were, by its file
+    relative to its import root."""
     where, params = [], []
     if kind is not None:
         where.append("kind = ?")
@@ -152,6 +155,9 @@ def top_sites(con: Any, kind: str | None, run_ids: list[str] | None, limit: int)
     if run_ids is not None:
         where.append("list_contains(?, run_id)")
         params.append(list(run_ids))
+    if name is not None:
+        where.append("contains(lower(name), lower(?))")
+        params.append(name)
     rows = query_rows(
         con,
         f"""
@@ -161,7 +167,7 @@ def top_sites(con: Any, kind: str | None, run_ids: list[str] | None, limit: int)
         {"WHERE " + " AND ".join(where) if where else ""}
         GROUP BY name, site_function, site_key
         ORDER BY events DESC, name, site_key
-        LIMIT {int(limit)}
+        LIMIT {int(limit)} OFFSET {int(offset)}
         """,
         params,
     )

@@ -17,10 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tbpipe.pipeline.db.connection import query_rows, query_value
+from tbpipe.pipeline.db.connection import query_arrow, query_rows, query_value
 from tbpipe.pipeline.db.ingest.tables import IngestDb
 from tbpipe.pipeline.errors import UsageError
 
@@ -72,31 +73,159 @@ def site_stacks(db: IngestDb, from_stack: int | None) -> None:
         con.execute("DELETE FROM sites")
     con.execute("CREATE OR REPLACE TEMP TABLE ingest_sites AS SELECT * FROM stack_sites_from(?)", [from_stack or 0])
     try:
-        con.execute(
-            """
-            INSERT INTO sites BY NAME
-            SELECT (SELECT coalesce(max(site_id), 0) FROM sites) + row_number() OVER (ORDER BY site_key) AS site_id,
-                   site_key, function, file, line, kind, portable_file, line_offset, module
-            FROM (
-                SELECT site_key, any_value(site_function) AS function, any_value(site_file) AS file,
-                       any_value(site_line) AS line, any_value(site_kind) AS kind,
-                       any_value(site_portable_file) AS portable_file, any_value(site_line_offset) AS line_offset,
-                       any_value(regexp_extract(site_module, '[^/]*$')) AS module
-                FROM ingest_sites
-                WHERE site_key IS NOT NULL AND site_key NOT IN (SELECT site_key FROM sites)
-                GROUP BY site_key
-            )
-            """
-        )
-        con.execute(
-            """
-            INSERT INTO stack_sites BY NAME
-            SELECT i.stack_id, t.site_id, i.site_depth, i.site_kind, i.site_is_user, i.site_file, i.site_line
-            FROM ingest_sites i LEFT JOIN sites t USING (site_key)
-            """
-        )
+        _insert_sites(con)
     finally:
         con.execute("DROP TABLE IF EXISTS temp.ingest_sites")
+    if from_stack is None:
+        con.execute("DELETE FROM site_counts")
+        count_sites(db, None)
+
+
+def count_sites(db: IngestDb, run_number: int | None) -> None:
+    """`site_counts` of one run (all runs with None) from its `event_counts` and the stacks' sites."""
+    db.con.execute(
+        f"""
+        INSERT INTO site_counts BY NAME
+        SELECT c.run_number, c.name_id, s.site_id, sum(c.events) AS events, arg_max(s.site_file, c.events) AS site_file,
+               arg_max(s.site_line, c.events) AS site_line, bool_or(s.site_is_user) AS site_is_user
+        FROM event_counts c
+        LEFT JOIN stack_sites s USING (stack_id)
+        {"WHERE c.run_number = ?" if run_number is not None else ""}
+        GROUP BY c.run_number, c.name_id, s.site_id
+        """,
+        [run_number] if run_number is not None else [],
+    )
+
+
+def sites_of_laid_out(db: IngestDb, frames: Any, stack_ids: np.ndarray, portable: dict[str, str]) -> pa.Table:
+    """`stack_sites_from`'s answer for freshly laid-out stacks, computed from their frames in memory.
+
+        The same rule as the SQL (which the ingest uses to site every stack again when the rules
+        change, and the tests hold the two equal): the innermost Python frame of a user file, else the
+        innermost symbolized frame; the key by `site_identity_key`. Only the distinct files are
+        classified and the distinct site frames keyed in DuckDB, so a batch of small runs is sited
+        without scanning the stored frames. `stack_ids` are the stacks to site (increasing; a stack
+    without frames has no site), `portable` names the frames' Python files.
+    """
+    rows, table = frames.rows, frames.frames
+    frame_of_row = rows["frame"].to_numpy()
+    row_stack = rows["stack_id"].to_numpy()
+    row_depth = rows["depth"].to_numpy()
+    kinds = np.asarray(table["kind"].to_pylist(), dtype=object)
+    files = table["file"].to_pylist()
+    python_files = sorted({f for f, k in zip(files, kinds) if k == "python" and f is not None})
+    user = set()
+    if python_files:
+        db.register("ingest_site_files", pa.table({"file": pa.array(python_files, pa.string())}))
+        try:
+            user = {
+                f
+                for f, is_user in query_rows(db.con, "SELECT file, python_file_is_user(file) FROM ingest_site_files")
+                if is_user
+            }
+        finally:
+            db.unregister("ingest_site_files")
+    user_frame = np.array([k == "python" and f in user for k, f in zip(kinds, files)], dtype=bool)
+
+    stacks = np.asarray(stack_ids, dtype=np.int64)
+    first_row = np.searchsorted(row_stack, stacks)  # rows are by stack, then depth
+    user_rows = np.flatnonzero(user_frame[frame_of_row]) if len(frame_of_row) else np.zeros(0, np.int64)
+    user_depth = np.full(len(stacks), -1, dtype=np.int64)
+    if len(user_rows):
+        with_user, first_user = np.unique(row_stack[user_rows], return_index=True)
+        user_depth[np.searchsorted(stacks, with_user)] = row_depth[user_rows[first_user]]
+    symbolized = np.full(len(stacks), -1, dtype=np.int64)
+    laid_out = np.isin(stacks, frames.stack_order)
+    symbolized[laid_out] = frames.symbolized_depth[np.searchsorted(frames.stack_order, stacks[laid_out])]
+    depth = np.where(user_depth >= 0, user_depth, symbolized)
+    sited = depth >= 0
+    site_frame = np.where(
+        sited,
+        frame_of_row[np.minimum(first_row + np.maximum(depth, 0), len(frame_of_row) - 1)] if len(frame_of_row) else -1,
+        -1,
+    )
+    take = pa.array(np.where(sited, site_frame, 0))
+    site_kind = table["kind"].take(take)
+    site_file = table["file"].take(take)
+    python = pc.equal(site_kind, "python")
+    portable_file = pc.if_else(
+        python,
+        pa.array([portable.get(f, f) if f is not None else None for f in site_file.to_pylist()], pa.string()),
+        pa.scalar(None, pa.string()),
+    )
+    located = pa.table(
+        {
+            "stack_id": pa.array(stacks, pa.int64()),
+            "site_depth": pa.array(depth, pa.int32(), mask=~sited),
+            "site_kind": site_kind,
+            "site_function": table["function"].take(take),
+            "site_file": site_file,
+            "site_line": table["line"].take(take),
+            "site_first_line": table["first_line"].take(take),
+            "site_module": table["module"].take(take),
+            "site_portable_file": portable_file,
+            "site_is_user": pa.array(user_depth >= 0, pa.bool_()),
+            "sited": pa.array(sited, pa.bool_()),
+        }
+    )
+    db.register("ingest_located", located)
+    try:
+        return query_arrow(
+            db.con,
+            """
+            SELECT stack_id,
+                   site_depth,
+                   CASE WHEN sited THEN site_kind END AS site_kind,
+                   CASE WHEN sited THEN site_function END AS site_function,
+                   CASE WHEN sited THEN site_file END AS site_file,
+                   CASE WHEN sited THEN site_line END AS site_line,
+                   CASE WHEN sited AND site_kind = 'python' THEN site_portable_file END AS site_portable_file,
+                   CASE WHEN sited AND site_kind = 'python' THEN site_line - site_first_line END AS site_line_offset,
+                   CASE WHEN sited AND site_kind = 'native' THEN site_module END AS site_module,
+                   site_is_user,
+                   CASE WHEN sited THEN site_identity_key(site_kind, site_function, site_portable_file, site_line,
+                                                          site_first_line, site_module) END AS site_key
+            FROM ingest_located
+            """,
+        )
+    finally:
+        db.unregister("ingest_located")
+
+
+def store_sites(db: IngestDb, sites: pa.Table) -> None:
+    """`sites` rows for the keys the table lacks and `stack_sites` rows, from `sites_of_laid_out` rows."""
+    db.register("ingest_sites", sites)
+    try:
+        _insert_sites(db.con)
+    finally:
+        db.unregister("ingest_sites")
+
+
+def _insert_sites(con: Any) -> None:
+    """`sites` and `stack_sites` from the relation `ingest_sites` (shaped like `stack_sites_from`)."""
+    con.execute(
+        """
+        INSERT INTO sites BY NAME
+        SELECT (SELECT coalesce(max(site_id), 0) FROM sites) + row_number() OVER (ORDER BY site_key) AS site_id,
+               site_key, function, file, line, kind, portable_file, line_offset, module
+        FROM (
+            SELECT site_key, any_value(site_function) AS function, any_value(site_file) AS file,
+                   any_value(site_line) AS line, any_value(site_kind) AS kind,
+                   any_value(site_portable_file) AS portable_file, any_value(site_line_offset) AS line_offset,
+                   any_value(regexp_extract(site_module, '[^/]*$')) AS module
+            FROM ingest_sites
+            WHERE site_key IS NOT NULL
+            GROUP BY site_key
+        ) ANTI JOIN sites USING (site_key)
+        """
+    )
+    con.execute(
+        """
+        INSERT INTO stack_sites BY NAME
+        SELECT i.stack_id, t.site_id, i.site_depth, i.site_kind, i.site_is_user, i.site_file, i.site_line
+        FROM ingest_sites i LEFT JOIN sites t USING (site_key)
+        """
+    )
 
 
 # ------------------------------------------------------------------------------------------ portable file names
@@ -134,28 +263,21 @@ def portable_file(file: str, roots: Sequence[str]) -> tuple[str, str | None]:
 
 def record_source_files(db: IngestDb, files: Sequence[str], roots: Sequence[str]) -> None:
     """`source_files` rows for those of `files` the table lacks, named relative to `roots`."""
-    if not files:
+    record_portable_files(db, {file: portable_file(file, roots) for file in files})
+
+
+def record_portable_files(db: IngestDb, named: dict[str, tuple[str, str | None]]) -> None:
+    """`source_files` rows for the files of {file: (portable file, root)} that the table lacks."""
+    if not named:
         return
-    known = {
-        row[0]
-        for row in query_rows(db.con, "SELECT file FROM source_files WHERE list_contains(?, file)", [list(files)])
-    }
-    rows = [(file, *portable_file(file, roots)) for file in files if file not in known]
-    if rows:
-        table = pa.table(
-            {
-                "file": pa.array([r[0] for r in rows], pa.string()),
-                "portable_file": pa.array([r[1] for r in rows], pa.string()),
-                "root": pa.array([r[2] for r in rows], pa.string()),
-            }
-        )
-        db.insert("INSERT INTO source_files BY NAME SELECT * FROM {}", table)
-
-
-def python_files_of(frames: pa.Table) -> list[str]:
-    """Distinct files of a `stack_frames`-shaped table's Python frames."""
-    python = frames.filter(pc.equal(frames["kind"], "python"))
-    return [f for f in pc.unique(python["file"]).to_pylist() if f is not None]
+    table = pa.table(
+        {
+            "file": pa.array(list(named), pa.string()),
+            "portable_file": pa.array([portable for portable, _root in named.values()], pa.string()),
+            "root": pa.array([root for _portable, root in named.values()], pa.string()),
+        }
+    )
+    db.insert("INSERT INTO source_files BY NAME SELECT * FROM {} ANTI JOIN source_files USING (file)", table)
 
 
 # ------------------------------------------------------------------------------------------ older databases
