@@ -81,13 +81,20 @@ def site_stacks(db: IngestDb, from_stack: int | None) -> None:
         count_sites(db, None)
 
 
+# Which stack's file and line stand for a site in a run: the stack with the most events; among
+# equals the greatest (file, line), so that both come from one stack and every engine (the lake's
+# Spark job too) picks the same.
+SITE_PLACE_ORDER = "struct_pack(n := c.events, f := coalesce(s.site_file, ''), l := coalesce(s.site_line, -1))"
+
+
 def count_sites(db: IngestDb, run_number: int | None) -> None:
     """`site_counts` of one run (all runs with None) from its `event_counts` and the stacks' sites."""
     db.con.execute(
         f"""
         INSERT INTO site_counts BY NAME
-        SELECT c.run_number, c.name_id, s.site_id, sum(c.events) AS events, arg_max(s.site_file, c.events) AS site_file,
-               arg_max(s.site_line, c.events) AS site_line, bool_or(s.site_is_user) AS site_is_user
+        SELECT c.run_number, c.name_id, s.site_id, sum(c.events) AS events,
+               arg_max(s.site_file, {SITE_PLACE_ORDER}) AS site_file,
+               arg_max(s.site_line, {SITE_PLACE_ORDER}) AS site_line, bool_or(s.site_is_user) AS site_is_user
         FROM event_counts c
         LEFT JOIN stack_sites s USING (stack_id)
         {"WHERE c.run_number = ?" if run_number is not None else ""}
