@@ -8,7 +8,8 @@ behaves differently are rewritten (`FUNCTION_MAP`), and sqlglot writes the resul
     spark_views()                   # [(name, Spark SQL)] in dependency order
     register_lake(spark, lake)      # temp views over the lake's files, then the translated views
 
-Table macros (`stack_sites_from`) are not translated: the ingest runs them in DuckDB.
+A table macro read by a view (`python_files_from(0)`) is expanded the same way, into a subquery
+named like the macro; the ingest's own table macro (`stack_sites_from`) runs in DuckDB only.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ _MACRO = re.compile(
     r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?MACRO\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(([^)]*)\)\s+AS\s+(.*?)\s*;?\s*$",
     re.IGNORECASE | re.DOTALL,
 )
+_TABLE_BODY = re.compile(r"^\s*TABLE\s+(.*)$", re.IGNORECASE | re.DOTALL)
 _VIEW = re.compile(
     r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?VIEW\s+([A-Za-z_][A-Za-z0-9_]*)\s+AS\s+(.*?)\s*;?\s*$", re.IGNORECASE | re.DOTALL
 )
@@ -33,6 +35,7 @@ class Macro:
     name: str
     params: tuple[str, ...]
     body: Any  # sqlglot expression
+    table: bool = False  # a table macro (its body a SELECT)
 
 
 # ------------------------------------------------------------------------------------------ the function map
@@ -120,12 +123,15 @@ def _macros_and_views() -> tuple[dict[str, Macro], list[tuple[str, str]]]:
             created = statement.created
             if created is None:
                 continue
-            if created.kind == "macro":
+            if created.kind in ("macro", "table macro"):
                 match = _MACRO.match(statement.sql)
                 if match is None:
                     raise ValueError(f"cannot read macro {created.name}")
                 params = tuple(p.strip() for p in match.group(2).split(",") if p.strip())
-                macros[created.name.lower()] = Macro(created.name, params, _parse(match.group(3)))
+                body = match.group(3)
+                if created.kind == "table macro":
+                    body = _TABLE_BODY.match(body).group(1)
+                macros[created.name.lower()] = Macro(created.name, params, _parse(body), created.kind == "table macro")
             elif created.kind == "view":
                 match = _VIEW.match(statement.sql)
                 if match is None:
@@ -135,16 +141,15 @@ def _macros_and_views() -> tuple[dict[str, Macro], list[tuple[str, str]]]:
 
 
 def _expand(tree: Any, macros: dict[str, Macro]) -> Any:
-    """Every call of a scalar macro replaced by its body, arguments in place of parameters."""
+    """Every call of a macro replaced by its body, arguments in place of parameters: a scalar
+    macro's in parentheses, a table macro's (in a FROM) as a subquery named like the macro."""
     import sqlglot.expressions as exp
 
-    def replace(node: Any) -> Any:
-        if not isinstance(node, exp.Anonymous):
-            return node
-        macro = macros.get(str(node.name).lower())
-        if macro is None:
-            return node
-        args = node.expressions
+    def body(call: Any, table: bool) -> Any:
+        macro = macros.get(str(call.name).lower())
+        if macro is None or macro.table != table:
+            return None
+        args = call.expressions
         if len(args) != len(macro.params):
             raise ValueError(f"{macro.name} takes {len(macro.params)} arguments, given {len(args)}")
         bound = dict(zip(macro.params, args))
@@ -154,7 +159,20 @@ def _expand(tree: Any, macros: dict[str, Macro]) -> Any:
                 return exp.Paren(this=bound[inner.name].copy())
             return inner
 
-        return exp.Paren(this=_expand(macro.body.copy().transform(substitute), macros))
+        return _expand(macro.body.copy().transform(substitute), macros)
+
+    def replace(node: Any) -> Any:
+        if isinstance(node, exp.Table) and isinstance(node.this, exp.Anonymous):
+            expanded = body(node.this, table=True)
+            if expanded is None:
+                return node
+            return exp.Subquery(
+                this=expanded, alias=exp.TableAlias(this=exp.to_identifier(node.alias or node.this.name))
+            )
+        if isinstance(node, exp.Anonymous):
+            expanded = body(node, table=False)
+            return node if expanded is None else exp.Paren(this=expanded)
+        return node
 
     return tree.transform(replace)
 
