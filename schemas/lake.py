@@ -11,6 +11,7 @@ Layout, one folder per table under the lake's root:
     <lake>/_lake.json                                   format and version
     <lake>/event_rows/run_number=<n>/part-*.parquet     partitioned by run: a run's partition is
     <lake>/event_counts/run_number=<n>/part-*.parquet   replaced when the run is ingested again
+    <lake>/site_counts/run_number=<n>/part-*.parquet
     <lake>/runs/part-*.parquet, <lake>/stacks/...       the other tables, unpartitioned
 
 Tables of kind RUN are keyed by run (a re-ingested run replaces its rows); tables of kind CONTENT
@@ -229,6 +230,22 @@ TABLES: dict[str, LakeTable] = {
             ],
             partitioned=True,
             doc="events counted per run, kind/name and stack",
+        ),
+        _table(
+            "site_counts",
+            RUN,
+            (PARTITION,),
+            [
+                ("run_number", pa.int64()),
+                ("name_id", pa.int64()),
+                ("site_id", pa.int64()),
+                ("events", pa.int64()),
+                ("site_file", pa.string()),
+                ("site_line", pa.int32()),
+                ("site_is_user", pa.bool_()),
+            ],
+            partitioned=True,
+            doc="events counted per run, kind/name and call site, with where the site was in that run",
         ),
         _table(
             "sites",

@@ -97,6 +97,7 @@ def _queries() -> dict[str, str]:
         "event_counts": _select(
             "event_counts", {"run_number": run, "name_id": name, "stack_id": stack}, "event_counts t"
         ),
+        "site_counts": _select("site_counts", {"run_number": run, "name_id": name, "site_id": site}, "site_counts t"),
         "sites": _select("sites", {"site_id": site}, "sites t"),
         "stack_sites": _select("stack_sites", {"stack_id": stack, "site_id": site}, "stack_sites t"),
         "source_files": _select("source_files", {}, "source_files t"),

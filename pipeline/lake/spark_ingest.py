@@ -15,6 +15,8 @@ Where each step runs (D = driver, E = executors):
      expansion, frame ids, and call sites by the packaged siting SQL in an in-memory DuckDB
   E  events: read by Spark straight from the runs' events parts, raw stack ids re-keyed with a
      join, name ids from (kind, name), written per run partition (dynamic partition overwrite)
+  E  counts: events per run, name and stack (`event_counts`), and per run, name and call site
+     (`site_counts`, what `call_sites` reads), also per run partition
   D  the runs rows (from the manifests: one small row per run) and the summary
 
 Every intermediate result is written by Spark to `<lake>/_staging/<job>/` and read back, so no
@@ -273,6 +275,13 @@ class _Job:
         elif self.add_files(frame.select(*columns), directory):
             self.compact(name)
 
+    def write_partitions(self, name: str, frame: Any) -> None:
+        """A partitioned table's rows of some runs: each run's partition replaced by its rows in
+        `frame` (dynamic partition overwrite), other runs' partitions left as they are."""
+        frame.select(*TABLES[name].schema.names).write.mode("overwrite").partitionBy(PARTITION).parquet(
+            str(store.table_dir(self.lake, name))
+        )
+
     def replace_run_rows(self, rows: pa.Table, replaced: list[str]) -> None:
         """`runs` (one small row per run) on the driver: replaced runs' rows dropped, `rows` added."""
         directory = store.table_dir(self.lake, "runs")
@@ -517,7 +526,7 @@ class _Job:
         events' attributes are not JSON are quarantined here (their dicts in `ready_runs` change)."""
         from pyspark.sql import functions as F
 
-        spark, lake = self.spark, self.lake
+        spark = self.spark
         with self.step("names and attributes"):
             events, names, counts, bad = self.events(ready_runs, prepared)
         if bad:
@@ -564,16 +573,17 @@ class _Job:
         if events is not None:
             with self.step("write events"):
                 self.append_new("event_names", names)
-                rows = events.repartition(PARTITION).sortWithinPartitions(PARTITION, "event_id")
-                rows.write.mode("overwrite").partitionBy(PARTITION).parquet(str(store.table_dir(lake, "event_rows")))
+                self.write_partitions(
+                    "event_rows", events.repartition(PARTITION).sortWithinPartitions(PARTITION, "event_id")
+                )
             with self.step("count events"):
                 counts = self.stage("counts", counts.select(*TABLES["event_counts"].schema.names), partition=None)
-                counts.repartition(PARTITION).write.mode("overwrite").partitionBy(PARTITION).parquet(
-                    str(store.table_dir(lake, "event_counts"))
-                )
+                self.write_partitions("event_counts", counts.repartition(PARTITION))
                 counts_by_run = {
                     row[0]: row[1] for row in counts.groupBy(PARTITION).agg(F.count_distinct("stack_id")).collect()
                 }
+            with self.step("count sites"):
+                self.write_site_counts(counts)
         with self.step("write runs"):
             replaced = [r["run_id"] for r in ready_runs if r["status"] == "updated"]
             self.replace_runs("run_modules", _run_modules(prepared, ready), replaced)
@@ -581,6 +591,29 @@ class _Job:
         if built is not None:
             _count_frames(built, summary)
         return new_stacks
+
+    def write_site_counts(self, counts: Any) -> None:
+        """`site_counts` of the loaded runs: their event counts summed per call site, each site placed
+        at the file and line of its stack with the most events (`siting.SITE_PLACE_ORDER`: among
+        equals the greatest file and line; like DuckDB's arg_max, stacks without a file or line are
+        passed over for that column)."""
+        from pyspark.sql import functions as F
+
+        sites = self.read_table("stack_sites").select("stack_id", "site_id", "site_file", "site_line", "site_is_user")
+        order = F.struct(
+            F.col("events"), F.coalesce(F.col("site_file"), F.lit("")), F.coalesce(F.col("site_line"), F.lit(-1))
+        )
+        per_site = (
+            counts.join(sites, "stack_id", "left")
+            .groupBy(PARTITION, "name_id", "site_id")
+            .agg(
+                F.sum("events").alias("events"),
+                F.max_by("site_file", F.when(F.col("site_file").isNotNull(), order)).alias("site_file"),
+                F.max_by("site_line", F.when(F.col("site_line").isNotNull(), order)).alias("site_line"),
+                F.bool_or("site_is_user").alias("site_is_user"),
+            )
+        )
+        self.write_partitions("site_counts", per_site.repartition(PARTITION))
 
     # ---------------------------------------------------------------- the runs rows
 
