@@ -118,13 +118,13 @@ def prepare_run(
     from tbpipe.pipeline.rawrun import (
         DamagedRunError,
         MissingManifestError,
-        check_part,
         part_files,
         parts_fingerprint,
         read_manifest,
         read_tables,
         recovered_manifest,
         reference_problems,
+        verify_part,
     )
     from tbpipe.pipeline.stacks.flatten import flatten_run
 
@@ -148,14 +148,16 @@ def prepare_run(
         return PreparedRun(_run_row(run_dir, "present", run_id=run_id, run_number=number, complete=bool(existing[0])))
     try:
         files = part_files(run_dir, manifest)
-        event_files = [(path, check_part(path, "events")) for path in files["events"]]
+        event_files = [(path, verify_part(path, "events")) for path in files["events"]]
         tables = read_tables(files, ("stacks", "modules", "code"))
         notes = notes + reference_problems(tables)
+        if notes and manifest.get("complete") and not manifest.get("recovered"):
+            raise DamagedRunError(f"{run_dir}: {'; '.join(notes)}")
         flat = flatten_run(tables)
         dangling = _dangling_events(event_files, flat.raw_ids)
         if dangling:
             notes.append(f"{dangling} events refer to stacks the run does not hold: their stack is NULL")
-        if notes and manifest.get("complete"):
+        if dangling and manifest.get("complete"):
             raise DamagedRunError(f"{run_dir}: {'; '.join(notes)}")
     except DamagedRunError as error:
         return PreparedRun(_run_row(run_dir, "quarantined", reason=str(error), run_id=run_id, run_number=number))
