@@ -92,6 +92,8 @@ class _State:
     carriers: dict[tuple, tuple[int, Any]] = field(default_factory=dict)  # origin -> (line, function)
     compiles: dict[tuple, _Compile] = field(default_factory=dict)
     started: dict[tuple, float] = field(default_factory=dict)  # (trigger, compile id) -> perf_counter
+    # How often PyTorch called in (benchmarks check that nothing runs per call of compiled code).
+    calls: dict[str, int] = field(default_factory=lambda: {"trace_records": 0, "compile_callbacks": 0})
 
 
 _state = _State()
@@ -187,7 +189,13 @@ def _trigger_name(args: Any) -> str:
     return str(getattr(trigger, "name", trigger))
 
 
+def counters() -> dict[str, int]:
+    """Structured-trace records and compile callbacks received since the process started."""
+    return dict(_state.calls)
+
+
 def _on_compile_start(args: Any) -> None:
+    _state.calls["compile_callbacks"] += 1
     try:
         _state.started[(_trigger_name(args), getattr(args, "compile_id", None))] = time.perf_counter()
     except Exception:
@@ -195,6 +203,7 @@ def _on_compile_start(args: Any) -> None:
 
 
 def _on_compile_end(args: Any) -> None:
+    _state.calls["compile_callbacks"] += 1
     try:
         trigger = _trigger_name(args)
         compile_id = getattr(args, "compile_id", None)
@@ -218,6 +227,7 @@ class _TraceHandler(logging.Handler):
         super().__init__(logging.DEBUG)
 
     def emit(self, record: logging.LogRecord) -> None:
+        _state.calls["trace_records"] += 1
         metadata = getattr(record, "metadata", None)
         if not isinstance(metadata, dict):
             return
