@@ -148,43 +148,48 @@ def sites_of_laid_out(db: IngestDb, frames: Any, stack_ids: np.ndarray, portable
     frame_of_row = rows["frame"].to_numpy()
     row_stack = rows["stack_id"].to_numpy()
     row_depth = rows["depth"].to_numpy()
-    kinds = np.asarray(table["kind"].to_pylist(), dtype=object)
-    files = table["file"].to_pylist()
-    modules = table["module"].to_pylist()
-    python = kinds == "python"
-    python_files = sorted({f for f, k in zip(files, kinds) if k == "python" and f is not None})
-    native_modules = sorted({m for m, k in zip(modules, kinds) if k == "native" and m is not None})
-    user, generated = set(), set()
-    if python_files or native_modules:
+    kinds = table["kind"]
+    python_mask = pc.equal(kinds, "python")
+    native_mask = pc.equal(kinds, "native")
+    python = python_mask.to_numpy(zero_copy_only=False)
+    python_files = pc.unique(table["file"].filter(python_mask)).drop_null()
+    native_modules = pc.unique(table["module"].filter(native_mask)).drop_null()
+    user_files = generated_files = generated_modules = pa.array([], pa.string())
+    if len(python_files) or len(native_modules):
         paths = pa.table(
             {
-                "path": pa.array(python_files + native_modules, pa.string()),
+                "path": pa.concat_arrays([python_files.cast(pa.string()), native_modules.cast(pa.string())]),
                 "python": pa.array([True] * len(python_files) + [False] * len(native_modules), pa.bool_()),
             }
         )
         db.register("ingest_site_paths", paths)
         try:
-            for path, is_python, is_user, is_generated in query_rows(
+            classified = query_arrow(
                 db.con,
-                "SELECT path, python, python AND python_file_is_user(path), coalesce(is_generated_path(path), false) "
-                "FROM ingest_site_paths",
-            ):
-                if is_user:
-                    user.add(path)
-                if is_generated:
-                    generated.add((is_python, path))
+                "SELECT path, python, python AND python_file_is_user(path) AS is_user, "
+                "coalesce(is_generated_path(path), false) AS is_generated FROM ingest_site_paths",
+            )
         finally:
             db.unregister("ingest_site_paths")
-    user_frame = np.array([k == "python" and f in user for k, f in zip(kinds, files)], dtype=bool)
-    generated_frame = np.array(
-        [
-            (k == "python" and (True, f) in generated) or (k == "native" and (False, m) in generated)
-            for k, f, m in zip(kinds, files, modules)
-        ],
-        dtype=bool,
+        is_python, is_generated = classified["python"], classified["is_generated"]
+        user_files = classified["path"].filter(classified["is_user"])
+        generated_files = classified["path"].filter(pc.and_(is_python, is_generated))
+        generated_modules = classified["path"].filter(pc.and_(pc.invert(is_python), is_generated))
+
+    def member(column: str, values: pa.Array) -> np.ndarray:
+        found = pc.is_in(
+            table[column], value_set=values.combine_chunks() if hasattr(values, "combine_chunks") else values
+        )
+        return pc.fill_null(found, False).to_numpy(zero_copy_only=False)
+
+    user_frame = python & member("file", user_files)
+    generated_frame = (python & member("file", generated_files)) | (
+        native_mask.to_numpy(zero_copy_only=False) & member("module", generated_modules)
     )
-    anonymous_frame = np.array([k == "python" and f == "<string>" for k, f in zip(kinds, files)], dtype=bool)
-    symbolized_frame = (kinds != "marker") & pc.is_valid(table["function"]).to_numpy(zero_copy_only=False)
+    anonymous_frame = python & pc.fill_null(pc.equal(table["file"], "<string>"), False).to_numpy(zero_copy_only=False)
+    symbolized_frame = pc.not_equal(kinds, "marker").to_numpy(zero_copy_only=False) & pc.is_valid(
+        table["function"]
+    ).to_numpy(zero_copy_only=False)
 
     stacks = np.asarray(stack_ids, dtype=np.int64)
     first_row = np.searchsorted(row_stack, stacks)  # rows are by stack, then depth
