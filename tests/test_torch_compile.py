@@ -7,8 +7,9 @@ with their time; nothing is sited in generated code. The expected lines are read
 text below (marker comments), never from tbpipe's output.
 
 Compiles take seconds: one Inductor cache folder serves the whole test session, and all scenarios run
-in two captured processes (the second from another folder, with its lines moved, so that Inductor
-serves it from its cache with the first one's stack traces).
+in two captured processes. The second runs from another folder, with its lines moved (Inductor serves
+its Block from its cache, with the first process's stack traces) and without the print (its graph does
+not break: against it, the first one's graph break is a new regression in `tbpipe report`).
 
 PyTorch is only installable for some Python versions on these machines (torch 2.13 CPU for CPython
 3.11); elsewhere these tests skip with that reason.
@@ -116,7 +117,9 @@ def compiled(tmp_path_factory, inductor_cache, symbol_cache):
     """Two captured processes (the second one's model moved down its file, in another folder) and their database."""
     base = tmp_path_factory.mktemp("compiled")
     first = capture(base / "first", inductor_cache, MODEL)
-    moved = "# three lines\n# that move every\n# line of the model down\n" + MODEL
+    moved = "# three lines\n# that move every\n# line of the model down\n" + "".join(
+        line for line in MODEL.splitlines(keepends=True) if not line.rstrip().endswith("# PRINT LINE")
+    )
     second = capture(base / "second", inductor_cache, moved)
     db = base / "compiled.duckdb"
     summary = ingest_runs([first, second], IngestOptions(db_path=db, cache_dir=symbol_cache, progress=False))
@@ -356,3 +359,27 @@ def test_sites_of_compiled_stacks_equal_the_sql_definition(compiled, tmp_path) -
         con.close()
     assert query(copy, sql) == before
     assert len(before) > 10
+
+
+def test_a_new_graph_break_is_a_regression_in_the_report(compiled) -> None:
+    first, second = run_of(compiled, "first"), run_of(compiled, "second")
+    result = subprocess.run(
+        [sys.executable, "-m", "tbpipe.pipeline", "report", "--db", str(compiled["db"]), "--format", "json"]
+        + ["--candidate", first, "--baseline", second],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    breaks = [s for s in report["regressions"] if s["kind"] == "graph_break"]
+    model_file = str(compiled["first"].parent / "model.py")
+    assert [(s["site_file"], s["site_line"], s["change"], s["flagged"]) for s in breaks] == [
+        (model_file, line_of(MODEL, "PRINT LINE"), "new", True)
+    ]
+    # The compiled Block's ops moved down their file in the baseline: the same sites, not new ones.
+    flagged_ops = [s for s in report["regressions"] if s["name"] == "aten::addmm"]
+    assert flagged_ops == []
+    frames = breaks[0]["traceback"]
+    at = next(i for i, frame in enumerate(frames) if frame["file"] == model_file)
+    assert frames[at]["inlined"] and frames[at + 1]["generated"] and frames[at + 1]["file"].startswith("<tbpipe: ")
