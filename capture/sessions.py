@@ -293,6 +293,8 @@ class Session:
         dirs = torch_compile.generated_code_dirs()
         if dirs:
             self._writer.manifest.setdefault("generated_code", {}).update(dirs)
+        if torch_compile.notes():
+            self._writer.manifest["torch_compile_notes"] = torch_compile.notes()
         rows, self._origins_written = torch_compile.rows_since(self._origins_written)
         if not rows:
             return {}

@@ -28,8 +28,8 @@ torch itself. It does three things:
 - **Generated-code folders** for the manifest (`generated_code`): Inductor's cache folder as this
   process configured it (`TORCHINDUCTOR_CACHE_DIR` or Inductor's default) and Triton's cache.
 
-What is missing in a PyTorch version is said once in the source status line and on stderr; nothing
-of PyTorch's is replaced or patched. Costs: at compile time, the structured trace's artifacts are
+What is missing in a PyTorch version is said once on stderr and in the manifest
+(`torch_compile_notes`); nothing of PyTorch's is replaced or patched. Costs: at compile time, the structured trace's artifacts are
 formatted while the handler is attached (as with TORCH_TRACE); after compilation nothing runs per
 call of compiled code.
 """
@@ -142,6 +142,11 @@ def stop(handle: CompileHandle | None = None) -> None:
                 except ValueError:
                     pass  # removed by the program (torch._dynamo.reset() clears them)
             _state.callbacks = None
+
+
+def notes() -> list[str]:
+    """What following torch.compile could not do in this process (each said once on stderr too)."""
+    return list(_state.missing)
 
 
 def _status(base: str) -> str:
