@@ -578,7 +578,9 @@ def _functions_of(filename: str) -> tuple[tuple[int, int, str, str], ...]:
                 qualname = prefix + name
                 found.append((first, getattr(child, "end_lineno", None) or first, name, qualname))
                 visit(child, qualname + ".<locals>.")
-            elif isinstance(child, ast.ClassDef):
+            elif isinstance(child, ast.ClassDef):  # a class body is a code object too
+                first = min([child.lineno] + [d.lineno for d in child.decorator_list])
+                found.append((first, getattr(child, "end_lineno", None) or first, child.name, prefix + child.name))
                 visit(child, prefix + child.name + ".")
             else:
                 visit(child, prefix)

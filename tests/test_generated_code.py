@@ -242,3 +242,59 @@ def test_a_part_older_than_its_table_is_damaged(tmp_path) -> None:
         DamagedRunError, match="expected table 'code_origins' schema version 2, file says 'code_origins' version '1'"
     ):
         read_runs(tmp_path / "runs")
+
+
+# ------------------------------------------------------------------------------------------ naming functions
+
+NESTED = """\
+import functools
+
+
+def deco(function):
+    return function
+
+
+class Outer:
+    class Inner:
+        @deco
+        @functools.lru_cache
+        def method(self):
+            return 1
+
+    def make(self):
+        def inner(x):
+            return [y * x for y in range(3)]
+
+        return inner
+
+
+square = lambda x: (  # noqa: E731
+    x * x
+)
+
+
+def generator():
+    yield from (n for n in range(3))
+"""
+
+
+def test_stack_trace_frames_are_named_as_code_objects_name_their_functions(tmp_path) -> None:
+    # Graph nodes' stack traces give file, line and plain name; the capture names the function as the
+    # code object does (qualified name and first line), so a compiled line keys like the eager one.
+    from tbpipe.capture.torch_compile import origin_frame
+
+    path = tmp_path / "nested.py"
+    path.write_text(NESTED)
+    top = compile(NESTED, str(path), "exec")
+    seen = 0
+    stack = [top]
+    while stack:
+        code = stack.pop()
+        stack.extend(c for c in code.co_consts if isinstance(c, type(top)))
+        lines = sorted({line for _start, _end, line in code.co_lines() if line is not None})
+        for line in lines[-1:]:
+            frame = origin_frame(str(path), line, code.co_name)
+            expected = getattr(code, "co_qualname", code.co_name) if sys.version_info >= (3, 11) else code.co_name
+            assert (frame["qualname"], frame["first_line"], frame["line"]) == (expected, code.co_firstlineno, line)
+            seen += 1
+    assert seen >= 7
