@@ -31,7 +31,8 @@ def stack_frames(con: Any, stack_id: int) -> list[Frame]:
     rows = query_rows(
         con,
         """
-        SELECT kind, function, file, line, module, address, inlined
+        SELECT kind, function, file, line, module, address, inlined,
+               kind <> 'marker' AND coalesce(is_generated_path(CASE WHEN kind = 'python' THEN file ELSE module END), false)
         FROM stack_frames WHERE stack_id = ? ORDER BY depth
         """,
         [stack_id],
@@ -40,13 +41,16 @@ def stack_frames(con: Any, stack_id: int) -> list[Frame]:
     if not problem:
         raise NotFoundError(f"no stack {stack_id} in the database")
     frames = []
-    for kind, function, file, line, module, address, inlined in rows:
+    for kind, function, file, line, module, address, inlined, generated in rows:
         if kind == "native":
-            frames.append(frame("native", _native_name(function, module, address), file, line, module, bool(inlined)))
+            name = _native_name(function, module, address)
+            frames.append(frame("native", name, file, line, module, bool(inlined), bool(generated)))
         elif kind == "marker":
             frames.append(frame("marker", function or "<native walk stopped>", None, None, None))
         else:
-            frames.append(frame("python", function or "<unknown code>", file, line, None))
+            # An inlined Python frame: a user line that torch.compile compiled into the generated frame outside it.
+            name = function or "<unknown code>"
+            frames.append(frame("python", name, file, line, None, bool(inlined), bool(generated)))
     if problem[0][0]:
         frames.append(frame("marker", f"<{problem[0][0]}>", None, None, None))
     return frames

@@ -172,6 +172,7 @@ def _frame_json(frame: dict[str, Any]) -> dict[str, Any]:
         "line": frame["line"],
         "module": frame["module"],
         "inlined": bool(frame["inlined"]),
+        "generated": bool(frame.get("generated")),
     }
 
 

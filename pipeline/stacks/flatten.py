@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tbpipe.pipeline.stacks import identity
+from tbpipe.pipeline.stacks.origins import splice_origins
 from tbpipe.pipeline.symbols.modulekey import module_key_column
 from tbpipe.schemas.raw import NATIVE_FRAME_BY_FRAME_POINTER, NATIVE_FRAME_EVAL_LOOP, PYTHON_FRAME_LINE_RESOLVED
 
@@ -90,7 +91,9 @@ def _frames(lists: pa.ChunkedArray, rows: np.ndarray, ref_field: str, value_fiel
 
 
 def flatten_run(tables: dict[str, pa.Table]) -> FlatRun:
-    """Flattens and hashes a run's `stacks`, `modules` and `code` tables (schemas.raw)."""
+    """Flattens and hashes a run's `stacks`, `modules` and `code` tables (schemas.raw), with the frames
+    of its `code_origins` (when it has that table) placed inside the generated frames (`origins`)."""
+    tables = splice_origins(tables)
     stacks = tables["stacks"]
 
     # Modules: key and hash per row, and a dense map from module_index to row.

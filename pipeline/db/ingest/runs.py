@@ -44,6 +44,7 @@ from tbpipe.pipeline.db.ingest.siting import (
     portable_file,
     record_portable_files,
     sites_of_laid_out,
+    store_generated_code,
     store_sites,
     store_user_code,
 )
@@ -163,7 +164,7 @@ class RunLoader:
         try:
             files = part_files(run_dir, manifest)
             event_files = [(path, verify_part(path, "events")) for path in files["events"]]
-            tables = read_tables(files, ("stacks", "modules", "code"))
+            tables = read_tables(files, ("stacks", "modules", "code", "code_origins"))
             notes += reference_problems(tables)
             if notes and manifest.get("complete") and not manifest.get("recovered"):
                 raise DamagedRunError(f"{run_dir}: {'; '.join(notes)}")
@@ -260,6 +261,8 @@ class RunLoader:
         for run, count in zip(runs, brought):
             run.new_stacks = int(count)
         self._check_dangling_events(batch)
+        # The folders of generated code the runs name, before any stack is sited: never a site.
+        store_generated_code(self.db, [run.manifest for run in runs])
         if len(new_order):
             slots, shapes = self._slots(flat, new_ids, new_order)
             progress.describe(f"symbolizing the frames of {len(new_order):,} new stacks")

@@ -65,6 +65,42 @@ def store_user_code(db: IngestDb, rules: list[tuple[str, bool]]) -> None:
             con.execute("INSERT OR REPLACE INTO settings VALUES ('sited_with_rules', ?)", [rules_hash])
 
 
+def store_generated_code(db: IngestDb, manifests: Sequence[dict[str, Any]]) -> None:
+    """`generated_code` rows for the folders of generated code that the runs' manifests name; when a
+    new one holds Python files or modules of stored stacks, every stack is sited again."""
+    rows = {}
+    for manifest in manifests:
+        for generator, folder in (manifest.get("generated_code") or {}).items():
+            if isinstance(folder, str) and folder.startswith("/") and folder.rstrip("/"):
+                rows.setdefault(folder.rstrip("/") + "/", (str(generator), manifest.get("run_id")))
+    if not rows:
+        return
+    with db.transaction() as con:
+        known = {
+            prefix
+            for (prefix,) in query_rows(
+                con, "SELECT prefix FROM generated_code WHERE list_contains(?, prefix)", [list(rows)]
+            )
+        }
+        new = {prefix: value for prefix, value in rows.items() if prefix not in known}
+        if not new:
+            return
+        for prefix, (generator, run_id) in new.items():
+            con.execute(
+                "INSERT INTO generated_code VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [prefix, generator, run_id]
+            )
+        stored = query_value(
+            con,
+            """
+            SELECT EXISTS (SELECT 1 FROM source_files s, unnest(?) AS t(p) WHERE starts_with(s.file, t.p))
+                OR EXISTS (SELECT 1 FROM modules m, unnest(?) AS t(p) WHERE starts_with(m.path, t.p))
+            """,
+            [list(new), list(new)],
+        )
+        if stored:
+            site_stacks(db, from_stack=None)
+
+
 def site_stacks(db: IngestDb, from_stack: int | None) -> None:
     """Fills `stack_sites` (and `sites`) for stacks >= from_stack; None: all stacks, anew."""
     con = db.con
@@ -107,44 +143,74 @@ def count_sites(db: IngestDb, run_number: int | None) -> None:
 def sites_of_laid_out(db: IngestDb, frames: Any, stack_ids: np.ndarray, portable: dict[str, str]) -> pa.Table:
     """`stack_sites_from`'s answer for freshly laid-out stacks, computed from their frames in memory.
 
-        The same rule as the SQL (which the ingest uses to site every stack again when the rules
-        change, and the tests hold the two equal): the innermost Python frame of a user file, else the
-        innermost symbolized frame; the key by `site_identity_key`. Only the distinct files are
-        classified and the distinct site frames keyed in DuckDB, so a batch of small runs is sited
-        without scanning the stored frames. `stack_ids` are the stacks to site (increasing; a stack
-    without frames has no site), `portable` names the frames' Python files.
+    The same rule as the SQL (which the ingest uses to site every stack again when the rules
+    change, and the tests hold the two equal): the innermost Python frame of a user file (a
+    '<string>' frame inside generated code only when its caller is user code), else the innermost
+    symbolized frame that is not generated code; the key by `site_identity_key`. Only the distinct
+    files and modules are classified and the distinct site frames keyed in DuckDB, so a batch of
+    small runs is sited without scanning the stored frames. `stack_ids` are the stacks to site
+    (increasing; a stack without frames has no site), `portable` names the frames' Python files.
     """
     rows, table = frames.rows, frames.frames
     frame_of_row = rows["frame"].to_numpy()
     row_stack = rows["stack_id"].to_numpy()
     row_depth = rows["depth"].to_numpy()
-    kinds = np.asarray(table["kind"].to_pylist(), dtype=object)
-    files = table["file"].to_pylist()
-    python_files = sorted({f for f, k in zip(files, kinds) if k == "python" and f is not None})
-    user = set()
-    if python_files:
-        db.register("ingest_site_files", pa.table({"file": pa.array(python_files, pa.string())}))
-        try:
-            user = {
-                f
-                for f, is_user in query_rows(db.con, "SELECT file, python_file_is_user(file) FROM ingest_site_files")
-                if is_user
+    kinds = table["kind"]
+    python_mask = pc.equal(kinds, "python")
+    native_mask = pc.equal(kinds, "native")
+    python = python_mask.to_numpy(zero_copy_only=False)
+    python_files = pc.unique(table["file"].filter(python_mask)).drop_null()
+    native_modules = pc.unique(table["module"].filter(native_mask)).drop_null()
+    user_files = generated_files = generated_modules = pa.array([], pa.string())
+    if len(python_files) or len(native_modules):
+        paths = pa.table(
+            {
+                "path": pa.concat_arrays([python_files.cast(pa.string()), native_modules.cast(pa.string())]),
+                "python": pa.array([True] * len(python_files) + [False] * len(native_modules), pa.bool_()),
             }
+        )
+        db.register("ingest_site_paths", paths)
+        try:
+            classified = query_arrow(
+                db.con,
+                "SELECT path, python, python AND python_file_is_user(path) AS is_user, "
+                "coalesce(is_generated_path(path), false) AS is_generated FROM ingest_site_paths",
+            )
         finally:
-            db.unregister("ingest_site_files")
-    user_frame = np.array([k == "python" and f in user for k, f in zip(kinds, files)], dtype=bool)
+            db.unregister("ingest_site_paths")
+        is_python, is_generated = classified["python"], classified["is_generated"]
+        user_files = classified["path"].filter(classified["is_user"])
+        generated_files = classified["path"].filter(pc.and_(is_python, is_generated))
+        generated_modules = classified["path"].filter(pc.and_(pc.invert(is_python), is_generated))
+
+    def member(column: str, values: pa.Array) -> np.ndarray:
+        found = pc.is_in(
+            table[column], value_set=values.combine_chunks() if hasattr(values, "combine_chunks") else values
+        )
+        return pc.fill_null(found, False).to_numpy(zero_copy_only=False)
+
+    user_frame = python & member("file", user_files)
+    generated_frame = (python & member("file", generated_files)) | (
+        native_mask.to_numpy(zero_copy_only=False) & member("module", generated_modules)
+    )
+    anonymous_frame = python & pc.fill_null(pc.equal(table["file"], "<string>"), False).to_numpy(zero_copy_only=False)
+    symbolized_frame = pc.not_equal(kinds, "marker").to_numpy(zero_copy_only=False) & pc.is_valid(
+        table["function"]
+    ).to_numpy(zero_copy_only=False)
 
     stacks = np.asarray(stack_ids, dtype=np.int64)
     first_row = np.searchsorted(row_stack, stacks)  # rows are by stack, then depth
-    user_rows = np.flatnonzero(user_frame[frame_of_row]) if len(frame_of_row) else np.zeros(0, np.int64)
-    user_depth = np.full(len(stacks), -1, dtype=np.int64)
-    if len(user_rows):
-        with_user, first_user = np.unique(row_stack[user_rows], return_index=True)
-        user_depth[np.searchsorted(stacks, with_user)] = row_depth[user_rows[first_user]]
-    symbolized = np.full(len(stacks), -1, dtype=np.int64)
-    laid_out = np.isin(stacks, frames.stack_order)
-    symbolized[laid_out] = frames.symbolized_depth[np.searchsorted(frames.stack_order, stacks[laid_out])]
-    depth = np.where(user_depth >= 0, user_depth, symbolized)
+    user_row = user_frame[frame_of_row] if len(frame_of_row) else np.zeros(0, bool)
+    if len(frame_of_row) and anonymous_frame.any():
+        user_row = user_row & ~_lent_rows(
+            frame_of_row, row_stack, row_depth, python, user_frame, generated_frame, anonymous_frame
+        )
+    user_depth = _first_depth_per_stack(stacks, row_stack, row_depth, np.flatnonzero(user_row))
+    fallback_row = (
+        symbolized_frame[frame_of_row] & ~generated_frame[frame_of_row] if len(frame_of_row) else np.zeros(0, bool)
+    )
+    fallback_depth = _first_depth_per_stack(stacks, row_stack, row_depth, np.flatnonzero(fallback_row))
+    depth = np.where(user_depth >= 0, user_depth, fallback_depth)
     sited = depth >= 0
     site_frame = np.where(
         sited,
@@ -154,9 +220,9 @@ def sites_of_laid_out(db: IngestDb, frames: Any, stack_ids: np.ndarray, portable
     take = pa.array(np.where(sited, site_frame, 0))
     site_kind = table["kind"].take(take)
     site_file = table["file"].take(take)
-    python = pc.equal(site_kind, "python")
+    python_site = pc.equal(site_kind, "python")
     portable_file = pc.if_else(
-        python,
+        python_site,
         pa.array([portable.get(f, f) if f is not None else None for f in site_file.to_pylist()], pa.string()),
         pa.scalar(None, pa.string()),
     )
@@ -197,6 +263,50 @@ def sites_of_laid_out(db: IngestDb, frames: Any, stack_ids: np.ndarray, portable
         )
     finally:
         db.unregister("ingest_located")
+
+
+def _first_depth_per_stack(
+    stacks: np.ndarray, row_stack: np.ndarray, row_depth: np.ndarray, chosen_rows: np.ndarray
+) -> np.ndarray:
+    """Per stack of `stacks`: the depth of its first (innermost) row among `chosen_rows`, -1 when none."""
+    depth = np.full(len(stacks), -1, dtype=np.int64)
+    if len(chosen_rows):
+        with_row, first = np.unique(row_stack[chosen_rows], return_index=True)
+        depth[np.searchsorted(stacks, with_row)] = row_depth[chosen_rows[first]]
+    return depth
+
+
+def _lent_rows(
+    frame_of_row: np.ndarray,
+    row_stack: np.ndarray,
+    row_depth: np.ndarray,
+    python: np.ndarray,
+    user_frame: np.ndarray,
+    generated_frame: np.ndarray,
+    anonymous_frame: np.ndarray,
+) -> np.ndarray:
+    """Rows of '<string>' frames that belong to their caller: inside generated code (a generated Python
+    frame further out) and called by a Python frame that is not user code (`stack_sites_from`'s `lent`)."""
+    python_rows = np.flatnonzero(python[frame_of_row])
+    lent = np.zeros(len(frame_of_row), dtype=bool)
+    if not len(python_rows):
+        return lent
+    caller = np.full(len(python_rows), -1, dtype=np.int64)
+    same_stack = row_stack[python_rows[1:]] == row_stack[python_rows[:-1]]
+    caller[:-1] = np.where(same_stack, python_rows[1:], -1)
+    # Outermost generated Python frame of each stack (rows are by stack, then depth).
+    generated_rows = python_rows[generated_frame[frame_of_row[python_rows]]]
+    outermost = {}
+    for row in generated_rows.tolist():
+        outermost[int(row_stack[row])] = int(row_depth[row])
+    anonymous = np.flatnonzero(anonymous_frame[frame_of_row[python_rows]] & user_frame[frame_of_row[python_rows]])
+    for index in anonymous.tolist():
+        row, by = python_rows[index], caller[index]
+        if by < 0 or user_frame[frame_of_row[by]]:
+            continue
+        if outermost.get(int(row_stack[row]), -1) > row_depth[row]:
+            lent[row] = True
+    return lent
 
 
 def store_sites(db: IngestDb, sites: pa.Table) -> None:

@@ -209,7 +209,8 @@ class SymbolLoader:
         slot_rows = query_arrow(
             db.con,
             f"""
-            SELECT stack_id, slot, kind, function, file, line, first_line, module, module_key, address, exact, reason
+            SELECT stack_id, slot, kind, function, file, line, first_line, module, module_key, address, exact, reason,
+                   inlined
             FROM stack_frames
             WHERE chain_depth = 0 AND stack_id IN (
                 SELECT DISTINCT stack_id FROM stack_frames

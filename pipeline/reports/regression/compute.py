@@ -299,7 +299,9 @@ def _attach_tracebacks(con: Any, candidate: RunSet, sites: list[SiteChange], lim
     frames = query_arrow(
         con,
         """
-        SELECT stack_id, kind, function, file, line, module, inlined
+        SELECT stack_id, kind, function, file, line, module, inlined,
+               kind <> 'marker' AND coalesce(is_generated_path(CASE WHEN kind = 'python' THEN file ELSE module END), false)
+                   AS generated
         FROM stack_frames WHERE list_contains(?, stack_id) ORDER BY stack_id, depth
         """,
         [sorted(set(stack_of.values()))],
