@@ -287,6 +287,13 @@ TABLES: dict[str, LakeTable] = {
             doc="each Python file once, with its name relative to its import root",
         ),
         _table(
+            "generated_code",
+            CONTENT,
+            ("prefix",),
+            [("prefix", pa.string()), ("generator", pa.string()), ("first_run_id", pa.string())],
+            doc="folders of code torch.compile or Triton generated, from the run manifests",
+        ),
+        _table(
             "user_code",
             WHOLE,
             ("prefix",),

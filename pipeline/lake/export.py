@@ -102,6 +102,7 @@ def _queries() -> dict[str, str]:
         "stack_sites": _select("stack_sites", {"stack_id": stack, "site_id": site}, "stack_sites t"),
         "source_files": _select("source_files", {}, "source_files t"),
         "user_code": _select("user_code", {}, "user_code t"),
+        "generated_code": _select("generated_code", {}, "generated_code t"),
     }
 
 

@@ -179,6 +179,7 @@ class _Job:
         self.options = options
         self.lake = Path(options.lake).resolve()
         self.rules = rules
+        self.generated: list[tuple[str, str, str | None]] = []  # `generated_code` rows to site with
         self.staging = store.staging_dir(self.lake)
         self.seconds: dict[str, float] = {}  # wall time per step
 
@@ -415,7 +416,7 @@ class _Job:
         slots = laid.where(F.col("part") == "slot").select(F.col(PARTITION).alias("owner"), "slot.*")
         keys = slots.where(F.col("kind") == "native").select("owner", "module_key", "address", "exact").distinct()
         needed = keys.join(symbols, ["module_key", "address", "exact"]).select("owner", *TABLES["symbols"].schema.names)
-        rules = self.rules
+        rules, generated = self.rules, self.generated
         schema = BUILT
         slot_names, stack_names = steps.SLOT.names, steps.NEW_STACK.names
         source_names = TABLES["source_files"].schema.names
@@ -439,6 +440,7 @@ class _Job:
                 sources.cast(TABLES["source_files"].schema),
                 sym,
                 rules,
+                generated,
             )
             batches = []
             for name in ("stacks", "frames", "stack_frame_rows", "sites", "stack_sites"):
@@ -547,6 +549,7 @@ class _Job:
         )
         if not ready_runs:
             return {}
+        self.generated = self.generated_code(ready_runs)
         with self.step("lay out"):
             laid, owners = self.lay_out(prepared, ready)
             new_stacks = {row[0]: row[1] for row in owners.groupBy(PARTITION).count().collect()}
@@ -569,6 +572,10 @@ class _Job:
                 )
                 self.append_new("source_files", sources)
             self.write_user_code()
+            self.append_new(
+                "generated_code",
+                spark.createDataFrame(self.generated, "prefix string, generator string, first_run_id string"),
+            )
         counts_by_run: dict[int, int] = {}
         if events is not None:
             with self.step("write events"):
@@ -693,6 +700,40 @@ class _Job:
         target = self.staging / "modules-table"
         existing.unionByName(missing).coalesce(1).write.mode("overwrite").parquet(str(target))
         store.swap_in(target, store.table_dir(self.lake, "modules"))
+
+    def generated_code(self, ready_runs: list[dict[str, Any]]) -> list[tuple[str, str, str | None]]:
+        """The `generated_code` rows to site with: the lake's, and the folders the runs' manifests name
+        first. A new folder that holds files or modules of stacks the lake has already sited would
+        need every stored stack sited again (the DuckDB ingest does that), which the job does not
+        do yet: it is refused."""
+        from tbpipe.pipeline.db.ingest.siting import generated_code_rows
+
+        known: dict[str, tuple[str, str | None]] = {}
+        con = store.connect(self.lake)
+        try:
+            known = {p: (g, r) for p, g, r in con.execute("SELECT * FROM generated_code").fetchall()}
+            # In the order the DuckDB ingest meets the runs (`find_run_dirs`'): the same first run per folder.
+            in_order = sorted(ready_runs, key=lambda run: Path(run["path"]))
+            named = generated_code_rows([json.loads(run["manifest"]) for run in in_order])
+            new = [prefix for prefix in named if prefix not in known]
+            if new:
+                (stored,) = con.execute(
+                    """
+                    SELECT EXISTS (SELECT 1 FROM source_files s, unnest($1) AS t(p) WHERE starts_with(s.file, t.p))
+                        OR EXISTS (SELECT 1 FROM modules m, unnest($1) AS t(p) WHERE starts_with(m.path, t.p))
+                    """,
+                    [new],
+                ).fetchone()
+                if stored:
+                    raise LakeError(
+                        f"{self.lake}: the runs name folders of generated code ({', '.join(new)}) that hold files of "
+                        "stacks already sited in the lake; the lake cannot re-site its stored stacks yet (ingest "
+                        "with the DuckDB engine and `tbpipe lake export` instead)"
+                    )
+        finally:
+            con.close()
+        rows = {**{p: named[p] for p in new}, **known}
+        return sorted((prefix, generator, run_id) for prefix, (generator, run_id) in rows.items())
 
     def write_user_code(self) -> None:
         table = pa.table(

@@ -35,6 +35,8 @@ from tbpipe.schemas.lake import TABLES
 
 # ------------------------------------------------------------------------------------------ schemas of the steps
 
+STACK_PARTS = ("stacks", "modules", "code", "code_origins")  # the raw parts that make a run's stacks
+
 PREPARED_RUN = pa.schema(
     [
         ("path", pa.string()),
@@ -149,7 +151,7 @@ def prepare_run(
     try:
         files = part_files(run_dir, manifest)
         event_files = [(path, verify_part(path, "events")) for path in files["events"]]
-        tables = read_tables(files, ("stacks", "modules", "code"))
+        tables = read_tables(files, STACK_PARTS)
         notes = notes + reference_problems(tables)
         if notes and manifest.get("complete") and not manifest.get("recovered"):
             raise DamagedRunError(f"{run_dir}: {'; '.join(notes)}")
@@ -252,7 +254,7 @@ def lay_out_run(run_dir: str | Path, stack_ids: np.ndarray, *, recover_manifests
         if not recover_manifests:
             raise
         manifest = recovered_manifest(run_dir)
-    flat = flatten_run(read_tables(part_files(run_dir, manifest), ("stacks", "modules", "code")))
+    flat = flatten_run(read_tables(part_files(run_dir, manifest), STACK_PARTS))
     hashes = ids.signed(flat.hashes)
     wanted = np.flatnonzero(np.isin(hashes, np.asarray(stack_ids, dtype=np.int64)))
     # One raw stack for each stack id (two raw stacks of a run may hash alike), in the run's order.
@@ -417,12 +419,14 @@ def build_frames(
     source_files: pa.Table,
     symbols: pa.Table,
     rules: list[tuple[str, bool, str]],
+    generated: list[tuple[str, str, str | None]] = (),
 ) -> BuiltStacks:
     """Inline expansion, frame ids and call sites of new stacks.
 
     `slots`: SLOT rows; `stacks`: NEW_STACK rows of the same stacks; `source_files`: lake rows for
     (at least) their Python files; `symbols`: lake `symbols` rows for (at least) their native
-    addresses; `rules`: the `user_code` rows as (prefix, is_user, origin).
+    addresses; `rules`: the `user_code` rows as (prefix, is_user, origin); `generated`: the
+    `generated_code` rows as (prefix, generator, first run id).
     """
     slots = slots.sort_by([("stack_id", "ascending"), ("slot", "ascending")])
     expanded = layout.expand(layout.slots_from_table(slots), _layout_symbols(symbols))
@@ -460,7 +464,7 @@ def build_frames(
         },
         schema=schema_of("stacks"),
     )
-    sites, stack_sites = _site(frame_table, rows, stack_rows, source_files, rules)
+    sites, stack_sites = _site(frame_table, rows, stack_rows, source_files, rules, generated)
     return BuiltStacks(stack_rows, frames, frame_rows, sites, stack_sites)
 
 
@@ -507,11 +511,16 @@ def _siting_connection() -> Any:
 
 
 def _site(
-    frame_table: pa.Table, rows: pa.Table, stacks: pa.Table, source_files: pa.Table, rules: list[tuple[str, bool, str]]
+    frame_table: pa.Table,
+    rows: pa.Table,
+    stacks: pa.Table,
+    source_files: pa.Table,
+    rules: list[tuple[str, bool, str]],
+    generated: list[tuple[str, str, str | None]],
 ) -> tuple[pa.Table, pa.Table]:
     """(sites, stack_sites) of the stacks, computed by `stack_sites_from` (sql/call_sites.sql)."""
     con = _siting_connection()
-    for table in ("frames", "stack_frame_rows", "stacks", "source_files", "user_code"):
+    for table in ("frames", "stack_frame_rows", "stacks", "source_files", "user_code", "generated_code"):
         con.execute(f"DELETE FROM {table}")
     local_frames = frame_table.append_column("frame_id", pa.array(np.arange(frame_table.num_rows), pa.int32()))
     user_code = pa.table(
@@ -519,6 +528,13 @@ def _site(
             "prefix": pa.array([r[0] for r in rules], pa.string()),
             "is_user": pa.array([r[1] for r in rules], pa.bool_()),
             "origin": pa.array([r[2] for r in rules], pa.string()),
+        }
+    )
+    generated_code = pa.table(
+        {
+            "prefix": pa.array([g[0] for g in generated], pa.string()),
+            "generator": pa.array([g[1] for g in generated], pa.string()),
+            "first_run_id": pa.array([g[2] for g in generated], pa.string()),
         }
     )
     stack_ids = _numpy(stacks["stack_id"], np.int64)
@@ -541,6 +557,7 @@ def _site(
         "lake_stacks": stacks_in,
         "lake_source_files": source_files,
         "lake_user_code": user_code,
+        "lake_generated_code": generated_code,
     }
     for name, table in inputs.items():
         con.register(name, table)
@@ -550,6 +567,7 @@ def _site(
         con.execute("INSERT INTO stacks BY NAME SELECT * FROM lake_stacks")
         con.execute("INSERT INTO source_files BY NAME SELECT * FROM lake_source_files")
         con.execute("INSERT INTO user_code BY NAME SELECT *, now() AS added_at FROM lake_user_code")
+        con.execute("INSERT INTO generated_code BY NAME SELECT * FROM lake_generated_code")
         sited = con.sql("SELECT * FROM stack_sites_from(-9223372036854775808)").to_arrow_table()
     finally:
         for name in inputs:

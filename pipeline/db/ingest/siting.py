@@ -65,14 +65,21 @@ def store_user_code(db: IngestDb, rules: list[tuple[str, bool]]) -> None:
             con.execute("INSERT OR REPLACE INTO settings VALUES ('sited_with_rules', ?)", [rules_hash])
 
 
-def store_generated_code(db: IngestDb, manifests: Sequence[dict[str, Any]]) -> None:
-    """`generated_code` rows for the folders of generated code that the runs' manifests name; when a
-    new one holds Python files or modules of stored stacks, every stack is sited again."""
-    rows = {}
+def generated_code_rows(manifests: Sequence[dict[str, Any]]) -> dict[str, tuple[str, str | None]]:
+    """{prefix: (generator, first run id)} of the folders of generated code the manifests name, the
+    first manifest naming a folder giving its row."""
+    rows: dict[str, tuple[str, str | None]] = {}
     for manifest in manifests:
         for generator, folder in (manifest.get("generated_code") or {}).items():
             if isinstance(folder, str) and folder.startswith("/") and folder.rstrip("/"):
                 rows.setdefault(folder.rstrip("/") + "/", (str(generator), manifest.get("run_id")))
+    return rows
+
+
+def store_generated_code(db: IngestDb, manifests: Sequence[dict[str, Any]]) -> None:
+    """`generated_code` rows for the folders of generated code that the runs' manifests name; when a
+    new one holds Python files or modules of stored stacks, every stack is sited again."""
+    rows = generated_code_rows(manifests)
     if not rows:
         return
     with db.transaction() as con:
