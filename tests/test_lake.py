@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import TBPIPE
+from test_generated_code import generated  # noqa: F401 - the fixture: a run with generated code and its database
 from test_report import VERSION_1, capture_night, version_2
 
 from tbpipe.pipeline.db.connection import open_database, query_rows
@@ -215,6 +216,31 @@ def test_sharded_symbolization_equals_serial(db, spark_lake) -> None:
     assert sorted_rows(lake_rows(spark_lake[0], f"SELECT {modules} FROM modules")) == sorted_rows(
         duckdb_rows(db[0], f"SELECT {modules} FROM modules")
     )
+
+
+def test_generated_code_sited_alike_on_both_engines(generated, spark, symbol_cache, tmp_path) -> None:  # noqa: F811
+    """A run whose manifest names a folder of generated code and whose code_origins map its lines to
+    a user line: the lake keeps the folder, places the origins and sites nothing in generated code,
+    as the DuckDB ingest does."""
+    from tbpipe.pipeline.lake.spark_ingest import SparkIngestOptions, ingest_runs_spark
+    from tbpipe.pipeline.lake.sparksql import register_lake
+
+    lake = tmp_path / "lake"
+    options = SparkIngestOptions(lake=lake, cache_dir=symbol_cache)
+    summary = ingest_runs_spark([generated["base"] / "runs"], options, spark=spark)
+    assert summary.ingested == 1, [o.reason for o in summary.outcomes]
+    folder = str(generated["cache"]) + "/"
+    assert lake_rows(lake, "SELECT prefix, generator FROM generated_code") == [(folder, "inductor")]
+    register_lake(spark, lake)
+    for name in ("call_sites", "stack_tracebacks", "python_files"):
+        expected = sorted_rows(duckdb_rows(generated["db"], for_duckdb(VIEWS[name])))
+        assert expected, name
+        assert sorted_rows(lake_rows(lake, for_duckdb(VIEWS[name]))) == expected, name
+        assert spark_rows(spark, for_spark(VIEWS[name])) == expected, name
+    sited_files = {row[0] for row in lake_rows(lake, "SELECT site_file FROM call_sites WHERE site_file IS NOT NULL")}
+    assert sited_files and not any(f.startswith(folder) for f in sited_files)
+    tracebacks = "\n".join(row[0] for row in lake_rows(lake, "SELECT traceback FROM stack_tracebacks"))
+    assert "[generated]" in tracebacks
 
 
 def _quarantined(output: str) -> list[str]:
