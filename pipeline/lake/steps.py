@@ -74,6 +74,7 @@ SLOT = pa.schema(
         ("address", pa.int64()),
         ("exact", pa.bool_()),
         ("reason", pa.string()),
+        ("inlined", pa.bool_()),  # Python: a user line placed inside a generated frame (code_origins)
     ]
 )
 NEW_STACK = pa.schema(
@@ -316,6 +317,7 @@ def slot_table(slots: layout.Slots) -> pa.Table:
             "address": pa.array(ids.signed(slots.address.astype(np.uint64)), pa.int64()),
             "exact": pa.array(slots.exact, pa.bool_()),
             "reason": slots.reason.cast(pa.string()),
+            "inlined": pa.array(slots.inlined if slots.inlined is not None else np.zeros(len(slots), bool)),
         },
         schema=SLOT,
     )
