@@ -11,7 +11,7 @@ printed beside wall time, and the per-core rates are computed from CPU time.
 
 Printed: wall and CPU per engine; per Spark step wall and CPU; events/s per core to prepare
 (validate, flatten, events read and re-keyed, written, counted), addresses/s per core to
-symbolize, and lake bytes per event.
+symbolize, lake bytes per event, and whether `call_sites` over the lake equals the database's.
 """
 
 from __future__ import annotations
@@ -77,6 +77,23 @@ def _bench_ingest():
 
 def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*.parquet") if p.is_file())
+
+
+def _call_sites_differences(lake_con, db: Path) -> str:
+    """How `call_sites` over the lake compares with the database's, row for row (EXCEPT ALL both ways)."""
+    lake_con.execute(f"ATTACH '{db}' AS file_db (READ_ONLY)")
+    try:
+        rows = lake_con.execute("SELECT count(*) FROM call_sites").fetchone()[0]
+        extra = lake_con.execute(
+            "SELECT count(*) FROM (SELECT * FROM call_sites EXCEPT ALL SELECT * FROM file_db.call_sites)"
+        ).fetchone()[0]
+        missing = lake_con.execute(
+            "SELECT count(*) FROM (SELECT * FROM file_db.call_sites EXCEPT ALL SELECT * FROM call_sites)"
+        ).fetchone()[0]
+    finally:
+        lake_con.execute("DETACH file_db")
+    verdict = "equal" if extra == missing == 0 else "DIFFERENT"
+    return f"{verdict} ({rows:,} rows over the lake; {extra} only there, {missing} only in the database)"
 
 
 def main() -> None:
@@ -145,17 +162,19 @@ def main() -> None:
     started = time.perf_counter()
     con.execute("SELECT kind, name, site_key, sum(events) FROM call_sites GROUP BY ALL ORDER BY 4 DESC LIMIT 20")
     query = time.perf_counter() - started
+    if not args.skip_duckdb:
+        print(f"call_sites: {_call_sites_differences(con, args.work / 'scale.duckdb')}")
     con.close()
-    per_event = ("prepare", "names and attributes", "write events", "count events")
+    per_event = ("prepare", "names and attributes", "write events", "count events", "count sites")
     prepare_cpu = sum(steps.get(name, [0, 0])[1] for name in per_event)
     symbolize_cpu = steps.get("symbolize", [0, 0])[1]
-    events_bytes = _size(lake / "event_rows") + _size(lake / "event_counts")
+    events_bytes = sum(_size(lake / name) for name in ("event_rows", "event_counts", "site_counts"))
     print(f"prepare: {events / max(prepare_cpu, 1e-9):,.0f} events/s per core ({', '.join(per_event)})")
     print(
         f"symbolize: {addresses:,} addresses, {addresses / max(symbolize_cpu, 1e-9):,.0f} addresses/s per core (cold store)"
     )
     print(
-        f"lake: {events_bytes / events:.1f} bytes/event in event_rows + event_counts, "
+        f"lake: {events_bytes / events:.1f} bytes/event in event_rows + event_counts + site_counts, "
         f"{_size(lake) / events:.1f} bytes/event in all; call_sites top-20 by DuckDB over the lake: {query:.2f} s"
     )
     spark.stop()
