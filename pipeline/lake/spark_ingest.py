@@ -625,45 +625,27 @@ class _Job:
     # ---------------------------------------------------------------- the runs rows
 
     def run_rows(self, ready: list[dict[str, Any]], counts: dict[int, int], new_stacks: dict[int, int]) -> pa.Table:
+        from tbpipe.pipeline.db.ingest.rows import manifest_columns
+
         now = int(time.time() * 1e6)
         rows = []
         for run in ready:
             m = json.loads(run["manifest"])
-            counters = m.get("counters") or {}
-            threads = m.get("threads") or {}
             rows.append(
                 {
-                    "run_id": run["run_id"],
+                    **manifest_columns(m),
                     "run_number": run["run_number"],
-                    "parent_run_id": m.get("parent_run_id"),
                     "started_at": _micros(m.get("started_at")),
                     "ended_at": _micros(m.get("ended_at")),
-                    "complete": bool(m.get("complete")),
-                    "host": m.get("host"),
-                    "pid": m.get("pid"),
-                    "argv": list(m.get("argv") or []),
-                    "cwd": m.get("cwd"),
                     "labels": list((m.get("labels") or {}).items()),
-                    "python_version": m.get("python_version"),
-                    "python_implementation": m.get("python_implementation"),
-                    "torch_version": m.get("torch_version"),
-                    "cuda_version": m.get("cuda_version"),
-                    "sys_path": m.get("sys_path"),
-                    "tbpipe_version": m.get("tbpipe_version"),
-                    "sources": list(m.get("sources") or []),
-                    "capture": json.dumps(m.get("capture") or {}),
-                    "threads": [(int(k), v) for k, v in threads.items()],
-                    "events_recorded": counters.get("events_recorded"),
-                    "events_dropped": counters.get("events_dropped"),
+                    "threads": [(int(k), v) for k, v in (m.get("threads") or {}).items()],
                     "events": run["events"],
                     "stacks": counts.get(run["run_number"], 0),
                     "new_stacks": new_stacks.get(run["run_number"], 0),
-                    "capture_errors": list(m.get("errors") or []),
                     "ingest_notes": list(run["notes"] or []),
                     "source_dir": str(Path(run["path"]).resolve()),
                     "parts": run["fingerprint"],
                     "ingested_at": now,
-                    "manifest": json.dumps(m),
                 }
             )
         return pa.Table.from_pylist(rows, schema=TABLES["runs"].schema)
