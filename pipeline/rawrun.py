@@ -23,7 +23,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tbpipe.pipeline.errors import TbpipeError, UsageError, first_line
-from tbpipe.schemas import FORMAT_NAME, MANIFEST_FILE, RAW_SCHEMA_VERSION, RUN_TABLES, SCHEMA_KEY, VERSION_KEY
+from tbpipe.schemas import (
+    FORMAT_NAME,
+    MANIFEST_FILE,
+    RAW_SCHEMA_VERSION,
+    RUN_TABLES,
+    SCHEMA_KEY,
+    TABLE_SINCE,
+    VERSION_KEY,
+    readable_schema_versions,
+)
 from tbpipe.schemas.raw import NATIVE_FRAME_MARKER
 
 _PART_NAME = re.compile(r"^(?P<table>[a-z_]+)-(?P<sequence>\d{6})\.parquet$")
@@ -143,10 +152,9 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         raise _fail(path, f"manifest is not JSON: {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise _fail(path, f"not a {FORMAT_NAME} manifest")
-    if manifest.get("schema_version") != RAW_SCHEMA_VERSION:
-        raise _fail(
-            path, f"raw schema version {manifest.get('schema_version')!r}, this tbpipe reads {RAW_SCHEMA_VERSION}"
-        )
+    version = manifest.get("schema_version")
+    if isinstance(version, bool) or version not in readable_schema_versions():
+        raise _fail(path, f"raw schema version {version!r}, this tbpipe reads {_readable_versions_text()}")
     run_id = manifest.get("run_id")
     if not isinstance(run_id, str):
         raise _fail(path, "manifest has no run_id")
@@ -185,13 +193,30 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- parts
 
 
+def _readable_versions_text() -> str:
+    versions = readable_schema_versions()
+    return str(versions[0]) if len(versions) == 1 else f"{versions[0]} to {versions[-1]}"
+
+
+def _part_version(metadata: dict) -> int | None:
+    """The schema version a part's metadata names, when it is one this tbpipe reads."""
+    text = metadata.get(VERSION_KEY)
+    try:
+        version = int(text.decode()) if text is not None and text.isdigit() else None
+    except ValueError:
+        return None
+    return version if version in readable_schema_versions() else None
+
+
 def _check_schema(path: Path, table: str, schema: pa.Schema) -> None:
     metadata = schema.metadata or {}
-    if metadata.get(SCHEMA_KEY) != table.encode() or metadata.get(VERSION_KEY) != str(RAW_SCHEMA_VERSION).encode():
+    version = _part_version(metadata)
+    if metadata.get(SCHEMA_KEY) != table.encode() or version is None or version < TABLE_SINCE.get(table, 1):
         raise _fail(
             path,
-            f"expected table {table!r} schema version {RAW_SCHEMA_VERSION}, file says "
-            f"{_decoded(metadata.get(SCHEMA_KEY))} version {_decoded(metadata.get(VERSION_KEY))}",
+            f"expected table {table!r} of schema version {max(TABLE_SINCE.get(table, 1), readable_schema_versions()[0])} "
+            f"to {RAW_SCHEMA_VERSION}, file says {_decoded(metadata.get(SCHEMA_KEY))} version "
+            f"{_decoded(metadata.get(VERSION_KEY))}",
         )
     expected = RUN_TABLES[table]()
     if not schema.remove_metadata().equals(expected.remove_metadata()):
