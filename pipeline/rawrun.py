@@ -212,11 +212,12 @@ def _check_schema(path: Path, table: str, schema: pa.Schema) -> None:
     metadata = schema.metadata or {}
     version = _part_version(metadata)
     if metadata.get(SCHEMA_KEY) != table.encode() or version is None or version < TABLE_SINCE.get(table, 1):
+        lowest = max(TABLE_SINCE.get(table, 1), readable_schema_versions()[0])
+        versions = f"version {lowest}" if lowest == RAW_SCHEMA_VERSION else f"versions {lowest} to {RAW_SCHEMA_VERSION}"
         raise _fail(
             path,
-            f"expected table {table!r} of schema version {max(TABLE_SINCE.get(table, 1), readable_schema_versions()[0])} "
-            f"to {RAW_SCHEMA_VERSION}, file says {_decoded(metadata.get(SCHEMA_KEY))} version "
-            f"{_decoded(metadata.get(VERSION_KEY))}",
+            f"expected table {table!r} of schema {versions}, file says {_decoded(metadata.get(SCHEMA_KEY))} "
+            f"version {_decoded(metadata.get(VERSION_KEY))}",
         )
     expected = RUN_TABLES[table]()
     if not schema.remove_metadata().equals(expected.remove_metadata()):

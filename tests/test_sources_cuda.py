@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -331,9 +332,20 @@ def _cupti_include_dir() -> Path | None:
 def test_declared_cupti_abi_matches_nvidia_headers(tmp_path: Path) -> None:
     include = _cupti_include_dir()
     abi = _native._cupti_abi()
+    # Activity records are read through the prefix their versions share (CUpti_ActivityKernel9, 10, 11...
+    # append fields): check it against the newest version these headers declare, the one CUPTI fills.
+    header = (include / "cupti_activity.h").read_text(errors="replace")
+    newest = {}
+    for record in ("Kernel", "Memcpy", "Memset"):
+        versions = [int(v) for v in re.findall(rf"\}}\s*CUpti_Activity{record}(\d+)\s*;", header)]
+        newest[record] = f"CUpti_Activity{record}{max(versions)}" if versions else None
+
+    def as_in_headers(name: str) -> str:
+        return re.sub(r"CUpti_Activity(Kernel|Memcpy|Memset)\d+", lambda m: newest[m.group(1)] or m.group(0), name)
+
     lines = ["#include <cstddef>", "#include <cstdio>", "#include <cupti.h>", "int main() {"]
     for name, _ in abi["declared"]:
-        lines.append(f'  std::printf("%s=%llu\\n", "{name}", (unsigned long long)({name}));')
+        lines.append(f'  std::printf("%s=%llu\\n", "{name}", (unsigned long long)({as_in_headers(name)}));')
     for _, _, _api, enumerator, _ in abi["callbacks"]:
         lines.append(f'  std::printf("%s=%llu\\n", "{enumerator}", (unsigned long long)({enumerator}));')
     lines += ["  return 0;", "}"]
