@@ -7,19 +7,12 @@ from typing import Any
 from rich.console import Console
 
 from tbpipe.pipeline.db import read
+from tbpipe.pipeline.reports.units import format_duration
 from tbpipe.pipeline.stacks.render import format_frames
 
 
 def _traceback(console: Console, con: Any, stack_id: int) -> None:
     console.print(format_frames(read.stack_frames(con, stack_id)), highlight=False, markup=False, soft_wrap=True)
-
-
-def format_duration(ns: float) -> str:
-    """A GPU time as people read it: ns, µs, ms or s with three significant digits."""
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(ns) >= scale:
-            return f"{ns / scale:.3g} {unit}"
-    return f"{ns:.0f} ns"
 
 
 _NOUNS = {"kernel": "kernel", "memcpy": "copy", "memset": "set", "sync": "synchronization"}
