@@ -103,15 +103,10 @@ uint32_t kernel_name_id(const char* name) {
   return id;
 }
 
-bool store_has_room() {
-  if (g_store.kind.size() < kMaxStoredRows) return true;
-  g_lost.fetch_add(1, std::memory_order_relaxed);
-  return false;
-}
-
 struct Row {
   uint8_t kind = 0;
-  uint32_t name_id = 0;
+  uint32_t name_id = 0;               // set when stored; kernels: from `kernel_name`
+  const char* kernel_name = nullptr;  // CUPTI's pointer, kernels only
   uint64_t start = 0, end = 0;
   uint32_t device = 0, context = 0, stream = 0, correlation_id = 0, graph_id = 0;
   uint64_t graph_node_id = 0, bytes = 0;
@@ -155,15 +150,16 @@ bool read_record(const uint8_t* record, size_t available, Record* out) {
   return true;
 }
 
-void store_record(const uint8_t* record, size_t available, int32_t kind) {
-  Row row;
+// Reads one record into `row`; false when it is not one this source stores.
+bool read_row(const uint8_t* record, size_t available, int32_t kind, Row* out) {
+  Row& row = *out;
   switch (kind) {
     case abi::kActivityConcurrentKernel:
     case abi::kActivityKernel: {
       abi::KernelRecord r;
-      if (!read_record(record, available, &r) || !store_has_room()) return;
+      if (!read_record(record, available, &r)) return false;
       row.kind = kGpuKernel;
-      row.name_id = kernel_name_id(r.name);
+      row.kernel_name = r.name;
       row.start = r.start;
       row.end = r.end;
       row.device = r.device_id;
@@ -185,7 +181,7 @@ void store_record(const uint8_t* record, size_t available, int32_t kind) {
     }
     case abi::kActivityMemcpy: {
       abi::MemcpyRecord r;
-      if (!read_record(record, available, &r) || !store_has_room()) return;
+      if (!read_record(record, available, &r)) return false;
       row.kind = kGpuMemcpy;
       row.name_id = g_copy_kind_ids[r.copy_kind < sizeof(kCopyKinds) / sizeof(kCopyKinds[0]) ? r.copy_kind : 0];
       row.start = r.start;
@@ -201,7 +197,7 @@ void store_record(const uint8_t* record, size_t available, int32_t kind) {
     }
     case abi::kActivityMemset: {
       abi::MemsetRecord r;
-      if (!read_record(record, available, &r) || !store_has_room()) return;
+      if (!read_record(record, available, &r)) return false;
       row.kind = kGpuMemset;
       row.name_id = g_memset_id;
       row.start = r.start;
@@ -217,7 +213,7 @@ void store_record(const uint8_t* record, size_t available, int32_t kind) {
     }
     case abi::kActivitySynchronization: {
       abi::SynchronizationRecord r;
-      if (!read_record(record, available, &r) || !store_has_room()) return;
+      if (!read_record(record, available, &r)) return false;
       const size_t types = sizeof(kSyncTypes) / sizeof(kSyncTypes[0]);
       row.kind = kGpuSync;
       row.name_id = g_sync_type_ids[r.type >= 0 && static_cast<size_t>(r.type) < types ? r.type : 0];
@@ -230,25 +226,42 @@ void store_record(const uint8_t* record, size_t available, int32_t kind) {
       break;
     }
     default:
-      return;  // a kind this source never asks for (another client of the activity API may)
+      return false;  // a kind this source never asks for (another client of the activity API may)
   }
-  append(row);
+  return true;
 }
 
+// Rows of the buffer being parsed, reused by each thread CUPTI completes buffers on.
+thread_local std::vector<Row> t_rows;
+
+// Reads every record of a buffer (CUPTI calls, no lock of ours held), then
+// stores the rows under the store mutex.
 void parse_buffer(uint8_t* buffer, size_t valid_size) {
-  std::lock_guard<std::mutex> guard(g_store_mutex);
+  std::vector<Row>& rows = t_rows;
+  rows.clear();
   void* record = nullptr;
   const uint8_t* end = buffer + valid_size;
   for (size_t count = 0; count <= valid_size / kMinRecordSize; ++count) {
-    if (g_fn.next_record(buffer, valid_size, &record) != abi::kSuccess || record == nullptr) return;
+    if (g_fn.next_record(buffer, valid_size, &record) != abi::kSuccess || record == nullptr) break;
     const auto* at = static_cast<const uint8_t*>(record);
     if (at < buffer || at >= end || static_cast<size_t>(end - at) < sizeof(int32_t)) {
       g_malformed.fetch_add(1, std::memory_order_relaxed);
-      return;  // CUPTI pointed outside the valid bytes: trust nothing after it
+      break;  // CUPTI pointed outside the valid bytes: trust nothing after it
     }
     int32_t kind = 0;
     std::memcpy(&kind, at, sizeof kind);
-    store_record(at, static_cast<size_t>(end - at), kind);
+    Row row;
+    if (read_row(at, static_cast<size_t>(end - at), kind, &row)) rows.push_back(row);
+  }
+  if (rows.empty()) return;
+  std::lock_guard<std::mutex> guard(g_store_mutex);
+  for (Row& row : rows) {
+    if (g_store.kind.size() >= kMaxStoredRows) {
+      g_lost.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    if (row.kind == kGpuKernel) row.name_id = kernel_name_id(row.kernel_name);
+    append(row);
   }
 }
 
