@@ -28,10 +28,11 @@ Checks 1-6 run with GPU activity off (TBPIPE_CUDA_ACTIVITY=0, launches only, as
 they were written): the profiler inside that session would take CUPTI's activity
 buffers. Then GPU time, in sessions of their own with the cuda source alone:
 
-  7. per-site GPU time from tbpipe (the raw run's activity records joined to
-     their launch events by correlation id, and, unless --no-ingest, the
-     database's kernel_gpu_time_sites after a real `tbpipe ingest`) agrees
-     within 5% with CUDA events recorded around the same kernels, per line;
+  7. (in a fresh process, as are 8 and 9) per-site GPU time from tbpipe (the
+     raw run's activity records joined to their launch events by correlation
+     id, and, unless --no-ingest, the database's kernel_gpu_time_sites after a
+     real `tbpipe ingest`) agrees within 5% with CUDA events recorded around
+     the same kernels, per line;
   8. a CUDA graph captured inside the session and replayed K times: every
      node's kernel has K executions, each attributed to the graph launch at the
      replay line and, through the node's clones, to the line where it was
@@ -587,6 +588,42 @@ def check_graph_nodes(run: Run, replays: int) -> None:
     )
 
 
+def gpu_time_child(args) -> int:
+    """Checks 7 and 8 in this (fresh) process: no earlier CUPTI session or profiler in it."""
+    import torch
+
+    run_gpu_time_checks(torch, args.out, args.gpu_time_reps, args.graph_replays, not args.no_ingest)
+    return 0
+
+
+def run_gpu_time_in_child(out: Path, args) -> None:
+    """Checks 7 and 8 in a process of their own; its PASS/FAIL/INFO lines become this run's."""
+    command = [
+        sys.executable,
+        THIS_FILE,
+        "--gpu-time-child",
+        "--out",
+        str(out),
+        "--gpu-time-reps",
+        str(args.gpu_time_reps),
+        "--graph-replays",
+        str(args.graph_replays),
+    ] + (["--no-ingest"] if args.no_ingest else [])
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        report("FAIL", "GPU time checks", "did not finish in 900 s")
+        return
+    for text in result.stdout.splitlines():
+        if text.startswith("[") and "] " in text:
+            status, _, rest = text[1:].partition("] ")
+            check, _, detail = rest.partition(": ")
+            RESULTS.append((status, check, detail))
+        print(text, flush=True)
+    if result.returncode != 0:
+        report("FAIL", "GPU time checks", f"exit status {result.returncode}: {result.stderr.strip()[-800:]}")
+
+
 def run_gpu_time_checks(torch, out: Path, reps: int, replays: int, ingest: bool) -> None:
     """Checks 7 and 8, in a session with the cuda source alone and GPU activity on."""
     from tbpipe import capture
@@ -702,9 +739,12 @@ def main() -> int:
     parser.add_argument("--skip-overhead", action="store_true", help="leave out check 9")
     parser.add_argument("--overhead-steps", type=int, default=50)
     parser.add_argument("--overhead-child", choices=("off", "launches", "activity"), help=argparse.SUPPRESS)
+    parser.add_argument("--gpu-time-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.overhead_child:
         return overhead_child(args.overhead_child, args.overhead_steps, args.out)
+    if args.gpu_time_child:
+        return gpu_time_child(args)
     # Checks 1-6 as written: launches only (torch.profiler inside the session would take CUPTI's
     # activity buffers). GPU time has sessions of its own below.
     os.environ["TBPIPE_CUDA_ACTIVITY"] = "0"
@@ -807,10 +847,8 @@ def main() -> int:
     except Exception as error:
         report("INFO", "tbpipe subscribing while torch.profiler runs", f"{type(error).__name__}: {error}")
 
-    try:
-        run_gpu_time_checks(torch, out, args.gpu_time_reps, args.graph_replays, not args.no_ingest)
-    except Exception:
-        report("FAIL", "GPU time checks crashed", traceback.format_exc().strip().splitlines()[-1])
+    # In a fresh process: CUPTI state left by the sessions and the profiler above stays out of it.
+    run_gpu_time_in_child(out / "gpu_time_child", args)
     if not args.skip_overhead:
         run_overhead(out / "overhead", args.overhead_steps)
 
