@@ -86,6 +86,52 @@ def event(con: Any, event_id: int) -> EventInfo:
 
 
 @dataclass
+class GpuTime:
+    """GPU time of a stack, an event or a site, by activity kind and role."""
+
+    role: str  # 'launch': GPU work launched there; 'capture': kernels of graphs captured there, replayed elsewhere
+    kind: str  # 'kernel', 'memcpy', 'memset', 'sync'
+    executions: int
+    gpu_time_ns: int
+
+
+def stack_gpu_time(con: Any, stack_id: int) -> list[GpuTime]:
+    """The GPU time a stack launched (and captured), summed over runs; empty without GPU activity."""
+    rows = query_rows(
+        con,
+        """
+        SELECT role, kind, sum(executions)::BIGINT, sum(gpu_time_ns)::BIGINT
+        FROM stack_gpu_time WHERE stack_id = ? GROUP BY role, kind ORDER BY role DESC, kind
+        """,
+        [stack_id],
+    )
+    return [GpuTime(*row) for row in rows]
+
+
+def event_gpu_time(con: Any, event_id: int) -> GpuTime | None:
+    """The GPU time of the activity an event caused (a kernel, a graph replay's kernels, a copy); None when none."""
+    rows = query_rows(con, "SELECT activities, gpu_time_ns FROM event_gpu_time WHERE event_id = ?", [event_id])
+    return GpuTime("launch", "all", rows[0][0], rows[0][1]) if rows else None
+
+
+def site_gpu_time(con: Any, site_key: str) -> list[GpuTime]:
+    """GPU time launched at a site, and captured there (graph kernels replayed elsewhere), over all runs."""
+    rows = query_rows(
+        con,
+        """
+        SELECT 'launch' AS role, kind, sum(executions)::BIGINT, sum(gpu_time_ns)::BIGINT
+        FROM gpu_time_sites WHERE site_key = ? GROUP BY kind
+        UNION ALL
+        SELECT 'capture', kind, sum(executions)::BIGINT, sum(gpu_time_ns)::BIGINT
+        FROM gpu_time_sites WHERE capture_site_key = ? GROUP BY kind
+        ORDER BY 1 DESC, 2
+        """,
+        [site_key, site_key],
+    )
+    return [GpuTime(*row) for row in rows]
+
+
+@dataclass
 class SiteStack:
     stack_id: int
     events: int
