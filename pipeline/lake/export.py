@@ -66,6 +66,15 @@ def _maps(con: Any) -> dict[str, pa.Table]:
     }
 
 
+# Events (and GPU activity records) are numbered from 1 within their run, in recording order (the
+# file numbers them across runs in the same order): an id minus its run's first, plus one.
+_FIRST_EVENTS = "(SELECT run_number, min(event_id) AS first FROM event_rows GROUP BY ALL)"
+
+
+def _in_run(column: str, first: str = "f.first") -> str:
+    return f"t.{column} - {first} + 1"
+
+
 def _queries() -> dict[str, str]:
     stack = "(SELECT new FROM map_stacks m WHERE m.old = t.stack_id)"
     run = "(SELECT new FROM map_runs m WHERE m.old = t.run_number)"
@@ -81,18 +90,33 @@ def _queries() -> dict[str, str]:
         "frames": _select("frames", {"frame_id": frame}, "frames t"),
         "stack_frame_rows": _select("stack_frame_rows", {"stack_id": stack, "frame_id": frame}, "stack_frame_rows t"),
         "event_names": _select("event_names", {"name_id": name}, "event_names t"),
-        # Events are numbered from 1 within their run, in recording order (the file numbers them
-        # across runs in the same order).
         "event_rows": _select(
             "event_rows",
+            {"event_id": _in_run("event_id"), "run_number": run, "name_id": name, "stack_id": stack},
+            f"event_rows t JOIN {_FIRST_EVENTS} f USING (run_number)",
+        ),
+        "gpu_activity": _select(
+            "gpu_activity",
             {
-                "event_id": "t.event_id - f.first + 1",
+                "run_number": run,
+                "activity_id": _in_run("activity_id", "a.first"),
+                "event_id": _in_run("event_id"),
+                "capture_event_id": _in_run("capture_event_id"),
+                "graph_node_id": "CAST(CAST(t.graph_node_id AS HUGEINT) - CASE WHEN t.graph_node_id >= 9223372036854775808 "
+                "THEN 18446744073709551616 ELSE 0 END AS BIGINT)",
+            },
+            f"gpu_activity t LEFT JOIN {_FIRST_EVENTS} f USING (run_number) "
+            "JOIN (SELECT run_number, min(activity_id) AS first FROM gpu_activity GROUP BY ALL) a USING (run_number)",
+        ),
+        "gpu_time_counts": _select(
+            "gpu_time_counts",
+            {
                 "run_number": run,
                 "name_id": name,
                 "stack_id": stack,
+                "capture_stack_id": "(SELECT new FROM map_stacks m WHERE m.old = t.capture_stack_id)",
             },
-            "event_rows t JOIN (SELECT run_number, min(event_id) AS first FROM event_rows GROUP BY ALL) f "
-            "USING (run_number)",
+            "gpu_time_counts t",
         ),
         "event_counts": _select(
             "event_counts", {"run_number": run, "name_id": name, "stack_id": stack}, "event_counts t"

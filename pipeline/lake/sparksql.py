@@ -88,7 +88,18 @@ def _array_agg(node: Any) -> Any:
     return node
 
 
+def _unsigned(node: Any) -> Any:
+    """Spark has no unsigned integers; the lake stores them signed (schemas/lake.py): a cast to
+    UINTEGER or UBIGINT becomes one to BIGINT (the same value below 2**63)."""
+    import sqlglot.expressions as exp
+
+    wider = {exp.DataType.Type.UBIGINT: "BIGINT", exp.DataType.Type.UINT: "BIGINT"}
+    kind = node.this
+    return exp.DataType.build(wider[kind]) if kind in wider else node
+
+
 FUNCTION_MAP: dict[str, Callable[[Any], Any]] = {
+    "DataType": _unsigned,
     "ArrayAgg": _array_agg,
     "RegexpExtract": _regexp_extract,
     "RegexpReplace": _regexp_replace,

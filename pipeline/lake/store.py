@@ -101,6 +101,7 @@ _DUCKDB_TYPES = {
     pa.int64(): "BIGINT",
     pa.int32(): "INTEGER",
     pa.bool_(): "BOOLEAN",
+    pa.float64(): "DOUBLE",
     pa.timestamp("us", tz="UTC"): "TIMESTAMPTZ",
 }
 
