@@ -118,6 +118,7 @@ def prepare_run(
 ) -> PreparedRun:
     """Validates, reads, flattens and hashes one run, as the DuckDB ingest does; `known` is the
     lake's runs as run_id -> (complete, parts fingerprint), for runs already there."""
+    from tbpipe.pipeline.db.ingest.gpu import GPU_TABLES
     from tbpipe.pipeline.rawrun import (
         DamagedRunError,
         MissingManifestError,
@@ -152,6 +153,7 @@ def prepare_run(
     try:
         files = part_files(run_dir, manifest)
         event_files = [(path, verify_part(path, "events")) for path in files["events"]]
+        gpu_parts = sum(verify_part(path, table) >= 0 for table in GPU_TABLES for path in files[table])
         tables = read_tables(files, STACK_PARTS)
         notes = notes + reference_problems(tables)
         if notes and manifest.get("complete") and not manifest.get("recovered"):
@@ -162,6 +164,11 @@ def prepare_run(
             notes.append(f"{dangling} events refer to stacks the run does not hold: their stack is NULL")
         if dangling and manifest.get("complete"):
             raise DamagedRunError(f"{run_dir}: {'; '.join(notes)}")
+        if gpu_parts:
+            notes.append(
+                f"GPU activity ({gpu_parts} parts) is not loaded by the Spark ingest: for GPU time, ingest the run "
+                "with the DuckDB engine and `tbpipe lake export` the database"
+            )
     except DamagedRunError as error:
         return PreparedRun(_run_row(run_dir, "quarantined", reason=str(error), run_id=run_id, run_number=number))
     run = _run_row(
