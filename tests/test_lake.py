@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import TBPIPE
 from test_generated_code import generated  # noqa: F401 - the fixture: a run with generated code and its database
+from test_gpu_activity import double_library, workload  # noqa: F401 - fixtures: a run with GPU activity, ingested
 from test_report import VERSION_1, capture_night, version_2
 
 from tbpipe.pipeline.db.connection import open_database, query_rows
@@ -241,6 +242,45 @@ def test_generated_code_sited_alike_on_both_engines(generated, spark, symbol_cac
     assert sited_files and not any(f.startswith(folder) for f in sited_files)
     tracebacks = "\n".join(row[0] for row in lake_rows(lake, "SELECT traceback FROM stack_tracebacks"))
     assert "[generated]" in tracebacks
+
+
+GPU_VIEWS = {
+    "event_gpu_time": "SELECT run_id, kind, name, activities, gpu_time_ns, {micros}(gpu_start), {micros}(gpu_end) "
+    "FROM event_gpu_time",
+    # Without the files and lines of sites (the database's arg_max picks one among equal times).
+    "gpu_time_sites": "SELECT run_id, kind, name, launch_kind, site_function, site_key, site_portable_file, "
+    "site_is_user, capture_site_key, capture_site_function, executions, timed, gpu_time_ns, avg_ns, min_ns, max_ns, "
+    "bytes FROM gpu_time_sites",
+    "memcpy_sites": "SELECT * FROM memcpy_sites",
+    "memset_sites": "SELECT * FROM memset_sites",
+}
+
+
+def test_gpu_time_carried_by_export_and_noted_by_the_spark_ingest(workload, spark, symbol_cache, tmp_path) -> None:  # noqa: F811
+    """GPU activity: `tbpipe lake export` carries it (the GPU-time views answer over the lake as over
+    the database, from DuckDB and from Spark SQL); the Spark ingest loads the run without it and says so."""
+    from tbpipe.pipeline.lake.export import export_database
+    from tbpipe.pipeline.lake.spark_ingest import SparkIngestOptions, ingest_runs_spark
+    from tbpipe.pipeline.lake.sparksql import register_lake
+
+    _result, run, con = workload
+    runs_dir = Path(run.path).parent
+    db = runs_dir.parent / "gpu.duckdb"
+    lake = tmp_path / "exported"
+    export_database(db, lake)
+    register_lake(spark, lake)
+    for name, sql in GPU_VIEWS.items():
+        expected = sorted_rows(con.execute(for_duckdb(sql)).fetchall())
+        assert expected, name
+        assert sorted_rows(lake_rows(lake, for_duckdb(sql))) == expected, name
+        assert spark_rows(spark, for_spark(sql)) == expected, name
+
+    built = tmp_path / "spark-built"
+    summary = ingest_runs_spark([runs_dir], SparkIngestOptions(lake=built, cache_dir=symbol_cache), spark=spark)
+    (outcome,) = summary.outcomes
+    assert outcome.status == "ingested" and any("GPU activity" in note for note in outcome.notes), outcome
+    assert sorted_rows(lake_rows(built, CALL_SITES)) == sorted_rows(con.execute(CALL_SITES).fetchall())
+    assert lake_rows(built, "SELECT count(*) FROM gpu_time_sites") == [(0,)]
 
 
 def _quarantined(output: str) -> list[str]:
