@@ -497,5 +497,8 @@ def test_runs_of_the_previous_raw_version_are_still_ingested(workload, tmp_path:
     assert ingested == {"20250101T000000-1-00000001": 0, "20250101T000000-1-00000004": 17}
     output = loaded.stdout + loaded.stderr
     # The version-1 run with a GPU part, quarantined: that table came with version 2.
-    assert "20250101T000000-1-00000002/gpu_activity-000001.parquet: expected table 'gpu_activity' schema version 2" in output
+    assert (
+        "20250101T000000-1-00000002/gpu_activity-000001.parquet: expected table 'gpu_activity' schema version 2"
+        in output
+    )
     assert f"raw schema version {raw.RAW_SCHEMA_VERSION + 1}, this tbpipe reads 1 to {raw.RAW_SCHEMA_VERSION}" in output
