@@ -20,7 +20,7 @@ $(VENV)/.installed: $(NATIVE_SOURCES)
 	$(VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
 	# The development install also builds tbpipe._native_test, the suite's extension; a plain
 	# `pip install .` (the wheel users get) leaves it out.
-	$(VENV)/bin/pip install $(PIP_FLAGS) -e '.[test]' --config-settings=cmake.define.TBPIPE_BUILD_TESTING=ON
+	$(VENV)/bin/pip install $(PIP_FLAGS) -e '.[test,spark]' --config-settings=cmake.define.TBPIPE_BUILD_TESTING=ON
 	# torch (a local CPU wheel, for 3.11 only here) is the anchor some tests compare
 	# against and the torch-ops source's subject; Triton's launch hooks are tested
 	# against the real package.

@@ -18,6 +18,12 @@ a handler) or crashing loses at most its last flush interval of events.
 from __future__ import annotations
 
 import atexit
+
+# The last write can run while the interpreter shuts down (from atexit). pyarrow imports pandas the
+# first time it builds a table when pandas is installed (PySpark's extra brings it), and pandas
+# imports concurrent.futures.thread, whose import registers a threading exit hook: refused once
+# shutdown began, which failed that write. Imported here, while registering is still allowed.
+import concurrent.futures.thread  # noqa: F401
 import functools
 import operator
 import os

@@ -31,7 +31,7 @@ SELECT
     min(a.gpu_start) AS gpu_start,
     max(a.gpu_end) AS gpu_end
 FROM gpu_activity a
-JOIN event_rows e ON e.event_id = a.event_id
+JOIN event_rows e ON e.run_number = a.run_number AND e.event_id = a.event_id
 JOIN runs r ON r.run_number = e.run_number
 JOIN event_names n ON n.name_id = e.name_id
 GROUP BY e.event_id, r.run_id, n.kind, n.name, e.stack_id;

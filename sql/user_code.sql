@@ -46,7 +46,7 @@ CREATE OR REPLACE MACRO python_file_rule(file) AS
 
 -- The Python files of the stacks with stack_id >= first_stack_id, and whether each is user code.
 -- @requires stacks
--- @arg first_stack_id  BIGINT  the lowest stack id whose frames' files are classified (0: all)
+-- @arg first_stack_id  BIGINT  the lowest stack id whose frames' files are classified (all: the smallest BIGINT)
 -- @column file          the file name as captured
 -- @column is_user       true when frames of this file can be call sites (`python_file_is_user`)
 -- @column rule          the `user_code.prefix` that decided, NULL when the built-in rule did
@@ -59,10 +59,11 @@ FROM (
     WHERE stack_id >= first_stack_id AND kind = 'python' AND file IS NOT NULL
 );
 
--- Every distinct Python file of the stored stacks, and whether it is user code.
+-- Every distinct Python file of the stored stacks, and whether it is user code (every stack: from the
+-- smallest BIGINT on, as a lake's stack ids are signed hashes).
 -- @column file          the file name as captured
 -- @column is_user       true when frames of this file can be call sites
 -- @column rule          the `user_code.prefix` that decided, NULL when the built-in rule did
 -- @column is_generated  true for generated code: neither user code nor a library
 CREATE OR REPLACE VIEW python_files AS
-SELECT * FROM python_files_from(0);
+SELECT * FROM python_files_from(-9223372036854775808);

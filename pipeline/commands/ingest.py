@@ -1,4 +1,7 @@
-"""`tbpipe ingest RUNS_DIR... [--db PATH] [--debug-dir DIR]... [--cache-dir DIR] [--user-code PREFIX]...`"""
+"""`tbpipe ingest RUNS_DIR... [--db PATH] [--debug-dir DIR]... [--cache-dir DIR] [--user-code PREFIX]...`
+
+`tbpipe ingest RUNS_DIR... --engine spark --lake DIR [--master URL] [--conf K=V]...`: the same into a lake.
+"""
 
 from __future__ import annotations
 
@@ -41,6 +44,14 @@ def register(app: typer.Typer) -> None:
         progress: bool | None = typer.Option(
             None, "--progress/--no-progress", help="Progress bar (default: on a terminal)."
         ),
+        engine: str = typer.Option(
+            "duckdb",
+            "--engine",
+            help="duckdb (into --db) or spark (into a Parquet lake, --lake; pip install 'tbpipe[spark]').",
+        ),
+        lake: Path | None = typer.Option(None, "--lake", help="Lake folder written by --engine spark."),
+        master: str | None = typer.Option(None, "--master", help="Spark master URL (default: local[*])."),
+        conf: list[str] | None = typer.Option(None, "--conf", help="Spark setting KEY=VALUE; repeatable."),
     ) -> None:
         """Load captured runs into the database: one transaction per run, damaged runs quarantined."""
         from tbpipe.pipeline.db import IngestOptions, ingest_runs
@@ -48,6 +59,15 @@ def register(app: typer.Typer) -> None:
 
         if not runs_dirs and not user_code:
             raise UsageError("nothing to ingest: give one or more run folders, e.g. tbpipe ingest runs/")
+        if engine == "spark":
+            _ingest_spark(
+                runs_dirs or [], lake, db, master, conf or [], debug_dir, cache_dir, user_code, recover_manifests
+            )
+            return
+        if engine != "duckdb":
+            raise UsageError(f"--engine {engine!r}: choose duckdb or spark")
+        if lake is not None or master is not None or conf:
+            raise UsageError("--lake, --master and --conf go with --engine spark")
         options = IngestOptions(
             db_path=db,
             debug_dirs=list(debug_dir or []),
@@ -61,3 +81,36 @@ def register(app: typer.Typer) -> None:
         render_ingest_summary(summary, Console())
         if not summary.ok:
             raise typer.Exit(QUARANTINED_EXIT)
+
+
+def _ingest_spark(runs_dirs, lake, db, master, conf, debug_dir, cache_dir, user_code, recover_manifests) -> None:
+    """`--engine spark`: the same steps as a Spark job writing the lake (tbpipe.pipeline.lake.spark_ingest)."""
+    from tbpipe.pipeline.reports.ingest_summary import render_ingest_summary
+
+    if lake is None:
+        raise UsageError("--engine spark writes a lake: give --lake DIR")
+    if db is not None:
+        raise UsageError("--db is the DuckDB engine's; --engine spark writes --lake DIR")
+    settings = {}
+    for pair in conf:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--conf {pair!r}: expected KEY=VALUE, e.g. --conf spark.executor.memory=4g")
+        settings[key.strip()] = value
+    try:
+        from tbpipe.pipeline.lake.spark_ingest import SparkIngestOptions, ingest_runs_spark
+    except ImportError as error:
+        raise UsageError(f"--engine spark needs PySpark: pip install 'tbpipe[spark]' ({error})") from None
+    options = SparkIngestOptions(
+        lake=lake,
+        master=master,
+        conf=settings,
+        debug_dirs=list(debug_dir or []),
+        cache_dir=cache_dir,
+        user_code=list(user_code or []),
+        recover_manifests=recover_manifests,
+    )
+    summary = ingest_runs_spark(list(runs_dirs), options)
+    render_ingest_summary(summary, Console())
+    if not summary.ok:
+        raise typer.Exit(QUARANTINED_EXIT)

@@ -132,6 +132,9 @@ def register(app: typer.Typer) -> None:
         output: Path | None = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
         max_rows: int = typer.Option(1000, "--max-rows", help="Rows shown by --format table."),
         wait: float = typer.Option(30.0, "--wait", help="Seconds to wait while an ingest is writing the database."),
+        lake: Path | None = typer.Option(
+            None, "--lake", help="Query a Parquet lake folder instead of a database file."
+        ),
     ) -> None:
         """Run SQL on the database, opened read-only (views: call_sites, kernel_launch_sites, ...)."""
         from tbpipe.pipeline.db import open_database
@@ -140,9 +143,14 @@ def register(app: typer.Typer) -> None:
         if not text.strip():
             raise UsageError("no SQL given")
         say = Console(stderr=True)
-        con = open_database(
-            db, read_only=True, wait_s=wait, on_wait=lambda m: say.print(f"tbpipe: {m}", highlight=False)
-        )
+        if lake is not None:
+            from tbpipe.pipeline.lake.store import connect
+
+            con = connect(lake)
+        else:
+            con = open_database(
+                db, read_only=True, wait_s=wait, on_wait=lambda m: say.print(f"tbpipe: {m}", highlight=False)
+            )
         try:
             result = run_query(con, text)
         finally:

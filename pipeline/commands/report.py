@@ -74,6 +74,7 @@ def register(app: typer.Typer) -> None:
         ),
         accept: Path | None = typer.Option(None, "--accept", help="TOML file of accepted changes."),
         db: Path | None = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
+        lake: Path | None = typer.Option(None, "--lake", help="Read a Parquet lake folder instead of a database file."),
     ) -> None:
         """Compare a run (or group) with a baseline run or window, call site by call site."""
         from tbpipe.pipeline.db import open_database
@@ -100,7 +101,12 @@ def register(app: typer.Typer) -> None:
             vary=tuple(vary) if vary else ("commit",),
         )
         accepted = load_accept_file(accept) if accept is not None else None
-        con = open_database(db, read_only=True)
+        if lake is not None:
+            from tbpipe.pipeline.lake.store import connect
+
+            con = connect(lake)
+        else:
+            con = open_database(db, read_only=True)
         try:
             result = compare(con, request, accepted)
         finally:

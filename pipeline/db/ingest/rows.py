@@ -292,12 +292,37 @@ def insert_events(db: IngestDb, batch: Batch, index: int) -> None:
     )
 
 
+def manifest_columns(m: dict[str, Any]) -> dict[str, Any]:
+    """The `runs` columns taken from a manifest as they are (the database's and the lake's runs alike)."""
+    counters = m.get("counters") or {}
+    return {
+        "run_id": m["run_id"],
+        "parent_run_id": m.get("parent_run_id"),
+        "complete": bool(m.get("complete")),
+        "host": m.get("host"),
+        "pid": m.get("pid"),
+        "argv": list(m.get("argv") or []),
+        "cwd": m.get("cwd"),
+        "python_version": m.get("python_version"),
+        "python_implementation": m.get("python_implementation"),
+        "torch_version": m.get("torch_version"),
+        "cuda_version": m.get("cuda_version"),
+        "sys_path": m.get("sys_path"),
+        "tbpipe_version": m.get("tbpipe_version"),
+        "sources": list(m.get("sources") or []),
+        "capture": json.dumps(m.get("capture") or {}),
+        "events_recorded": counters.get("events_recorded"),
+        "events_dropped": counters.get("events_dropped"),
+        "capture_errors": list(m.get("errors") or []),
+        "manifest": json.dumps(m),
+    }
+
+
 def insert_run(db: IngestDb, run: PreparedRun) -> None:
     """The `runs` row, from the manifest and what the ingest counted."""
     m = run.manifest
     labels = m.get("labels") or {}
     threads = m.get("threads") or {}
-    counters = m.get("counters") or {}
     db.con.execute(
         """
         INSERT INTO runs BY NAME SELECT
@@ -334,37 +359,19 @@ def insert_run(db: IngestDb, run: PreparedRun) -> None:
             CAST($manifest AS JSON) AS manifest
         """,
         {
-            "run_id": m["run_id"],
             "run_number": run.run_number,
-            "parent_run_id": m.get("parent_run_id"),
             "started_at": m.get("started_at"),
             "ended_at": m.get("ended_at"),
-            "complete": bool(m.get("complete")),
-            "host": m.get("host"),
-            "pid": m.get("pid"),
-            "argv": list(m.get("argv") or []),
-            "cwd": m.get("cwd"),
             "label_keys": list(labels.keys()),
             "label_values": list(labels.values()),
-            "python_version": m.get("python_version"),
-            "python_implementation": m.get("python_implementation"),
-            "torch_version": m.get("torch_version"),
-            "cuda_version": m.get("cuda_version"),
-            "sys_path": m.get("sys_path"),
-            "tbpipe_version": m.get("tbpipe_version"),
-            "sources": list(m.get("sources") or []),
-            "capture": json.dumps(m.get("capture") or {}),
             "thread_ids": [int(k) for k in threads.keys()],
             "thread_names": list(threads.values()),
-            "events_recorded": counters.get("events_recorded"),
-            "events_dropped": counters.get("events_dropped"),
+            **manifest_columns(m),
             "events": run.events,
             "stacks": run.stacks_used,
             "new_stacks": run.new_stacks,
-            "capture_errors": list(m.get("errors") or []),
             "ingest_notes": run.notes,
             "source_dir": str(run.run_dir.resolve()),
             "parts": run.fingerprint,
-            "manifest": json.dumps(m),
         },
     )

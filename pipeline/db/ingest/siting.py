@@ -65,14 +65,21 @@ def store_user_code(db: IngestDb, rules: list[tuple[str, bool]]) -> None:
             con.execute("INSERT OR REPLACE INTO settings VALUES ('sited_with_rules', ?)", [rules_hash])
 
 
-def store_generated_code(db: IngestDb, manifests: Sequence[dict[str, Any]]) -> None:
-    """`generated_code` rows for the folders of generated code that the runs' manifests name; when a
-    new one holds Python files or modules of stored stacks, every stack is sited again."""
-    rows = {}
+def generated_code_rows(manifests: Sequence[dict[str, Any]]) -> dict[str, tuple[str, str | None]]:
+    """{prefix: (generator, first run id)} of the folders of generated code the manifests name, the
+    first manifest naming a folder giving its row."""
+    rows: dict[str, tuple[str, str | None]] = {}
     for manifest in manifests:
         for generator, folder in (manifest.get("generated_code") or {}).items():
             if isinstance(folder, str) and folder.startswith("/") and folder.rstrip("/"):
                 rows.setdefault(folder.rstrip("/") + "/", (str(generator), manifest.get("run_id")))
+    return rows
+
+
+def store_generated_code(db: IngestDb, manifests: Sequence[dict[str, Any]]) -> None:
+    """`generated_code` rows for the folders of generated code that the runs' manifests name; when a
+    new one holds Python files or modules of stored stacks, every stack is sited again."""
+    rows = generated_code_rows(manifests)
     if not rows:
         return
     with db.transaction() as con:
@@ -117,13 +124,20 @@ def site_stacks(db: IngestDb, from_stack: int | None) -> None:
         count_sites(db, None)
 
 
+# Which stack's file and line stand for a site in a run: the stack with the most events; among
+# equals the greatest (file, line), so that both come from one stack and every engine (the lake's
+# Spark job too) picks the same.
+SITE_PLACE_ORDER = "struct_pack(n := c.events, f := coalesce(s.site_file, ''), l := coalesce(s.site_line, -1))"
+
+
 def count_sites(db: IngestDb, run_number: int | None) -> None:
     """`site_counts` of one run (all runs with None) from its `event_counts` and the stacks' sites."""
     db.con.execute(
         f"""
         INSERT INTO site_counts BY NAME
-        SELECT c.run_number, c.name_id, s.site_id, sum(c.events) AS events, arg_max(s.site_file, c.events) AS site_file,
-               arg_max(s.site_line, c.events) AS site_line, bool_or(s.site_is_user) AS site_is_user
+        SELECT c.run_number, c.name_id, s.site_id, sum(c.events) AS events,
+               arg_max(s.site_file, {SITE_PLACE_ORDER}) AS site_file,
+               arg_max(s.site_line, {SITE_PLACE_ORDER}) AS site_line, bool_or(s.site_is_user) AS site_is_user
         FROM event_counts c
         LEFT JOIN stack_sites s USING (stack_id)
         {"WHERE c.run_number = ?" if run_number is not None else ""}

@@ -1,0 +1,45 @@
+"""`tbpipe lake export --db FILE --lake DIR` and `tbpipe lake views`: the Parquet lake's commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from tbpipe.pipeline.errors import UsageError
+
+
+def register(app: typer.Typer) -> None:
+    lake_app = typer.Typer(
+        help="The Parquet lake: the database's tables as Hive-partitioned Parquet.", no_args_is_help=True
+    )
+    app.add_typer(lake_app, name="lake")
+
+    @lake_app.command("export")
+    def export(
+        db: Path = typer.Option(..., "--db", help="The DuckDB database file to export."),
+        lake: Path = typer.Option(
+            ..., "--lake", help="The lake folder (made if needed; tables written replace its own)."
+        ),
+    ) -> None:
+        """Write a DuckDB database as a lake (content-derived ids, events partitioned by run)."""
+        from tbpipe.pipeline.lake.export import export_database
+
+        if not db.is_file():
+            raise UsageError(f"no database at {db}")
+        summary = export_database(db, lake)
+        total = sum(summary.rows.values())
+        print(
+            f"tbpipe: exported {db} to {lake}: {summary.rows.get('runs', 0):,} runs, "
+            f"{summary.rows.get('event_rows', 0):,} events, {total:,} rows in {summary.seconds:.1f} s"
+        )
+
+    @lake_app.command("views")
+    def views() -> None:
+        """Print the packaged views in Spark SQL (CREATE TEMP VIEW statements over the lake's tables)."""
+        try:
+            from tbpipe.pipeline.lake.sparksql import spark_views
+        except ImportError as error:
+            raise UsageError(f"translating views needs sqlglot: pip install 'tbpipe[spark]' ({error})") from None
+        for name, sql in spark_views():
+            print(f"CREATE OR REPLACE TEMP VIEW {name} AS\n{sql};\n")

@@ -1,0 +1,442 @@
+"""The lake: really captured runs ingested by a real local Spark (`tbpipe ingest --engine spark`) and
+by DuckDB (`tbpipe ingest --db`), read back by DuckDB and by Spark SQL, compared row for row.
+
+One SparkSession (local[2], no UI, loopback) serves the whole session; the Spark ingest itself runs
+once through the CLI (its own JVM) and once more in-process to show it adds nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import TBPIPE
+from test_generated_code import generated  # noqa: F401 - the fixture: a run with generated code and its database
+from test_gpu_activity import double_library, workload  # noqa: F401 - fixtures: a run with GPU activity, ingested
+from test_report import VERSION_1, capture_night, version_2
+
+from tbpipe.pipeline.db.connection import open_database, query_rows
+from tbpipe.pipeline.lake import ids, store
+from tbpipe.pipeline.lake.spark_ingest import SHARD_CONF
+
+SHARD_ADDRESSES = 2  # small: the libpython module's addresses are split over several tasks
+
+
+def spark_unavailable() -> str | None:
+    """Why PySpark cannot run here, or None. Only the interpreter is a reason: PySpark 4.3 (the
+    version the `spark` extra installs) needs CPython 3.11+; a missing package or Java is a setup
+    error the tests report by failing."""
+    if sys.version_info < (3, 11):
+        return f"PySpark 4.3 needs CPython 3.11 or newer; this is CPython {platform.python_version()}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def spark():
+    reason = spark_unavailable()
+    if reason:
+        pytest.skip(reason)
+    from tbpipe.pipeline.lake.spark_ingest import spark_session
+
+    session = spark_session("local[2]", {"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "2"})
+    yield session
+    session.stop()
+
+
+def tbpipe(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    full = dict(os.environ, COLUMNS="200", **(env or {}))
+    return subprocess.run([*TBPIPE, *args], capture_output=True, text=True, timeout=timeout, env=full)
+
+
+@pytest.fixture(scope="module")
+def nights(tmp_path_factory) -> Path:
+    """Three nights, two ranks each, captured with `tbpipe run` in checkouts of their own, and one
+    damaged copy of a run (its stacks part cut short) under a folder of its own."""
+    root = tmp_path_factory.mktemp("lake-nights")
+    capture_night(root, 1, VERSION_1, commit="c1")
+    capture_night(root, 2, VERSION_1, commit="c2")
+    capture_night(root, 3, version_2(), commit="c3")
+    source = sorted((root / "runs").iterdir())[0]
+    damaged = root / "runs" / "damaged" / (source.name + "-dmg")
+    shutil.copytree(source, damaged)
+    manifest = json.loads((damaged / "manifest.json").read_text())
+    manifest["run_id"] = damaged.name
+    (damaged / "manifest.json").write_text(json.dumps(manifest))
+    stacks = sorted(damaged.glob("stacks-*.parquet"))[0]
+    stacks.write_bytes(stacks.read_bytes()[: stacks.stat().st_size // 2])
+    # Another copy whose events carry attributes that are not JSON: readable, but refused by both.
+    garbled = root / "runs" / "damaged" / (source.name + "-json")
+    shutil.copytree(source, garbled)
+    manifest["run_id"] = garbled.name
+    (garbled / "manifest.json").write_text(json.dumps(manifest))
+    part = sorted(garbled.glob("events-*.parquet"))[0]
+    table = pq.read_table(part)
+    attrs = table["attrs"].to_pylist()
+    attrs[0] = "{not json"
+    table = table.set_column(table.schema.get_field_index("attrs"), table.schema.field("attrs"), pa.array(attrs))
+    pq.write_table(table, part, compression="zstd")
+    return root
+
+
+@pytest.fixture(scope="module")
+def db(nights, symbol_cache) -> tuple[Path, str]:
+    path = nights / "tbpipe.duckdb"
+    result = tbpipe(
+        "ingest", str(nights / "runs"), "--db", str(path), "--no-progress",
+        env={"TBPIPE_CACHE_DIR": str(symbol_cache)},
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr  # 1: a run was quarantined
+    return path, result.stdout
+
+
+@pytest.fixture(scope="module")
+def spark_lake(nights, symbol_cache, spark) -> tuple[Path, str]:
+    """The lake built by `tbpipe ingest --engine spark` (its own local[2] Spark)."""
+    lake = nights / "lake"
+    result = tbpipe(
+        "ingest", str(nights / "runs"), "--engine", "spark", "--lake", str(lake), "--master", "local[2]",
+        "--cache-dir", str(symbol_cache), "--conf", "spark.sql.shuffle.partitions=4",
+        "--conf", f"{SHARD_CONF}={SHARD_ADDRESSES}",
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    return lake, result.stdout
+
+
+def duckdb_rows(path: Path, sql: str) -> list[tuple]:
+    con = open_database(path, read_only=True)
+    try:
+        return query_rows(con, sql)
+    finally:
+        con.close()
+
+
+def lake_rows(lake: Path, sql: str) -> list[tuple]:
+    con = store.connect(lake)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def _plain(value):
+    if isinstance(value, datetime.datetime):
+        return value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    if isinstance(value, list):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+def spark_rows(session, sql: str) -> list[tuple]:
+    return sorted((tuple(_plain(v) for v in row) for row in session.sql(sql).collect()), key=repr)
+
+
+def sorted_rows(rows: list[tuple]) -> list[tuple]:
+    return sorted((tuple(_plain(v) for v in row) for row in rows), key=repr)
+
+
+CALL_SITES = "SELECT * FROM call_sites"
+
+
+def for_duckdb(sql: str) -> str:
+    # Times as integers: fetching a TIMESTAMPTZ into Python needs pytz, which not every venv has.
+    return sql.format(micros="epoch_us", text="VARCHAR")
+
+
+def for_spark(sql: str) -> str:
+    return sql.format(micros="unix_micros", text="STRING")
+
+
+# Views compared across engines, without the columns that hold ids (the DuckDB file numbers them).
+VIEWS = {
+    "call_sites": CALL_SITES,
+    "kernel_launch_sites": "SELECT * FROM kernel_launch_sites",
+    "stack_tracebacks": "SELECT stack_key, frames, traceback FROM stack_tracebacks",
+    "events": "SELECT run_id, {micros}(ts), thread_id, kind, name, CAST(attrs AS {text}) FROM events",
+    "stack_frames": "SELECT depth, slot, chain_depth, kind, function, file, line, module, module_key, address, exact, "
+    "inlined, reason, first_line FROM stack_frames",
+    "python_files": "SELECT * FROM python_files",
+}
+
+
+# ------------------------------------------------------------------------------------------ the acceptance checks
+
+
+def test_spark_call_sites_equal_duckdb_ingest(db, spark_lake, spark) -> None:
+    from tbpipe.pipeline.lake.sparksql import register_lake
+
+    expected = sorted_rows(duckdb_rows(db[0], CALL_SITES))
+    assert len(expected) > 20 and len({r[0] for r in expected}) == 6  # six runs landed
+    assert sorted_rows(lake_rows(spark_lake[0], CALL_SITES)) == expected  # DuckDB over the lake
+    register_lake(spark, spark_lake[0])
+    assert spark_rows(spark, CALL_SITES) == expected  # Spark SQL over the lake
+
+
+def test_views_equal_on_both_engines(db, spark_lake, spark) -> None:
+    from tbpipe.pipeline.lake.sparksql import register_lake
+
+    register_lake(spark, spark_lake[0])
+    for name, sql in VIEWS.items():
+        in_file = sorted_rows(duckdb_rows(db[0], for_duckdb(sql)))
+        assert in_file, name
+        assert sorted_rows(lake_rows(spark_lake[0], for_duckdb(sql))) == in_file, name
+        assert spark_rows(spark, for_spark(sql)) == in_file, name
+
+
+def test_lake_ids_are_content_ids(spark_lake) -> None:
+    lake = spark_lake[0]
+    runs = lake_rows(lake, "SELECT run_id, run_number FROM runs")
+    assert all(number == ids.run_number(run_id) for run_id, number in runs)
+    stacks = lake_rows(lake, "SELECT stack_id, stack_hash FROM stacks")
+    assert all(int(ids.signed([h])[0]) == s for s, h in stacks)
+    sites = lake_rows(lake, "SELECT site_id, site_key FROM sites")
+    assert all(int(ids.site_ids([k])[0].as_py()) == i for i, k in sites)
+    # Events are numbered from 1 within their run, without gaps.
+    numbered = lake_rows(lake, "SELECT run_number, min(event_id), max(event_id), count(*) FROM event_rows GROUP BY ALL")
+    assert numbered and all(lo == 1 and hi == count for _run, lo, hi, count in numbered)
+
+
+def test_sharded_symbolization_equals_serial(db, spark_lake) -> None:
+    columns = "module_key, address, exact, depth, function, file, line, inlined, reason"
+    serial = sorted_rows(duckdb_rows(db[0], f"SELECT {columns} FROM symbols"))
+    sharded = sorted_rows(lake_rows(spark_lake[0], f"SELECT {columns} FROM symbols"))
+    assert sharded == serial
+    # The shard size really split a module: some module has more addresses than one shard takes.
+    per_module = lake_rows(spark_lake[0], "SELECT count(*) FROM symbols WHERE depth = 0 GROUP BY module_key")
+    assert max(n for (n,) in per_module) > 2 * SHARD_ADDRESSES
+    modules = "module_key, build_id, path, quality, reason, debug_file, found_via"
+    assert sorted_rows(lake_rows(spark_lake[0], f"SELECT {modules} FROM modules")) == sorted_rows(
+        duckdb_rows(db[0], f"SELECT {modules} FROM modules")
+    )
+
+
+def test_generated_code_sited_alike_on_both_engines(generated, spark, symbol_cache, tmp_path) -> None:  # noqa: F811
+    """A run whose manifest names a folder of generated code and whose code_origins map its lines to
+    a user line: the lake keeps the folder, places the origins and sites nothing in generated code,
+    as the DuckDB ingest does."""
+    from tbpipe.pipeline.lake.spark_ingest import SparkIngestOptions, ingest_runs_spark
+    from tbpipe.pipeline.lake.sparksql import register_lake
+
+    lake = tmp_path / "lake"
+    options = SparkIngestOptions(lake=lake, cache_dir=symbol_cache)
+    summary = ingest_runs_spark([generated["base"] / "runs"], options, spark=spark)
+    assert summary.ingested == 1, [o.reason for o in summary.outcomes]
+    folder = str(generated["cache"]) + "/"
+    assert lake_rows(lake, "SELECT prefix, generator FROM generated_code") == [(folder, "inductor")]
+    register_lake(spark, lake)
+    for name in ("call_sites", "stack_tracebacks", "python_files"):
+        expected = sorted_rows(duckdb_rows(generated["db"], for_duckdb(VIEWS[name])))
+        assert expected, name
+        assert sorted_rows(lake_rows(lake, for_duckdb(VIEWS[name]))) == expected, name
+        assert spark_rows(spark, for_spark(VIEWS[name])) == expected, name
+    sited_files = {row[0] for row in lake_rows(lake, "SELECT site_file FROM call_sites WHERE site_file IS NOT NULL")}
+    assert sited_files and not any(f.startswith(folder) for f in sited_files)
+    tracebacks = "\n".join(row[0] for row in lake_rows(lake, "SELECT traceback FROM stack_tracebacks"))
+    assert "[generated]" in tracebacks
+
+
+GPU_VIEWS = {
+    "event_gpu_time": "SELECT run_id, kind, name, activities, gpu_time_ns, {micros}(gpu_start), {micros}(gpu_end) "
+    "FROM event_gpu_time",
+    # Without the files and lines of sites (the database's arg_max picks one among equal times).
+    "gpu_time_sites": "SELECT run_id, kind, name, launch_kind, site_function, site_key, site_portable_file, "
+    "site_is_user, capture_site_key, capture_site_function, executions, timed, gpu_time_ns, avg_ns, min_ns, max_ns, "
+    "bytes FROM gpu_time_sites",
+    "memcpy_sites": "SELECT * FROM memcpy_sites",
+    "memset_sites": "SELECT * FROM memset_sites",
+}
+
+
+def test_gpu_time_carried_by_export_and_noted_by_the_spark_ingest(workload, spark, symbol_cache, tmp_path) -> None:  # noqa: F811
+    """GPU activity: `tbpipe lake export` carries it (the GPU-time views answer over the lake as over
+    the database, from DuckDB and from Spark SQL); the Spark ingest loads the run without it and says so."""
+    from tbpipe.pipeline.lake.export import export_database
+    from tbpipe.pipeline.lake.spark_ingest import SparkIngestOptions, ingest_runs_spark
+    from tbpipe.pipeline.lake.sparksql import register_lake
+
+    _result, run, con = workload
+    runs_dir = Path(run.path).parent
+    db = runs_dir.parent / "gpu.duckdb"
+    lake = tmp_path / "exported"
+    export_database(db, lake)
+    register_lake(spark, lake)
+    for name, sql in GPU_VIEWS.items():
+        expected = sorted_rows(con.execute(for_duckdb(sql)).fetchall())
+        assert expected, name
+        assert sorted_rows(lake_rows(lake, for_duckdb(sql))) == expected, name
+        assert spark_rows(spark, for_spark(sql)) == expected, name
+
+    built = tmp_path / "spark-built"
+    summary = ingest_runs_spark([runs_dir], SparkIngestOptions(lake=built, cache_dir=symbol_cache), spark=spark)
+    (outcome,) = summary.outcomes
+    assert outcome.status == "ingested" and any("GPU activity" in note for note in outcome.notes), outcome
+    assert sorted_rows(lake_rows(built, CALL_SITES)) == sorted_rows(con.execute(CALL_SITES).fetchall())
+    assert lake_rows(built, "SELECT count(*) FROM gpu_time_sites") == [(0,)]
+
+
+def _quarantined(output: str) -> list[str]:
+    return sorted(line for line in output.splitlines() if line.startswith("quarantined "))
+
+
+def test_damaged_run_quarantined_others_land(db, spark_lake, nights) -> None:
+    duckdb_out, spark_out = db[1], spark_lake[1]
+    quarantined, by_spark = _quarantined(duckdb_out), _quarantined(spark_out)
+    assert len(quarantined) == 2 == len(by_spark)
+    # A damaged part: the same reason, word for word.
+    assert "-dmg" in quarantined[0] and "unreadable Parquet" in quarantined[0]
+    assert by_spark[0] == quarantined[0]
+    # Attributes that are not JSON: the same reason up to the engine's own detail in brackets.
+    reason = "-json: events have attributes that are not JSON ("
+    assert reason in quarantined[1] and reason in by_spark[1]
+    assert quarantined[1].split(" (")[0] == by_spark[1].split(" (")[0]
+    assert re.search(r"runs ingested\s*│\s*6\s*│", spark_out), spark_out
+    landed = {r[0] for r in lake_rows(spark_lake[0], "SELECT run_id FROM runs")}
+    assert landed == {r[0] for r in duckdb_rows(db[0], "SELECT run_id FROM runs")} and len(landed) == 6
+
+
+def _files(lake: Path) -> dict[str, int]:
+    return {
+        str(p.relative_to(lake)): p.stat().st_size
+        for p in lake.rglob("*")
+        if p.is_file() and not p.name.endswith(".crc") and p.name != "_SUCCESS"
+    }
+
+
+def test_rerun_adds_nothing(spark_lake, nights, symbol_cache, spark) -> None:
+    from tbpipe.pipeline.lake.spark_ingest import SparkIngestOptions, ingest_runs_spark
+
+    lake = spark_lake[0]
+    before = _files(lake)
+    counts = {t: lake_rows(lake, f"SELECT count(*) FROM {t}")[0][0] for t in ("runs", "event_rows", "frames", "stacks")}
+    options = SparkIngestOptions(lake=lake, cache_dir=symbol_cache, shard_addresses=SHARD_ADDRESSES)
+    summary = ingest_runs_spark([nights / "runs"], options, spark=spark)
+    assert summary.present == 6 and summary.ingested == 0 and len(summary.quarantined) == 2
+    assert _files(lake) == before
+    assert {t: lake_rows(lake, f"SELECT count(*) FROM {t}")[0][0] for t in counts} == counts
+
+
+@pytest.fixture(scope="module")
+def exported(db, nights) -> Path:
+    lake = nights / "exported"
+    result = tbpipe("lake", "export", "--db", str(db[0]), "--lake", str(lake))
+    assert result.returncode == 0, result.stderr
+    assert "6 runs" in result.stdout
+    return lake
+
+
+def test_export_equals_duckdb(db, exported) -> None:
+    for name, sql in VIEWS.items():
+        sql = for_duckdb(sql)
+        assert sorted_rows(lake_rows(exported, sql)) == sorted_rows(duckdb_rows(db[0], sql)), name
+
+
+def test_export_equals_spark_lake(db, exported, spark_lake, spark) -> None:
+    from tbpipe.pipeline.lake.sparksql import register_lake
+
+    # Content ids: the exported lake names everything as the Spark-built one does.
+    for table, key in (
+        ("stacks", "stack_id"),
+        ("frames", "frame_id"),
+        ("sites", "site_id"),
+        ("event_names", "name_id"),
+    ):
+        query = f"SELECT {key} FROM {table}"
+        assert sorted_rows(lake_rows(exported, query)) == sorted_rows(lake_rows(spark_lake[0], query)), table
+    register_lake(spark, exported)
+    assert spark_rows(spark, CALL_SITES) == sorted_rows(duckdb_rows(db[0], CALL_SITES))
+
+
+def test_query_and_report_read_the_lake(db, spark_lake) -> None:
+    sql = "SELECT kind, name, site_key, sum(events) AS n FROM call_sites GROUP BY ALL ORDER BY ALL"
+    from_db = tbpipe("query", "--db", str(db[0]), "--format", "json", sql)
+    from_lake = tbpipe("query", "--lake", str(spark_lake[0]), "--format", "json", sql)
+    assert from_db.returncode == 0 and from_lake.returncode == 0, from_lake.stderr
+    assert json.loads(from_lake.stdout) == json.loads(from_db.stdout) and json.loads(from_db.stdout)
+    args = ["report", "--format", "json", "--candidate", "commit=c3", "--baseline", "commit=c2"]
+    report_db = tbpipe(*args, "--db", str(db[0]))
+    report_lake = tbpipe(*args, "--lake", str(spark_lake[0]))
+    assert report_db.returncode == 0 and report_lake.returncode == 0, report_lake.stderr
+    db_json, lake_json = json.loads(report_db.stdout), json.loads(report_lake.stdout)
+    assert lake_json["sites"] == db_json["sites"] and any(s["change"] == "new" for s in db_json["sites"])
+    missing = tbpipe("query", "--lake", str(spark_lake[0].parent / "no-lake"), "SELECT 1")
+    assert missing.returncode == 2 and "not a tbpipe lake" in missing.stderr
+
+
+def test_spark_sql_translation_is_spark_sql() -> None:
+    """Every packaged view translates, and no DuckDB-only spelling is left in the Spark text."""
+    from tbpipe.pipeline.lake.sparksql import spark_views
+
+    views = dict(spark_views())
+    assert {"call_sites", "kernel_launch_sites", "stack_tracebacks", "events", "stack_frames"} <= set(views)
+    text = "\n".join(views.values())
+    for duckdb_only in ("ARG_MAX", "STRING_AGG", "REGEXP_MATCHES", "STARTS_WITH(", "frame_text(", "::"):
+        assert duckdb_only not in text, duckdb_only
+    assert "REGEXP_EXTRACT((module), '[^/]*$', 0)" in views["stack_tracebacks"]
+
+
+def test_compaction_keeps_the_rows(spark_lake, spark, tmp_path) -> None:
+    from tbpipe.pipeline.lake.spark_ingest import SparkIngestOptions, _Job
+
+    lake = tmp_path / "lake"
+    shutil.copytree(spark_lake[0], lake)
+    rows = {t: sorted_rows(lake_rows(lake, f"SELECT * FROM {t}")) for t in ("frames", "stack_frame_rows")}
+    for table in rows:
+        # Each table as three files, as three appends leave it.
+        files = store.data_files(store.table_dir(lake, table))
+        whole = pa.concat_tables([pq.read_table(p) for p in files])
+        for path in files:
+            path.unlink()
+        third = -(-whole.num_rows // 3)
+        for i in range(3):
+            pq.write_table(whole.slice(i * third, third), store.table_dir(lake, table) / f"part-test-{i}.parquet")
+        assert len(store.data_files(store.table_dir(lake, table))) == 3
+    job = _Job(spark, SparkIngestOptions(lake=lake, compact_files=1), rules=[])
+    try:
+        for table in rows:
+            job.compact(table)
+    finally:
+        shutil.rmtree(job.staging, ignore_errors=True)
+    for table, expected in rows.items():
+        assert len(store.data_files(store.table_dir(lake, table))) == 1, table
+        assert sorted_rows(lake_rows(lake, f"SELECT * FROM {table}")) == expected, table
+
+
+def test_grown_incomplete_run_replaces_its_partition(nights, symbol_cache, spark, tmp_path) -> None:
+    """An incomplete run whose files grew is loaded again: its partition replaced, never added to."""
+    from tbpipe.pipeline.lake.spark_ingest import SparkIngestOptions, ingest_runs_spark
+
+    source = sorted(p for p in (nights / "runs").iterdir() if p.name != "damaged")[0]
+    run = tmp_path / "runs" / source.name
+    shutil.copytree(source, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["complete"], manifest["ended_at"] = False, None
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    lake = tmp_path / "lake"
+    options = SparkIngestOptions(lake=lake, cache_dir=symbol_cache)
+    first = ingest_runs_spark([tmp_path / "runs"], options, spark=spark)
+    assert first.ingested == 1 and first.incomplete == 1
+    events = lake_rows(lake, "SELECT count(*) FROM events")[0][0]
+    assert events > 0
+
+    # The process flushed once more before it died: a second events part, equal to the first.
+    part = sorted(run.glob("events-*.parquet"))[0]
+    shutil.copy(part, run / "events-999999.parquet")
+    again = ingest_runs_spark([tmp_path / "runs"], options, spark=spark)
+    assert [o.status for o in again.outcomes] == ["updated"]
+    assert lake_rows(lake, "SELECT count(*), count(DISTINCT event_id), max(event_id) FROM events")[0] == (
+        2 * events,
+        2 * events,
+        2 * events,
+    )
+    assert lake_rows(lake, "SELECT count(*), sum(events) FROM runs")[0] == (1, 2 * events)
+    assert lake_rows(lake, "SELECT sum(events) FROM call_sites")[0][0] == 2 * events
+    assert len(store.data_files(store.table_dir(lake, "event_rows"))) == 1
