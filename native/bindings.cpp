@@ -174,9 +174,21 @@ UnwindOptions options_for_native_caller() {
 
 void capi_record(const char* kind, size_t kind_len, const char* name, size_t name_len, const char* attrs_json,
                  size_t attrs_len) {
+  Recorder& recorder = Recorder::instance();
+  if (!recorder.active()) return;
   StringTable& strings = StringTable::instance();
-  Recorder::instance().record_native(strings.intern_utf8(kind, kind_len), strings.intern_utf8(name, name_len),
-                                     attrs_json, attrs_len, options_for_native_caller());
+  recorder.record_native(strings.intern_utf8(kind, kind_len), strings.intern_utf8(name, name_len), attrs_json,
+                         attrs_len, options_for_native_caller());
+}
+
+int capi_active() { return Recorder::instance().active() ? 1 : 0; }
+
+uint32_t capi_intern(const char* text, size_t len) { return StringTable::instance().intern_utf8(text, len); }
+
+void capi_record_interned(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_len) {
+  Recorder& recorder = Recorder::instance();
+  if (!recorder.active()) return;
+  recorder.record_native(kind_id, name_id, attrs_json, attrs_len, options_for_native_caller());
 }
 
 void* capi_gather(int python, int native) {
@@ -202,7 +214,8 @@ PyObject* capi_traceback_object(void* handle) {
 void capi_free_traceback(void* handle) { delete static_cast<RawTraceback*>(handle); }
 
 const TbpipeCApi kCApi = {TBPIPE_CAPI_VERSION, sizeof(TbpipeCApi),    capi_record,
-                          capi_gather,         capi_traceback_object, capi_free_traceback};
+                          capi_gather,         capi_traceback_object, capi_free_traceback,
+                          capi_active,         capi_intern,           capi_record_interned};
 
 }  // namespace
 }  // namespace tbpipe

@@ -39,7 +39,25 @@ typedef struct TbpipeCApi {
 
   // Frees a handle that will not become an object.
   void (*free_traceback)(void* traceback);
+
+  // Fields below were added after the first release: a caller reads one only when `size` covers it
+  // (TBPIPE_CAPI_HAS(api, field)).
+
+  // Whether a session is recording (any thread, no GIL): a source can skip describing an event
+  // nobody will keep. `record` checks it too.
+  int (*active)(void);
+
+  // The id of a kind or name text, for `record_interned` (any thread, no GIL). An id stays valid for
+  // the life of the process, forked children included, so a source looks each text up once.
+  uint32_t (*intern)(const char* text, size_t len);
+
+  // `record` with interned kind and name: a busy source saves two lookups under a shared lock per
+  // event.
+  void (*record_interned)(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_len);
 } TbpipeCApi;
+
+// Whether the table `api` points to has `field` (filled by a tbpipe at least as new as the field).
+#define TBPIPE_CAPI_HAS(api, field) ((api)->size >= offsetof(TbpipeCApi, field) + sizeof(((TbpipeCApi*)0)->field))
 
 #ifdef __cplusplus
 }

@@ -12,7 +12,7 @@ import pytest
 from conftest import run_python
 from support.runs import read_runs
 
-from tbpipe import capture
+from tbpipe import _native, capture
 from tbpipe.capture import SessionError, SourceError
 from tbpipe.schemas import raw
 
@@ -163,7 +163,7 @@ def test_sigkilled_process_keeps_flushed_events(tmp_path: Path) -> None:
     out_dir = tmp_path / "runs"
     code = f"""
 import os, signal, time
-from tbpipe import capture
+from tbpipe import _native, capture
 s = capture.session({str(out_dir)!r}, flush_interval_s=0.2).start()
 for i in range(500):
     capture.record("user", "before", i=i)
@@ -184,7 +184,7 @@ def test_fork_child_continues_into_its_own_run(tmp_path: Path) -> None:
     out_dir = tmp_path / "runs"
     code = f"""
 import os
-from tbpipe import capture
+from tbpipe import _native, capture
 with capture.session({str(out_dir)!r}, flush_interval_s=0.1) as s:
     capture.record("user", "parent-before")
     pid = os.fork()
@@ -212,7 +212,7 @@ def test_fork_child_can_stop_recording(tmp_path: Path) -> None:
     out_dir = tmp_path / "runs"
     code = f"""
 import os
-from tbpipe import capture
+from tbpipe import _native, capture
 with capture.session({str(out_dir)!r}, on_fork="stop"):
     pid = os.fork()
     if pid == 0:
@@ -247,6 +247,32 @@ def test_native_record_path_without_gil(out_dir: Path) -> None:
     code = {c["code_id"]: c["qualname"] for c in run.tables["code"].to_pylist()}
     first = stacks[rows[0]["stack_id"]]
     assert code[first["python"][0]["code_id"]].endswith("launch_site")
+
+
+def test_native_record_interned_path_and_no_session(out_dir: Path) -> None:
+    from tbpipe import _native_test
+
+    # Without a session both C API record paths are no-ops, as capi.h promises.
+    assert not _native_test.capi_active()
+    _native_test.record_with_gil_released("kernel_launch", "before", "")
+    _native_test.record_interned_with_gil_released("op", "before", "")
+    with capture.session(out_dir):
+        assert _native_test.capi_active()
+        for _ in range(2):
+            _native_test.record_interned_with_gil_released("op", "aten::mm", '{"id": 1}')
+        _native_test.record_interned_with_gil_released("op", "aten::add", "")
+    assert not _native_test.capi_active()
+    recorded = _native.counters()["recorded"]
+    _native_test.record_with_gil_released("kernel_launch", "after", "")
+    _native_test.record_interned_with_gil_released("op", "after", "")
+    assert _native.counters()["recorded"] == recorded  # nothing buffered for nobody
+    (run,) = read_runs(out_dir)
+    rows = run.tables["events"].drop_columns(["ts"]).to_pylist()
+    assert [(r["kind"], r["name"], r["attrs"]) for r in rows] == [
+        ("op", "aten::mm", '{"id": 1}'),
+        ("op", "aten::mm", '{"id": 1}'),
+        ("op", "aten::add", None),
+    ]
 
 
 def test_full_buffer_drops_events_but_never_their_stacks(out_dir: Path) -> None:
