@@ -12,6 +12,7 @@
 #endif
 
 #include <deque>
+#include <memory>
 #include <mutex>
 
 #include "pointer_map.h"
@@ -210,6 +211,38 @@ bool thread_holds_gil() { return current_thread_state_or_null() != nullptr; }
 
 namespace {
 
+// Lines of frames whose code object was only ever seen without the GIL (the outer frames of a call
+// that released it, such as `loss.backward()` while autograd runs): their line is resolved at
+// capture time, and PyCode_Addr2Line walks the line table linearly (~1 ns per byte, microseconds
+// for a long function). Code ids are never reused, so a (code id, offset) pair keeps its line for
+// good; each thread keeps its own cache and needs no lock.
+class LineCache {
+ public:
+  int32_t line(uint64_t code_id, int32_t byte_offset, PyObject* code) {
+    const uint64_t key = (code_id << 32) ^ static_cast<uint32_t>(byte_offset);
+    Entry& entry = entries_[(key * 0x9E3779B97F4A7C15ULL) >> (64 - kBits)];
+    if (entry.code_id == code_id && entry.byte_offset == byte_offset) return entry.line;
+    const int32_t line = PyCode_Addr2Line(reinterpret_cast<PyCodeObject*>(code), byte_offset);
+    entry = Entry{code_id, byte_offset, line};
+    return line;
+  }
+
+  static LineCache& of_this_thread() {
+    thread_local std::unique_ptr<LineCache> cache;  // 16 KiB, allocated on first use
+    if (!cache) cache.reset(new LineCache());
+    return *cache;
+  }
+
+ private:
+  static constexpr int kBits = 10;
+  struct Entry {
+    uint64_t code_id = 0;  // 0: empty (ids start at 1)
+    int32_t byte_offset = 0;
+    int32_t line = 0;
+  };
+  Entry entries_[size_t{1} << kBits];
+};
+
 struct FrameSink {
   PythonFrame* out;
   size_t max;
@@ -237,7 +270,7 @@ struct FrameSink {
     if (is_copy) {
       // No live code object will be around at flush time: resolve the line
       // now. PyCode_Addr2Line only reads the immutable line table.
-      byte_offset = PyCode_Addr2Line(reinterpret_cast<PyCodeObject*>(code), byte_offset);
+      byte_offset = LineCache::of_this_thread().line(id, byte_offset, code);
       flags |= kPyFrameLineResolved;
     }
     out[count++] = PythonFrame{id, byte_offset, flags};
