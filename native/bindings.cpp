@@ -74,10 +74,13 @@ py::dict drain() {
   out["stack_id"] = as_bytes(drained.stack_id);
   out["kind_id"] = as_bytes(drained.kind_id);
   out["name_id"] = as_bytes(drained.name_id);
-  out["attrs_index"] = as_bytes(drained.attrs_index);
-  py::list attrs;
-  for (PyObject* object : drained.attrs) attrs.append(py::reinterpret_steal<py::object>(object));
-  out["attrs"] = attrs;
+  out["attr_text"] = py::bytes(drained.attr_text);
+  out["attr_offsets"] = as_bytes(drained.attr_offsets);
+  py::list objects;
+  for (const auto& [event, object] : drained.attr_objects) {
+    objects.append(py::make_tuple(event, py::reinterpret_steal<py::object>(object)));
+  }
+  out["attr_objects"] = objects;
   out["stack_ids"] = as_bytes(drained.stack_ids);
   out["stack_status"] = as_bytes(drained.stack_status);
   out["stack_thread"] = as_bytes(drained.stack_thread);

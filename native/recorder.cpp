@@ -313,10 +313,9 @@ bool Recorder::insert_seen(uint64_t stack_id) { return impl_->seen.insert(stack_
 void Recorder::start(bool python, bool native, uint64_t max_buffered_events) {
   Drained discarded;
   drain(&discarded);
-  for (PyObject* attrs : discarded.attrs) Py_XDECREF(attrs);
+  for (const auto& [event, attrs] : discarded.attr_objects) Py_XDECREF(attrs);
   impl_->seen.reset();
-  want_python_ = python;
-  want_native_ = native;
+  set_stack_parts(python, native);
   max_buffered_events_ = max_buffered_events;
   {
     std::lock_guard<std::mutex> guard(impl_->mutex);
@@ -335,6 +334,11 @@ void Recorder::start(bool python, bool native, uint64_t max_buffered_events) {
 }
 
 void Recorder::stop() { active_.store(false, std::memory_order_release); }
+
+void Recorder::set_stack_parts(bool python, bool native) {
+  want_python_.store(python, std::memory_order_relaxed);
+  want_native_.store(native, std::memory_order_relaxed);
+}
 
 void Recorder::set_overhead_limits(const OverheadLimits& limits) {
   uint64_t threshold = UINT64_MAX;
@@ -375,8 +379,10 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
   }
   RawStack& stack = thread_scratch_stack();
   uint64_t stack_id = 0;
-  if (want_python_ || want_native_) {
-    gather_stack(&stack, want_python_, want_native_, options);
+  const bool python = want_python_.load(std::memory_order_relaxed);
+  const bool native = want_native_.load(std::memory_order_relaxed);
+  if (python || native) {
+    gather_stack(&stack, python, native, options);
     stack_id = hash_stack(stack);
   }
   const uint32_t per_stack_limit = max_per_stack_per_s_.load(std::memory_order_relaxed);
@@ -455,20 +461,24 @@ void Recorder::drain(Drained* out) {
       std::swap(buffer->front, buffer->back);
     }
     BufferData& data = buffer->back;
-    const int32_t attrs_base = static_cast<int32_t>(out->attrs.size());
+    // JSON texts are copied into one buffer, no object per event: a busy source records hundreds
+    // of thousands of events per flush.
+    out->attr_text.reserve(out->attr_text.size() + data.attr_text.size());
     for (const EventRecord& event : data.events) {
       out->ts_ns.push_back(event.ts_ns);
       out->thread_id.push_back(buffer->thread_id);
       out->stack_id.push_back(event.stack_id);
       out->kind_id.push_back(event.kind_id);
       out->name_id.push_back(event.name_id);
-      out->attrs_index.push_back(event.attrs_index < 0 ? -1 : attrs_base + event.attrs_index);
-    }
-    for (const BufferData::Attr& attr : data.attrs) {
-      // JSON text becomes a str here, where the GIL is held.
-      out->attrs.push_back(attr.object != nullptr ? attr.object
-                                                  : PyUnicode_FromStringAndSize(data.attr_text.data() + attr.text_begin,
-                                                                                attr.text_end - attr.text_begin));
+      if (event.attrs_index >= 0) {
+        const BufferData::Attr& attr = data.attrs[static_cast<size_t>(event.attrs_index)];
+        if (attr.object != nullptr) {
+          out->attr_objects.emplace_back(static_cast<int64_t>(out->ts_ns.size() - 1), attr.object);
+        } else {
+          out->attr_text.append(data.attr_text, attr.text_begin, attr.text_end - attr.text_begin);
+        }
+      }
+      out->attr_offsets.push_back(static_cast<int64_t>(out->attr_text.size()));
     }
     const uint32_t native_base = static_cast<uint32_t>(out->native_module.size());
     const uint32_t python_base = static_cast<uint32_t>(out->python_code.size());

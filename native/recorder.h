@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "frames.h"
@@ -34,8 +35,13 @@ struct Drained {
   std::vector<int64_t> ts_ns, thread_id;
   std::vector<uint64_t> stack_id;
   std::vector<uint32_t> kind_id, name_id;
-  std::vector<int32_t> attrs_index;  // into `attrs`, -1 when none
-  std::vector<PyObject*> attrs;      // new references: dicts, or str holding JSON
+  // Attributes as Arrow lays out a string column: event i's JSON text is
+  // attr_text[attr_offsets[i]:attr_offsets[i + 1]], empty when it has none or
+  // when it has a dict (record() from Python), listed in attr_objects as
+  // (event index, new reference) for the writer to serialize.
+  std::string attr_text;
+  std::vector<int64_t> attr_offsets{0};
+  std::vector<std::pair<int64_t, PyObject*>> attr_objects;
   // stacks, flattened: stack i owns native[native_ends[i-1]:native_ends[i]]
   std::vector<uint64_t> stack_ids;
   std::vector<uint32_t> stack_status;
@@ -79,6 +85,9 @@ class Recorder {
   void stop();
   // Takes effect for events recorded after the call; start() keeps them.
   void set_overhead_limits(const OverheadLimits& limits);
+  // Which halves of the stack events recorded from now on get, without starting afresh (benchmarks
+  // compare them inside one session; a session sets them in start()).
+  void set_stack_parts(bool python, bool native);
 
   // Records one event on the calling thread. `attrs` is a new reference (or
   // null) that the buffer takes over. Returns false when dropped.
@@ -105,8 +114,8 @@ class Recorder {
   bool insert_seen(uint64_t stack_id);
 
   std::atomic<bool> active_{false};
-  bool want_python_ = true;
-  bool want_native_ = true;
+  std::atomic<bool> want_python_{true};
+  std::atomic<bool> want_native_{true};
   uint64_t max_buffered_events_ = 1u << 22;
   // sample_rate as a threshold on a 64-bit random draw; UINT64_MAX = keep all.
   std::atomic<uint64_t> sample_threshold_{UINT64_MAX};

@@ -448,6 +448,11 @@ void register_source_bindings(py::module_& m) {
       },
       py::arg("sample_rate") = 1.0, py::arg("max_per_stack_per_s") = 0,
       "Sampling rate and per-stack rate limit for events recorded from now on.");
+  m.def(
+      "_set_stack_parts", [](bool python, bool native) { Recorder::instance().set_stack_parts(python, native); },
+      py::arg("python") = true, py::arg("native") = true,
+      "Which halves of the stack events recorded from now on get (the session's python/native settings), "
+      "changed inside a session: for benchmarks that compare them.");
   m.def("_overhead_counters", []() {
     RecorderCounters c = Recorder::instance().counters();
     py::dict out;

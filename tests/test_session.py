@@ -249,6 +249,28 @@ def test_native_record_path_without_gil(out_dir: Path) -> None:
     assert code[first["python"][0]["code_id"]].endswith("launch_site")
 
 
+def test_dict_and_json_attributes_mixed_in_one_flush(out_dir: Path) -> None:
+    from tbpipe import _native_test
+
+    with capture.session(out_dir, flush_interval_s=3600):
+        capture.record("user", "dict", step=1, tag="a")
+        _native_test.record_with_gil_released("kernel_launch", "json", '{"grid": [1, 2, 3]}')
+        capture.record("user", "none")
+        _native_test.record_interned_with_gil_released("op", "json-interned", '{"id": 7, "name": "\\u00e9"}')
+        capture.record("user", "dict-again", value=None)
+        _native_test.record_with_gil_released("kernel_launch", "no-json", "")
+    (run,) = read_runs(out_dir)
+    rows = run.tables["events"].select(["name", "attrs"]).to_pylist()
+    assert [(r["name"], json.loads(r["attrs"]) if r["attrs"] else None) for r in rows] == [
+        ("dict", {"step": 1, "tag": "a"}),
+        ("json", {"grid": [1, 2, 3]}),
+        ("none", None),
+        ("json-interned", {"id": 7, "name": "\u00e9"}),
+        ("dict-again", {"value": None}),
+        ("no-json", None),
+    ]
+
+
 def test_native_record_interned_path_and_no_session(out_dir: Path) -> None:
     from tbpipe import _native_test
 
