@@ -191,7 +191,9 @@ uint32_t capi_intern(const char* text, size_t len) { return StringTable::instanc
 void capi_record_interned(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_len) {
   Recorder& recorder = Recorder::instance();
   if (!recorder.active()) return;
-  recorder.record_native(kind_id, name_id, attrs_json, attrs_len, options_for_native_caller());
+  UnwindOptions options = options_for_native_caller();
+  options.skip_caller_module = true;  // the source's own callback frames say nothing about the event
+  recorder.record_native(kind_id, name_id, attrs_json, attrs_len, options);
 }
 
 void* capi_gather(int python, int native) {

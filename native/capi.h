@@ -52,7 +52,8 @@ typedef struct TbpipeCApi {
   uint32_t (*intern)(const char* text, size_t len);
 
   // `record` with interned kind and name: a busy source saves two lookups under a shared lock per
-  // event.
+  // event. The stack leaves out the innermost frames of the calling module (the source's own
+  // callback), as it leaves out tbpipe's.
   void (*record_interned)(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_len);
 } TbpipeCApi;
 

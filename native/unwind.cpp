@@ -167,6 +167,7 @@ class FrameSink {
         cap_(max < kMaxNativeFrames ? max : kMaxNativeFrames),
         skip_until_eval_(opt.skip_until_eval),
         skipping_own_(opt.skip_own_module),
+        skip_caller_(opt.skip_caller_module),
         own_(opt.skip_own_module ? own_module_index() : -1) {}
 
   // False once the buffer is full (a kDepthLimit marker has been written).
@@ -174,6 +175,11 @@ class FrameSink {
     if (skipping_own_) {
       if (module == own_ && own_ >= 0) return true;
       skipping_own_ = false;
+      if (skip_caller_ && module != own_) caller_ = module;
+    }
+    if (caller_ >= 0) {
+      if (module == caller_ && !(flags & kFrameEvalLoop)) return true;
+      caller_ = -1;
     }
     if (n_ + 1 >= cap_) {
       marker(StopReason::kDepthLimit);
@@ -203,7 +209,9 @@ class FrameSink {
   size_t n_ = 0;
   bool skip_until_eval_;
   bool skipping_own_;
+  bool skip_caller_;
   int32_t own_;
+  int32_t caller_ = -1;  // module being skipped after our own (skip_caller_module)
 };
 
 // Stack reads allowed in [lo, hi): lo is the walk's starting rsp, below which

@@ -17,6 +17,9 @@ namespace tbpipe {
 struct UnwindOptions {
   // Leave out the innermost frames that belong to tbpipe's own extension module.
   bool skip_own_module = true;
+  // Then also leave out the innermost frames of the module that called tbpipe (a native source's own
+  // callback, recording through the C API); never an eval-loop frame.
+  bool skip_caller_module = false;
   // Also leave out the frames between tbpipe and the first CPython eval-loop
   // frame (the interpreter's call machinery for a call made from Python).
   bool skip_until_eval = false;

@@ -295,6 +295,16 @@ def test_native_record_interned_path_and_no_session(out_dir: Path) -> None:
         ("op", "aten::mm", '{"id": 1}'),
         ("op", "aten::add", None),
     ]
+    # The caller's own frames (the test extension's) are left out, as tbpipe's are; the ones of
+    # the module that called it (libpython, running this test) are kept.
+    modules = {m["module_index"]: m["path"] for m in run.tables["modules"].to_pylist()}
+    stacks = {s["stack_id"]: s for s in run.tables["stacks"].to_pylist()}
+    innermost = stacks[rows[0]["stack_id"]]["native"][0]
+    assert Path(modules[innermost["module"]]).name != Path(_native_test.__file__).name
+    assert all(
+        Path(modules[f["module"]]).name != Path(_native_test.__file__).name
+        for f in stacks[rows[0]["stack_id"]]["native"][:3]
+    )
 
 
 def test_full_buffer_drops_events_but_never_their_stacks(out_dir: Path) -> None:
