@@ -198,10 +198,15 @@ class Session:
             shutil.rmtree(self.run_dir, ignore_errors=True)  # ours, just made, nothing recorded in it
             raise
         # A source that runs but records nothing (no GPU, no CUPTI) says why in one line.
+        self._update_source_status()
+        write_manifest(self.run_dir, self._writer.manifest)
+
+    def _update_source_status(self) -> None:
+        """Each source's status line into the manifest; read again at every flush, since a source
+        waiting for its package's import says how it records once the import has happened."""
         status = self._writer.manifest.setdefault("source_status", {})
         for source, handle in self._source_handles:
             status[source.name] = str(getattr(handle, "status", "recording"))
-        write_manifest(self.run_dir, self._writer.manifest)
 
     def close(self, timeout: float | None = None) -> None:
         """Stop recording, write what is left and mark the run complete.
@@ -265,6 +270,7 @@ class Session:
         totals = self._writer.manifest["counters"]
         totals["events_sampled_out"] = overhead["sampled_out"]
         totals["events_rate_limited"] = overhead["rate_limited"]
+        self._update_source_status()
         self._writer.write(drained, counters)
 
     def __enter__(self) -> Session:
