@@ -55,6 +55,16 @@ typedef struct TbpipeCApi {
   // event. The stack leaves out the innermost frames of the calling module (the source's own
   // callback), as it leaves out tbpipe's.
   void (*record_interned)(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_len);
+
+  // `record_interned` for an event that opens a scope on the calling thread, such as an op that
+  // will end on it: `scope` is an address in a stack frame of this thread that stays alive until
+  // `end_scope(scope)` (the op's RecordFunction object, a local of its caller). Events that open
+  // scopes inside it take the outer part of their stack from this one's instead of walking it
+  // again: the same stacks, gathered for less. Every scope opened must be ended on the same
+  // thread, innermost first (ending an outer one ends those left open inside it).
+  void (*record_scoped)(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_len,
+                        const void* scope);
+  void (*end_scope)(const void* scope);
 } TbpipeCApi;
 
 // Whether the table `api` points to has `field` (filled by a tbpipe at least as new as the field).

@@ -281,10 +281,30 @@ struct FrameSink {
 }  // namespace
 
 size_t walk_python_frames(PythonFrame* out, size_t max, bool* truncated) {
+  return walk_python_frames_spliced(out, max, truncated, nullptr, nullptr);
+}
+
+size_t walk_python_frames_spliced(PythonFrame* out, size_t max, bool* truncated, const PythonSplice* splice,
+                                  const void** first) {
   *truncated = false;
+  if (first != nullptr) *first = nullptr;
   PyThreadState* state = own_thread_state();
   if (state == nullptr) return 0;
   FrameSink sink{out, max, 0, thread_holds_gil(), false, CodeRegistry::instance()};
+  // The rest of the stack from a frame the earlier walk wrote first, as it wrote it.
+  auto splice_at = [&](const void* frame) {
+    if (splice == nullptr || frame != splice->top) return false;
+    if (first != nullptr && sink.count == 0 && splice->count > 0) *first = splice->top;
+    for (size_t i = 0; i < splice->count; ++i) {
+      if (sink.count == sink.max) {
+        sink.truncated = true;
+        return true;
+      }
+      sink.out[sink.count++] = splice->frames[i];
+    }
+    sink.truncated = sink.truncated || splice->truncated;
+    return true;
+  };
 
 #if PY_VERSION_HEX >= 0x030B0000
 #if PY_VERSION_HEX >= 0x030D0000
@@ -297,6 +317,7 @@ size_t walk_python_frames(PythonFrame* out, size_t max, bool* truncated) {
     // Shim frames owned by the C stack mark where an eval-loop call begins.
     if (frame->owner == FRAME_OWNED_BY_CSTACK) continue;
 #endif
+    if (splice_at(frame)) break;
 #if PY_VERSION_HEX >= 0x030D0000
     PyObject* code = frame->f_executable;
 #else
@@ -312,14 +333,17 @@ size_t walk_python_frames(PythonFrame* out, size_t max, bool* truncated) {
     // Incomplete frames (still in their prologue) are kept: their code object
     // is already set, and dropping an entry frame would misalign the groups
     // that eval-loop C frames stand for. Their offset maps to the first line.
+    if (first != nullptr && sink.count == 0) *first = frame;
     if (!sink.emit(code, byte_offset < 0 ? -1 : byte_offset, entry ? static_cast<uint32_t>(kPyFrameEntry) : 0u)) break;
   }
 #else
   // 3.10: every Python frame is its own C-level eval-loop call.
   for (PyFrameObject* frame = state->frame; frame != nullptr; frame = frame->f_back) {
+    if (splice_at(frame)) break;
     PyObject* code = reinterpret_cast<PyObject*>(frame->f_code);
     if (!is_code(code)) continue;
     const int32_t byte_offset = frame->f_lasti < 0 ? -1 : static_cast<int32_t>(frame->f_lasti * sizeof(_Py_CODEUNIT));
+    if (first != nullptr && sink.count == 0) *first = frame;
     if (!sink.emit(code, byte_offset, kPyFrameEntry)) break;
   }
 #endif

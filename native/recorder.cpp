@@ -220,6 +220,57 @@ struct BufferData {
   }
 };
 
+// The scopes open on one thread (record_native_scoped): for each, the stack its event gathered,
+// kept where it was gathered (one slot per nesting level, reused), for the events inside it.
+class OpenScopes {
+ public:
+  static constexpr size_t kMaxDepth = 64;  // deeper scopes are recorded without a slot
+
+  struct Level {
+    const void* scope = nullptr;
+    bool has_stack = false;  // false: sampled out, or past the depth cap
+    const void* python_top = nullptr;
+    std::unique_ptr<RawStack> stack;
+    std::unique_ptr<NativeFrameState[]> states;
+  };
+
+  // The slot for a new scope, pushed; null past the depth cap (the scope is then not tracked).
+  Level* open(const void* scope) {
+    if (depth_ == kMaxDepth) return nullptr;
+    if (levels_.size() == depth_) levels_.emplace_back();
+    Level& level = levels_[depth_++];
+    if (!level.stack) {
+      level.stack.reset(new RawStack());
+      level.states.reset(new NativeFrameState[kMaxNativeFrames]);
+    }
+    level.scope = scope;
+    level.has_stack = false;
+    level.python_top = nullptr;
+    return &level;
+  }
+
+  // The innermost open scope below `level` whose stack a gather can splice onto, or null.
+  const Level* source_below(const Level* level) const {
+    for (size_t i = static_cast<size_t>(level - levels_.data()); i > 0; --i) {
+      if (levels_[i - 1].has_stack) return &levels_[i - 1];
+    }
+    return nullptr;
+  }
+
+  void close(const void* scope) {
+    for (size_t i = depth_; i > 0; --i) {
+      if (levels_[i - 1].scope == scope) {
+        depth_ = i - 1;
+        return;
+      }
+    }
+  }
+
+ private:
+  std::vector<Level> levels_;
+  size_t depth_ = 0;
+};
+
 struct Recorder::ThreadBuffer {
   std::atomic_flag busy = ATOMIC_FLAG_INIT;
   int64_t thread_id = 0;
@@ -234,6 +285,7 @@ struct Recorder::ThreadBuffer {
   uint64_t random_state = 0;
   uint32_t windows_generation = 0;
   std::unique_ptr<StackWindows> windows;  // created on the first limited event
+  OpenScopes scopes;                      // owner thread only
   // The producer appends to `front`; a drain swaps it with `back` under the
   // spin flag (O(1)) and copies `back` out afterwards, so the producer never
   // waits for a copy and keeps reusing the vectors' capacity.
@@ -352,17 +404,30 @@ void Recorder::set_overhead_limits(const OverheadLimits& limits) {
 }
 
 bool Recorder::record(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const UnwindOptions& options) {
-  return record_event(kind_id, name_id, attrs, nullptr, 0, options);
+  return record_event(kind_id, name_id, attrs, nullptr, 0, options, nullptr);
 }
 
 bool Recorder::record_native(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
                              const UnwindOptions& options) {
-  return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options);
+  return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options, nullptr);
+}
+
+bool Recorder::record_native_scoped(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
+                                    const UnwindOptions& options, const void* scope) {
+  return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options, scope);
+}
+
+void Recorder::end_scope(const void* scope) {
+  ThreadSlot& slot = this_thread_slot;
+  // A thread that never recorded (or only before a fork) has nothing open.
+  if (slot.buffer == nullptr || slot.generation != impl_->fork_generation.load(std::memory_order_relaxed)) return;
+  slot.buffer->scopes.close(scope);
 }
 
 bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json,
-                            size_t attrs_json_size, const UnwindOptions& options) {
+                            size_t attrs_json_size, const UnwindOptions& options, const void* scope) {
   ThreadBuffer* buffer = this_thread_buffer();
+  OpenScopes::Level* level = scope != nullptr ? buffer->scopes.open(scope) : nullptr;
   const uint64_t threshold = sample_threshold_.load(std::memory_order_relaxed);
   if (threshold != UINT64_MAX) {
     // xorshift64*: a few cycles, and per thread, so no shared state.
@@ -377,12 +442,27 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
       return false;
     }
   }
-  RawStack& stack = thread_scratch_stack();
+  RawStack& stack = level != nullptr ? *level->stack : thread_scratch_stack();
   uint64_t stack_id = 0;
   const bool python = want_python_.load(std::memory_order_relaxed);
   const bool native = want_native_.load(std::memory_order_relaxed);
   if (python || native) {
-    gather_stack(&stack, python, native, options);
+    if (level == nullptr) {
+      gather_stack(&stack, python, native, options);
+    } else {
+      // Inside an open scope, the outer frames are that scope's: splice onto its stack.
+      const OpenScopes::Level* source =
+          splicing_.load(std::memory_order_relaxed) ? buffer->scopes.source_below(level) : nullptr;
+      StackSplice splice;
+      if (source != nullptr) {
+        splice = StackSplice{source->stack.get(), source->states.get(), source->python_top, source->scope};
+      }
+      gather_stack_spliced(&stack, python, native, options, level->states.get(), &level->python_top,
+                           source != nullptr ? &splice : nullptr);
+      // Only a scope in a frame of this stack says which frames stay unchanged inside it (an op
+      // object on the heap, such as a Python `record_function`'s, says nothing).
+      level->has_stack = address_on_this_stack(scope);
+    }
     stack_id = hash_stack(stack);
   }
   const uint32_t per_stack_limit = max_per_stack_per_s_.load(std::memory_order_relaxed);

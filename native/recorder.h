@@ -96,6 +96,18 @@ class Recorder {
   // come as a JSON object's text (or null / size 0 for none).
   bool record_native(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
                      const UnwindOptions& options);
+  // record_native for an event that opens a scope on the calling thread (an op that starts and will
+  // end on it): `scope` is an address in a stack frame of this thread that lives until
+  // end_scope(scope), such as the op's RecordFunction. Until then, events of this thread that
+  // open scopes inside it take the outer part of their stack from this event's instead of walking
+  // it (the frames there are the same running ones). Scopes nest; the stacks are what full
+  // gathers give.
+  bool record_native_scoped(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
+                            const UnwindOptions& options, const void* scope);
+  // Closes `scope` (and any scope left open inside it); unknown scopes are ignored.
+  void end_scope(const void* scope);
+  // Whether scoped events splice their stacks (on by default; tests compare both ways).
+  void set_splicing(bool enabled) { splicing_.store(enabled, std::memory_order_relaxed); }
 
   // Moves everything buffered out of every thread's buffer (the GIL must be
   // held: attribute objects change hands).
@@ -110,12 +122,13 @@ class Recorder {
   Recorder();
   ThreadBuffer* this_thread_buffer();
   bool record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json, size_t attrs_json_size,
-                    const UnwindOptions& options);
+                    const UnwindOptions& options, const void* scope);
   bool insert_seen(uint64_t stack_id);
 
   std::atomic<bool> active_{false};
   std::atomic<bool> want_python_{true};
   std::atomic<bool> want_native_{true};
+  std::atomic<bool> splicing_{true};
   uint64_t max_buffered_events_ = 1u << 22;
   // sample_rate as a threshold on a 64-bit random draw; UINT64_MAX = keep all.
   std::atomic<uint64_t> sample_threshold_{UINT64_MAX};

@@ -141,6 +141,54 @@ def test_ops_nest_as_the_profiler_nests_them(out_dir: Path) -> None:
         assert event["attrs"]["depth"] == expected_depth
 
 
+def python_function_inside_an_op(x):
+    return torch.sin(x) * 2  # INSIDE CUSTOM FUNCTION
+
+
+class CallsPythonInside(torch.autograd.Function):
+    """Ops called from Python inside another op's range (the Function's own): their Python frames
+    go further than the enclosing op's."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return python_function_inside_an_op(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def test_ops_inside_ops_have_the_same_stacks_as_a_full_walk_gives(out_dir: Path) -> None:
+    # Ops nested in an op take the outer part of their stack from the enclosing op's event instead
+    # of walking it again; the stacks (content hashes of every frame) must not change.
+    step = make_conv_adam()
+    step()
+    x = torch.randn(3, requires_grad=True)
+
+    def workload() -> None:
+        step()
+        CallsPythonInside.apply(x).sum().backward()
+
+    workload()  # x.grad is made on the first backward and added to after: run the same ops each time
+    recorded = {}
+    try:
+        for splicing in (False, True):
+            _native._set_splicing(splicing)
+            before = _native._spliced_walks()
+            with capture.session(out_dir / str(splicing), sources=["torch-ops"]):
+                workload()
+            spliced = _native._spliced_walks() - before
+            (run,) = read_runs(out_dir / str(splicing))
+            recorded[splicing] = (collections.Counter((e["name"], e["stack_id"]) for e in op_events(run)), run)
+            assert (spliced > 100) == splicing, spliced
+    finally:
+        _native._set_splicing(True)
+    assert recorded[True][0] == recorded[False][0]
+    run = recorded[True][1]
+    (sin,) = [e for e in op_events(run) if e["name"] == "aten::sin"]
+    assert innermost_here(run, sin["stack_id"]) == ("python_function_inside_an_op", line_of("INSIDE CUSTOM FUNCTION"))
+
+
 def linear_layer_step(layer, x):
     return layer(x).sum()  # LINEAR CALL
 

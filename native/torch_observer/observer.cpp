@@ -59,6 +59,7 @@ struct Frame {
   int64_t bwd_seq;       // -1 outside a backward node
   uint64_t fwd_thread;   // with bwd_seq
   const char* bwd_node;  // with bwd_seq: the node's name, owned by its RecordFunction (alive while nested)
+  bool scoped;           // its event opened a scope in the recorder (end_scope when it ends)
 };
 
 struct TextHash {
@@ -198,7 +199,7 @@ const char* scope_name(at::RecordScope scope) {
 // ---------------------------------------------------------------------------- the callbacks
 
 void record_op(ThreadState& state, const at::RecordFunction& fn, const char* name, const Frame& frame,
-               const Frame* parent, at::RecordScope scope) {
+               const Frame* parent, at::RecordScope scope, bool scoped) {
   JsonWriter attrs;
   attrs.key("id");
   attrs.value(frame.id);
@@ -230,7 +231,13 @@ void record_op(ThreadState& state, const at::RecordFunction& fn, const char* nam
     attrs.string(scope_text);
   }
   const std::string_view text = attrs.finish();
-  g_api->record_interned(g_kind_op, name_id(state, name), text.data(), text.size());
+  if (scoped) {
+    // The op runs on this thread until its end callback: ops inside it reuse the outer part of
+    // this event's stack.
+    g_api->record_scoped(g_kind_op, name_id(state, name), text.data(), text.size(), &fn);
+  } else {
+    g_api->record_interned(g_kind_op, name_id(state, name), text.data(), text.size());
+  }
 }
 
 // The autograd engine's range around one node: the node's own range, then the checks and sums of
@@ -247,7 +254,7 @@ void start_op(const at::RecordFunction& fn) {
   Frame* parent = state.frames.empty() ? nullptr : &state.frames.back();
   const at::RecordScope scope = fn.scope();
   const char* name = fn.name();
-  Frame frame{&fn, name, state.next_id++, -1, 0, nullptr};
+  Frame frame{&fn, name, state.next_id++, -1, 0, nullptr, false};
   if (parent != nullptr) {
     frame.bwd_seq = parent->bwd_seq;
     frame.fwd_thread = parent->fwd_thread;
@@ -266,9 +273,13 @@ void start_op(const at::RecordFunction& fn) {
       parent->bwd_node = parent->name + kEngineEvaluate.size();  // the node's name, in text the parent owns
     }
   }
-  if (g_level.load(std::memory_order_relaxed) > 0 && g_api->active()) record_op(state, fn, name, frame, parent, scope);
   // An async op may end on another thread: it is recorded, but nothing nests under it here.
-  if (!fn.isAsync() && state.frames.size() < kMaxFrames) state.frames.push_back(frame);
+  const bool nests = !fn.isAsync() && state.frames.size() < kMaxFrames;
+  if (g_level.load(std::memory_order_relaxed) > 0 && g_api->active()) {
+    frame.scoped = nests;
+    record_op(state, fn, name, frame, parent, scope, nests);
+  }
+  if (nests) state.frames.push_back(frame);
 }
 
 void end_op(const at::RecordFunction& fn) {
@@ -277,6 +288,7 @@ void end_op(const at::RecordFunction& fn) {
   // callback was added ends without it) is dropped with whatever it left above it.
   for (size_t i = frames.size(); i > 0; --i) {
     if (frames[i - 1].fn == &fn) {
+      if (frames[i - 1].scoped) g_api->end_scope(&fn);  // and any left open inside it
       frames.resize(i - 1);
       return;
     }
@@ -305,7 +317,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 const TbpipeCApi* api_from(PyObject* capsule) {
   auto* api = static_cast<const TbpipeCApi*>(PyCapsule_GetPointer(capsule, TBPIPE_CAPI_CAPSULE));
   if (api == nullptr) return nullptr;
-  if (api->abi_version != TBPIPE_CAPI_VERSION || !TBPIPE_CAPI_HAS(api, record_interned)) {
+  if (api->abi_version != TBPIPE_CAPI_VERSION || !TBPIPE_CAPI_HAS(api, end_scope)) {
     PyErr_Format(PyExc_RuntimeError,
                  "tbpipe._native's C API (version %u, %u bytes) is not the one this observer was built for "
                  "(version %u)",
