@@ -218,21 +218,27 @@ PyObject* capi_traceback_object(void* handle) {
 
 void capi_free_traceback(void* handle) { delete static_cast<RawTraceback*>(handle); }
 
-void capi_record_scoped(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_len,
-                        const void* scope) {
+void capi_record_scoped(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_len, const void* scope,
+                        uint32_t flags) {
   Recorder& recorder = Recorder::instance();
   if (!recorder.active()) return;
   UnwindOptions options = options_for_native_caller();
   options.skip_caller_module = true;
-  recorder.record_native_scoped(kind_id, name_id, attrs_json, attrs_len, options, scope);
+  recorder.record_native_scoped(kind_id, name_id, attrs_json, attrs_len, options, scope,
+                                (flags & TBPIPE_RECORD_SAMPLED) != 0);
+}
+
+int capi_sample() {
+  Recorder& recorder = Recorder::instance();
+  return recorder.active() && recorder.sample_next() ? 1 : 0;
 }
 
 // Always, active or not: a scope opened while recording may end after the session stopped.
 void capi_end_scope(const void* scope) { Recorder::instance().end_scope(scope); }
 
-const TbpipeCApi kCApi = {TBPIPE_CAPI_VERSION,   sizeof(TbpipeCApi),  capi_record,   capi_gather,
-                          capi_traceback_object, capi_free_traceback, capi_active,   capi_intern,
-                          capi_record_interned,  capi_record_scoped,  capi_end_scope};
+const TbpipeCApi kCApi = {TBPIPE_CAPI_VERSION,   sizeof(TbpipeCApi),  capi_record,    capi_gather,
+                          capi_traceback_object, capi_free_traceback, capi_active,    capi_intern,
+                          capi_record_interned,  capi_record_scoped,  capi_end_scope, capi_sample};
 
 }  // namespace
 }  // namespace tbpipe

@@ -62,10 +62,17 @@ typedef struct TbpipeCApi {
   // scopes inside it take the outer part of their stack from this one's instead of walking it
   // again: the same stacks, gathered for less. Every scope opened must be ended on the same
   // thread, innermost first (ending an outer one ends those left open inside it).
-  void (*record_scoped)(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_len,
-                        const void* scope);
+  void (*record_scoped)(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_len, const void* scope,
+                        uint32_t flags);
   void (*end_scope)(const void* scope);
+
+  // The session's sample-rate draw for the calling thread's next event (1: keep it; 0: it is left
+  // out, and counted so). A source that draws first describes only the events it keeps, and
+  // records them with TBPIPE_RECORD_SAMPLED so that they are not drawn again.
+  int (*sample)(void);
 } TbpipeCApi;
+
+#define TBPIPE_RECORD_SAMPLED 1u  // `record_scoped` flag: drawn with `sample()` already, and kept
 
 // Whether the table `api` points to has `field` (filled by a tbpipe at least as new as the field).
 #define TBPIPE_CAPI_HAS(api, field) ((api)->size >= offsetof(TbpipeCApi, field) + sizeof(((TbpipeCApi*)0)->field))

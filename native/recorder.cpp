@@ -5,6 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 
@@ -178,6 +179,12 @@ class SpinGuard {
 template <typename T>
 void append(std::vector<T>& to, const std::vector<T>& from) {
   to.insert(to.end(), from.begin(), from.end());
+}
+
+// Room for `size` elements, growing geometrically (drains append one thread's buffer at a time).
+template <typename T>
+void grow_to(std::vector<T>& values, size_t size) {
+  if (values.capacity() < size) values.reserve(std::max(size, values.capacity() * 2));
 }
 
 }  // namespace
@@ -404,17 +411,17 @@ void Recorder::set_overhead_limits(const OverheadLimits& limits) {
 }
 
 bool Recorder::record(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const UnwindOptions& options) {
-  return record_event(kind_id, name_id, attrs, nullptr, 0, options, nullptr);
+  return record_event(kind_id, name_id, attrs, nullptr, 0, options, nullptr, false);
 }
 
 bool Recorder::record_native(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
                              const UnwindOptions& options) {
-  return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options, nullptr);
+  return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options, nullptr, false);
 }
 
 bool Recorder::record_native_scoped(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
-                                    const UnwindOptions& options, const void* scope) {
-  return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options, scope);
+                                    const UnwindOptions& options, const void* scope, bool sampled) {
+  return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options, scope, sampled);
 }
 
 void Recorder::end_scope(const void* scope) {
@@ -424,24 +431,30 @@ void Recorder::end_scope(const void* scope) {
   slot.buffer->scopes.close(scope);
 }
 
-bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json,
-                            size_t attrs_json_size, const UnwindOptions& options, const void* scope) {
-  ThreadBuffer* buffer = this_thread_buffer();
-  OpenScopes::Level* level = scope != nullptr ? buffer->scopes.open(scope) : nullptr;
+bool Recorder::sample(ThreadBuffer* buffer) {
   const uint64_t threshold = sample_threshold_.load(std::memory_order_relaxed);
-  if (threshold != UINT64_MAX) {
-    // xorshift64*: a few cycles, and per thread, so no shared state.
-    uint64_t x = buffer->random_state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    buffer->random_state = x;
-    if (x * 0x2545F4914F6CDD1DULL >= threshold) {
-      buffer->sampled_out.store(buffer->sampled_out.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-      Py_XDECREF(attrs);
-      return false;
-    }
+  if (threshold == UINT64_MAX) return true;
+  // xorshift64*: a few cycles, and per thread, so no shared state.
+  uint64_t x = buffer->random_state;
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  buffer->random_state = x;
+  if (x * 0x2545F4914F6CDD1DULL < threshold) return true;
+  buffer->sampled_out.store(buffer->sampled_out.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  return false;
+}
+
+bool Recorder::sample_next() { return sample(this_thread_buffer()); }
+
+bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json,
+                            size_t attrs_json_size, const UnwindOptions& options, const void* scope, bool sampled) {
+  ThreadBuffer* buffer = this_thread_buffer();
+  if (!sampled && !sample(buffer)) {
+    Py_XDECREF(attrs);
+    return false;
   }
+  OpenScopes::Level* level = scope != nullptr ? buffer->scopes.open(scope) : nullptr;
   RawStack& stack = level != nullptr ? *level->stack : thread_scratch_stack();
   uint64_t stack_id = 0;
   const bool python = want_python_.load(std::memory_order_relaxed);
@@ -544,6 +557,13 @@ void Recorder::drain(Drained* out) {
     // JSON texts are copied into one buffer, no object per event: a busy source records hundreds
     // of thousands of events per flush.
     out->attr_text.reserve(out->attr_text.size() + data.attr_text.size());
+    const size_t events = out->ts_ns.size() + data.events.size();
+    grow_to(out->ts_ns, events);
+    grow_to(out->thread_id, events);
+    grow_to(out->stack_id, events);
+    grow_to(out->kind_id, events);
+    grow_to(out->name_id, events);
+    grow_to(out->attr_offsets, events + 1);
     for (const EventRecord& event : data.events) {
       out->ts_ns.push_back(event.ts_ns);
       out->thread_id.push_back(buffer->thread_id);

@@ -102,8 +102,12 @@ class Recorder {
   // open scopes inside it take the outer part of their stack from this event's instead of walking
   // it (the frames there are the same running ones). Scopes nest; the stacks are what full
   // gathers give.
+  // `sampled`: the caller already drew with sample_next() and the event is kept.
   bool record_native_scoped(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
-                            const UnwindOptions& options, const void* scope);
+                            const UnwindOptions& options, const void* scope, bool sampled);
+  // The sample-rate draw for the calling thread's next event, counted as sampled out when it is
+  // left out: a busy source asks first and describes only the events that will be kept.
+  bool sample_next();
   // Closes `scope` (and any scope left open inside it); unknown scopes are ignored.
   void end_scope(const void* scope);
   // Whether scoped events splice their stacks (on by default; tests compare both ways).
@@ -122,7 +126,8 @@ class Recorder {
   Recorder();
   ThreadBuffer* this_thread_buffer();
   bool record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json, size_t attrs_json_size,
-                    const UnwindOptions& options, const void* scope);
+                    const UnwindOptions& options, const void* scope, bool sampled);
+  bool sample(ThreadBuffer* buffer);
   bool insert_seen(uint64_t stack_id);
 
   std::atomic<bool> active_{false};

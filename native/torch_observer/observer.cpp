@@ -67,11 +67,52 @@ struct TextHash {
   size_t operator()(std::string_view text) const noexcept { return std::hash<std::string_view>{}(text); }
 };
 
+// The last names seen at each address, with their text inline (one cache line each): an op's
+// name is its schema's, at the same address every call. The text is compared too, because names
+// built per call (backward nodes, user scopes) can come at an address another name had before.
+class RecentNames {
+ public:
+  static constexpr size_t kTextBytes = 48;
+
+  // The id of `name` if this address last held this text, else 0.
+  uint32_t find(const char* name) const {
+    const Line& line = lines_[slot(name)];
+    if (line.address != name) return 0;
+    const size_t length = strnlen(name, kTextBytes);
+    if (length != line.length || std::memcmp(line.text, name, length) != 0) return 0;
+    return line.id;
+  }
+
+  void remember(const char* name, uint32_t id) {
+    const size_t length = strnlen(name, kTextBytes);
+    if (length == kTextBytes) return;  // too long to keep inline: the map has it
+    Line& line = lines_[slot(name)];
+    line.address = name;
+    line.id = id;
+    line.length = static_cast<uint32_t>(length);
+    std::memcpy(line.text, name, length);
+  }
+
+ private:
+  struct alignas(64) Line {
+    const char* address = nullptr;
+    uint32_t id = 0;
+    uint32_t length = 0;
+    char text[kTextBytes];
+  };
+  static constexpr size_t kLines = 256;
+  static size_t slot(const char* name) {
+    const uint64_t key = reinterpret_cast<uintptr_t>(name);
+    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ULL) >> 56);  // top 8 bits: kLines == 256
+  }
+  Line lines_[kLines];
+};
+
 struct ThreadState {
   std::vector<Frame> frames;
   uint64_t next_id = 1;
-  // Op names to string-table ids. Keyed by text: a schema's name lives as long as the operator, but
-  // names built per call (backward nodes, user scopes) come in a new string each time.
+  RecentNames recent;
+  // Op names to string-table ids, by text (behind `recent`).
   std::unordered_map<std::string, uint32_t, TextHash, std::equal_to<>> names;
 
   ThreadState() { frames.reserve(64); }
@@ -88,12 +129,19 @@ ThreadState& thread_state() {
 }
 
 uint32_t name_id(ThreadState& state, const char* name) {
-  const std::string_view text(name != nullptr ? name : "");
+  if (name == nullptr) name = "";
+  if (const uint32_t id = state.recent.find(name)) return id;
+  const std::string_view text(name);
+  uint32_t id;
   auto hit = state.names.find(text);
-  if (hit != state.names.end()) return hit->second;
-  const uint32_t id = g_api->intern(text.data(), text.size());
-  if (state.names.size() >= kMaxNamesPerThread) state.names.clear();
-  state.names.emplace(std::string(text), id);
+  if (hit != state.names.end()) {
+    id = hit->second;
+  } else {
+    id = g_api->intern(text.data(), text.size());
+    if (state.names.size() >= kMaxNamesPerThread) state.names.clear();
+    state.names.emplace(std::string(text), id);
+  }
+  state.recent.remember(name, id);
   return id;
 }
 
@@ -128,26 +176,43 @@ class JsonWriter {
       value(static_cast<uint64_t>(number));
     }
   }
+  // A JSON string; cut (at a character boundary) where it would leave no room for what follows, and
+  // with '?' for bytes that are not UTF-8.
   void string(const char* text) {
+    static const char kHex[] = "0123456789abcdef";
     put('"');
-    size_t room = kTextRoom > size_ ? kTextRoom - size_ : 0;
-    for (const unsigned char* c = reinterpret_cast<const unsigned char*>(text); *c != 0 && room > 6; ++c, --room) {
-      if (*c == '"' || *c == '\\') {
+    const unsigned char* c = reinterpret_cast<const unsigned char*>(text);
+    while (*c != 0) {
+      size_t length = 1;  // of the UTF-8 sequence starting here
+      if (*c >= 0xF0) {
+        length = 4;
+      } else if (*c >= 0xE0) {
+        length = 3;
+      } else if (*c >= 0xC0) {
+        length = 2;
+      }
+      bool valid = *c < 0x80 || (*c >= 0xC0 && *c < 0xF8);
+      for (size_t i = 1; valid && i < length; ++i) valid = (c[i] & 0xC0) == 0x80;  // stops at the NUL too
+      if (!valid) length = 1;
+      const bool escaped = *c == '"' || *c == '\\';
+      const size_t written = !valid ? 1 : escaped ? 2 : *c < 0x20 ? 6 : length;
+      if (size_ + written > kTextRoom) break;
+      if (!valid) {
+        put('?');
+      } else if (escaped) {
         put('\\');
         put(static_cast<char>(*c));
       } else if (*c < 0x20) {
-        static const char kHex[] = "0123456789abcdef";
         put('\\');
         put('u');
         put('0');
         put('0');
         put(kHex[*c >> 4]);
         put(kHex[*c & 15]);
-      } else if (room <= 8 && (*c & 0xC0) == 0xC0) {
-        break;  // no room for the whole UTF-8 sequence that starts here
       } else {
-        put(static_cast<char>(*c));
+        for (size_t i = 0; i < length; ++i) put(static_cast<char>(c[i]));
       }
+      c += length;
     }
     put('"');
   }
@@ -231,13 +296,10 @@ void record_op(ThreadState& state, const at::RecordFunction& fn, const char* nam
     attrs.string(scope_text);
   }
   const std::string_view text = attrs.finish();
-  if (scoped) {
-    // The op runs on this thread until its end callback: ops inside it reuse the outer part of
-    // this event's stack.
-    g_api->record_scoped(g_kind_op, name_id(state, name), text.data(), text.size(), &fn);
-  } else {
-    g_api->record_interned(g_kind_op, name_id(state, name), text.data(), text.size());
-  }
+  // A nesting op runs on this thread until its end callback: the ops inside it reuse the outer part
+  // of this event's stack. Drawn by sample() already.
+  g_api->record_scoped(g_kind_op, name_id(state, name), text.data(), text.size(), scoped ? &fn : nullptr,
+                       TBPIPE_RECORD_SAMPLED);
 }
 
 // The autograd engine's range around one node: the node's own range, then the checks and sums of
@@ -275,7 +337,8 @@ void start_op(const at::RecordFunction& fn) {
   }
   // An async op may end on another thread: it is recorded, but nothing nests under it here.
   const bool nests = !fn.isAsync() && state.frames.size() < kMaxFrames;
-  if (g_level.load(std::memory_order_relaxed) > 0 && g_api->active()) {
+  // The session's sample rate is drawn first: an op left out costs no description.
+  if (g_level.load(std::memory_order_relaxed) > 0 && g_api->sample() != 0) {
     frame.scoped = nests;
     record_op(state, fn, name, frame, parent, scope, nests);
   }
@@ -317,7 +380,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 const TbpipeCApi* api_from(PyObject* capsule) {
   auto* api = static_cast<const TbpipeCApi*>(PyCapsule_GetPointer(capsule, TBPIPE_CAPI_CAPSULE));
   if (api == nullptr) return nullptr;
-  if (api->abi_version != TBPIPE_CAPI_VERSION || !TBPIPE_CAPI_HAS(api, end_scope)) {
+  if (api->abi_version != TBPIPE_CAPI_VERSION || !TBPIPE_CAPI_HAS(api, sample)) {
     PyErr_Format(PyExc_RuntimeError,
                  "tbpipe._native's C API (version %u, %u bytes) is not the one this observer was built for "
                  "(version %u)",
