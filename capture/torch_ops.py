@@ -82,6 +82,10 @@ def _after_fork_in_child() -> None:
     # A parent thread that held the lock at fork time does not exist in the
     # child; waiting for it would hang the child's session start.
     _state.lock = _torch.lock = threading.RLock()
+    # The observer's callback came along, registered: it stays so, but does nothing until the
+    # child's own session (if any) starts the source again (removing it would take torch's lock).
+    if _state.observer is not None:
+        _state.observer.stop(False)
 
 
 def start(hook: str | None = None) -> TorchOpsHandle:

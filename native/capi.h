@@ -61,7 +61,8 @@ typedef struct TbpipeCApi {
   // `end_scope(scope)` (the op's RecordFunction object, a local of its caller). Events that open
   // scopes inside it take the outer part of their stack from this one's instead of walking it
   // again: the same stacks, gathered for less. Every scope opened must be ended on the same
-  // thread, innermost first (ending an outer one ends those left open inside it).
+  // thread, innermost first (ending an outer one ends those left open inside it). A NULL scope
+  // opens none (an op that may end on another thread).
   void (*record_scoped)(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_len, const void* scope,
                         uint32_t flags);
   void (*end_scope)(const void* scope);

@@ -475,6 +475,23 @@ def test_a_forked_child_records_its_ops_with_the_observer(tmp_path: Path) -> Non
     assert [e["name"] for e in op_events(child) if e["attrs"]["depth"] == 0] == ["aten::ones", "aten::mul"]
 
 
+def test_a_forked_child_without_a_session_records_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    script = tmp_path / "fork_stop.py"
+    script.write_text(FORK_SCRIPT.replace('sources=["torch-ops"]', 'sources=["torch-ops"], on_fork="stop"'))
+    result = subprocess.run(
+        [sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=180, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    (parent,) = read_runs(out)  # the child made no run of its own
+    assert [e["name"] for e in op_events(parent) if e["attrs"]["depth"] == 0] == [
+        "aten::ones",
+        "aten::relu",
+        "aten::zeros",
+        "aten::neg",
+    ]
+
+
 TRAIN_SCRIPT = """
 import json, sys
 import torch
