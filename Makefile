@@ -49,8 +49,15 @@ format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/clang-format -i $(CLANG_FORMAT_SOURCES)
 
+# The suite runs in a random order (modules shuffled, and the tests within each), so a test that
+# leans on another's leftovers fails sooner or later; TEST_SEED=N repeats the order of a run.
+ifndef TEST_SEED
+TEST_SEED := $(shell od -An -N2 -tu2 /dev/urandom | tr -d ' ')
+endif
+
 test-default: install
-	$(VENV)/bin/python -m pytest -q tests
+	@echo "test order seed $(TEST_SEED) (make test TEST_SEED=$(TEST_SEED) repeats it)"
+	$(VENV)/bin/python -m pytest -q -p random_order --random-order-seed=$(TEST_SEED) tests
 
 # The same suite on the other supported CPython versions, each in its own venv.
 test-matrix:
@@ -66,7 +73,10 @@ bench: install
 	$(VENV)/bin/python bench/symbolize.py
 	$(VENV)/bin/python bench/ingest.py
 	$(VENV)/bin/python bench/report.py
+	$(VENV)/bin/python bench/serve.py
+	$(VENV)/bin/python bench/export.py
 	$(VENV)/bin/python bench/torch_overhead.py
+	$(VENV)/bin/python bench/compile_overhead.py
 
 clean:
 	rm -rf build .venv .venv-* demo-runs

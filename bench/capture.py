@@ -90,6 +90,8 @@ def print_gather_table(results: dict[tuple[str, int], float]) -> None:
 
 
 def record_amortized_us(events: int, depth: int) -> float:
+    import tbpipe.capture.sessions  # noqa: F401 - loaded on first use (pyarrow): not part of the timing
+
     with tempfile.TemporaryDirectory() as out:
 
         def work() -> float:

@@ -76,14 +76,24 @@ def build(path: Path, nights: int, ranks: int, sites: int) -> None:
         """,
         {"sites": sites},
     )
+    # Three frames per stack (the site, its caller, the launch), each distinct frame stored once.
     con.execute(
         """
-        INSERT INTO stack_frames BY NAME
-        SELECT s.i + 1 AS stack_id, d.depth, d.depth AS slot, 0 AS chain_depth,
+        INSERT INTO frames BY NAME
+        SELECT row_number() OVER () AS frame_id, hash(s.i, d.depth) AS frame_hash,
                CASE WHEN d.depth < 2 THEN 'python' ELSE 'native' END AS kind,
                CASE d.depth WHEN 0 THEN 'site_' || s.i WHEN 1 THEN 'train_step' ELSE 'cudaLaunchKernel' END AS function,
                CASE WHEN d.depth < 2 THEN '/builds/1/repo/model/layer_' || (s.i % 200) || '.py' END AS file,
                10 + s.i % 400 AS line, CASE WHEN d.depth < 2 THEN 1 END AS first_line, false AS inlined
+        FROM range($sites + 20) s(i), (SELECT unnest([0, 1, 2]) AS depth) d
+        ORDER BY s.i, d.depth
+        """,
+        {"sites": sites},
+    )
+    con.execute(
+        """
+        INSERT INTO stack_frame_rows BY NAME
+        SELECT s.i + 1 AS stack_id, d.depth, d.depth AS slot, 0 AS chain_depth, s.i * 3 + d.depth + 1 AS frame_id
         FROM range($sites + 20) s(i), (SELECT unnest([0, 1, 2]) AS depth) d
         """,
         {"sites": sites},
@@ -123,6 +133,10 @@ def build(path: Path, nights: int, ranks: int, sites: int) -> None:
         """,
         {"ranks": ranks, "nights": nights, "runs": runs, "sites": sites},
     )
+    from tbpipe.pipeline.db.ingest.siting import count_sites
+    from tbpipe.pipeline.db.ingest.tables import IngestDb
+
+    count_sites(IngestDb(con), None)  # what the ingest keeps beside event_counts
     con.execute("COMMIT")
     con.execute("CHECKPOINT")
     con.close()

@@ -31,7 +31,7 @@ from typing import Any
 from tbpipe import _native
 from tbpipe.capture.errors import SessionError
 from tbpipe.capture.manifest import initial_manifest, mark_closed, new_run_id, write_manifest
-from tbpipe.capture.sources import reset_sources_after_fork_in_child, resolve_sources
+from tbpipe.capture.sources import COMPILE_AWARE_SOURCES, reset_sources_after_fork_in_child, resolve_sources
 from tbpipe.capture.writer import RunWriter
 
 DEFAULT_FLUSH_INTERVAL_S = 1.0
@@ -130,6 +130,10 @@ class Session:
         self.run_dir: Path | None = None
         self._writer: RunWriter | None = None
         self._source_handles: list[tuple[Any, Any]] = []
+        # torch.compile awareness (tbpipe.capture.torch_compile), on with the sources that record
+        # from inside compiled code; the number of its code_origins rows this run has written.
+        self._follows_compile = any(name in COMPILE_AWARE_SOURCES for name in self.source_names)
+        self._origins_written = 0
         self._stop_flusher = threading.Event()
         self._flusher: threading.Thread | None = None
         self._closed = False
@@ -199,6 +203,14 @@ class Session:
             raise
         # A source that runs but records nothing (no GPU, no CUPTI) says why in one line.
         self._update_source_status()
+        if self._follows_compile:
+            try:
+                from tbpipe.capture import torch_compile
+
+                compile_status = torch_compile.start().status
+            except Exception as error:  # the sources record on; only compiled code goes unexplained
+                compile_status = f"not following torch.compile: {type(error).__name__}: {error}"
+            self._writer.manifest["torch_compile_status"] = compile_status
         write_manifest(self.run_dir, self._writer.manifest)
 
     def _update_source_status(self) -> None:
@@ -234,6 +246,10 @@ class Session:
         try:
             for source, handle in reversed(self._source_handles):
                 source.stop(handle)
+            if self._follows_compile:
+                from tbpipe.capture import torch_compile
+
+                torch_compile.stop()
         finally:
             _native.stop()
             self._stop_flusher.set()
@@ -271,7 +287,26 @@ class Session:
         totals["events_sampled_out"] = overhead["sampled_out"]
         totals["events_rate_limited"] = overhead["rate_limited"]
         self._update_source_status()
-        self._writer.write(drained, counters)
+        self._writer.write(drained, counters, self._compile_parts())
+
+    def _compile_parts(self) -> dict[str, Any]:
+        """The code_origins rows found since the last flush, and the generated-code folders."""
+        if not self._follows_compile or "tbpipe.capture.torch_compile" not in sys.modules:
+            return {}
+        from tbpipe.capture import torch_compile
+        from tbpipe.schemas.raw import code_origins_schema
+
+        dirs = torch_compile.generated_code_dirs()
+        if dirs:
+            self._writer.manifest.setdefault("generated_code", {}).update(dirs)
+        if torch_compile.notes():
+            self._writer.manifest["torch_compile_notes"] = torch_compile.notes()
+        rows, self._origins_written = torch_compile.rows_since(self._origins_written)
+        if not rows:
+            return {}
+        import pyarrow as pa
+
+        return {"code_origins": pa.Table.from_pylist(rows, schema=code_origins_schema())}
 
     def __enter__(self) -> Session:
         return self.start()
@@ -352,6 +387,9 @@ def _after_fork_in_child() -> None:
     _active = None
     _active_lock = threading.Lock()
     reset_sources_after_fork_in_child()
+    compile_module = sys.modules.get("tbpipe.capture.torch_compile")
+    if compile_module is not None:
+        compile_module._after_fork_in_child()
     if parent is None or parent._closed:
         return
     try:

@@ -58,6 +58,10 @@ def resolve_sources(names: list[str] | tuple[str, ...]) -> list[Source]:
 
 _BUILTIN_MODULES: list[str] = []
 
+# Sources that record from inside code torch.compile generated: while one of them is on, the session
+# also follows torch.compile (tbpipe.capture.torch_compile: where generated code came from, compile events).
+COMPILE_AWARE_SOURCES = ("torch-ops", "cuda", "triton")
+
 
 def reset_sources_after_fork_in_child() -> None:
     """Called first thing in a forked child, before the child's session starts its sources.

@@ -76,7 +76,10 @@ class RunWriter:
         self._written_modules: set[int] = set()
         self._lock = threading.Lock()  # one flush at a time (flusher thread vs. close)
 
-    def write(self, drained: dict[str, Any], counters: dict[str, int]) -> None:
+    def write(
+        self, drained: dict[str, Any], counters: dict[str, int], extra: dict[str, pa.Table] | None = None
+    ) -> None:
+        """One flush: the drained buffers' tables, and `extra` parts made elsewhere (by table name)."""
         with self._lock:
             self._sequence += 1
             tables = {
@@ -85,6 +88,7 @@ class RunWriter:
             }
             tables["code"] = self._code(tables["stacks"])
             tables["modules"] = self._modules(tables["stacks"])
+            tables.update(extra or {})
             files = self.manifest["files"]
             for name, table in tables.items():
                 if table is None or table.num_rows == 0:

@@ -23,7 +23,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tbpipe.pipeline.errors import TbpipeError, UsageError, first_line
-from tbpipe.schemas import FORMAT_NAME, MANIFEST_FILE, RAW_SCHEMA_VERSION, RUN_TABLES, SCHEMA_KEY, VERSION_KEY
+from tbpipe.schemas import (
+    FORMAT_NAME,
+    MANIFEST_FILE,
+    OLDEST_READABLE_RAW_SCHEMA_VERSION,
+    RAW_SCHEMA_VERSION,
+    RUN_TABLES,
+    SCHEMA_KEY,
+    TABLE_SINCE,
+    VERSION_KEY,
+    readable_raw_schema_version,
+)
 from tbpipe.schemas.raw import NATIVE_FRAME_MARKER
 
 _PART_NAME = re.compile(r"^(?P<table>[a-z_]+)-(?P<sequence>\d{6})\.parquet$")
@@ -143,9 +153,10 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         raise _fail(path, f"manifest is not JSON: {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise _fail(path, f"not a {FORMAT_NAME} manifest")
-    if manifest.get("schema_version") != RAW_SCHEMA_VERSION:
+    if not readable_raw_schema_version(manifest.get("schema_version")):
         raise _fail(
-            path, f"raw schema version {manifest.get('schema_version')!r}, this tbpipe reads {RAW_SCHEMA_VERSION}"
+            path,
+            f"raw schema version {manifest.get('schema_version')!r}, this tbpipe reads {_readable_versions()}",
         )
     run_id = manifest.get("run_id")
     if not isinstance(run_id, str):
@@ -173,6 +184,7 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
             raise _fail(path, f"manifest field {key!r} holds something other than strings")
     _check_type(path, manifest, "capture", (dict,), False)
     _check_str_map(path, manifest, "labels")
+    _check_str_map(path, manifest, "generated_code")
     _check_str_map(path, manifest, "threads", re.compile(r"^\d{1,19}$"))
     _check_type(path, manifest, "counters", (dict,), False)
     for key, value in (manifest.get("counters") or {}).items():
@@ -185,12 +197,33 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- parts
 
 
+def _readable_versions() -> str:
+    if OLDEST_READABLE_RAW_SCHEMA_VERSION == RAW_SCHEMA_VERSION:
+        return str(RAW_SCHEMA_VERSION)
+    return f"{OLDEST_READABLE_RAW_SCHEMA_VERSION} to {RAW_SCHEMA_VERSION}"
+
+
+def _part_version(metadata: dict) -> int | None:
+    try:
+        return int(metadata.get(VERSION_KEY, b"").decode())
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
 def _check_schema(path: Path, table: str, schema: pa.Schema) -> None:
     metadata = schema.metadata or {}
-    if metadata.get(SCHEMA_KEY) != table.encode() or metadata.get(VERSION_KEY) != str(RAW_SCHEMA_VERSION).encode():
+    version = _part_version(metadata)
+    if (
+        metadata.get(SCHEMA_KEY) != table.encode()
+        or not readable_raw_schema_version(version)
+        or version < TABLE_SINCE[table]
+    ):
+        readable = f"{max(OLDEST_READABLE_RAW_SCHEMA_VERSION, TABLE_SINCE[table])} to {RAW_SCHEMA_VERSION}"
+        if TABLE_SINCE[table] == RAW_SCHEMA_VERSION:
+            readable = str(RAW_SCHEMA_VERSION)
         raise _fail(
             path,
-            f"expected table {table!r} schema version {RAW_SCHEMA_VERSION}, file says "
+            f"expected table {table!r} schema version {readable}, file says "
             f"{_decoded(metadata.get(SCHEMA_KEY))} version {_decoded(metadata.get(VERSION_KEY))}",
         )
     expected = RUN_TABLES[table]()
@@ -219,6 +252,13 @@ def _read_part(path: Path, table: str) -> pa.Table:
         raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
     _check_schema(path, table, part.schema)
     return part
+
+
+def verify_part(path: Path, table: str) -> int:
+    """`check_part`, and every page read against its checksum (the rows are not kept); returns the
+    row count. For parts that DuckDB loads itself: its Parquet reader checks no page checksums."""
+    check_part(path, table)
+    return _read_part(path, table).num_rows
 
 
 def read_tables(files: dict[str, list[Path]], names: tuple[str, ...]) -> dict[str, pa.Table]:
@@ -310,7 +350,8 @@ def recovered_manifest(run_dir: Path) -> dict[str, Any]:
 
     The run id is the folder's name (the capture names run folders so), the start time the first
     event's (else the oldest part's modification time); the run is incomplete and carries no
-    labels, command line or versions. Every part must be a readable part of this schema version.
+    labels, command line or versions. Every part must be a readable part of a schema version this
+    tbpipe reads.
     """
     name = run_dir.name
     if not _RUN_ID.match(name):

@@ -1,4 +1,4 @@
-"""Arrow schemas of a raw run directory, version 1, and the constants its columns use.
+"""Arrow schemas of a raw run directory, version 2, and the constants its columns use.
 
 The frame and stack flags and stop reasons are defined here once; the extension (`tbpipe._native`)
 exports the same names from its C++ enums, and the tests hold each pair equal.
@@ -15,7 +15,11 @@ from __future__ import annotations
 import pyarrow as pa
 
 FORMAT_NAME = "tbpipe-raw"
-RAW_SCHEMA_VERSION = 1
+# The version this tbpipe writes. Readers accept every version from OLDEST_READABLE_RAW_SCHEMA_VERSION
+# up to it (`readable_raw_schema_version`); a table added by a version is optional in runs of it and
+# absent from older runs (TABLE_SINCE).
+RAW_SCHEMA_VERSION = 2
+OLDEST_READABLE_RAW_SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 SCHEMA_KEY = b"tbpipe.table"
 VERSION_KEY = b"tbpipe.schema_version"
@@ -144,12 +148,54 @@ def code_schema() -> pa.Schema:
     )
 
 
+# Where generated code came from (version 2). torch.compile runs most of a program's ops and kernels
+# from code it generated: Inductor's wrapper modules, FX and AOTAutograd code. A row says that the
+# lines `line_lo`..`line_hi` of the generated `file` (as its code objects name it) were generated
+# from the user's source lines in `origin`, innermost first: the stack trace of the graph node that
+# the lines run. The ingest places those frames inside the generated frame, marked as inlined, so
+# that the generated frame's events are sited at the user's lines.
+ORIGIN_FRAME = pa.struct(
+    [
+        pa.field("filename", pa.string(), nullable=False),
+        pa.field("qualname", pa.string(), nullable=False),  # as code.qualname would name the function
+        pa.field("first_line", pa.int32(), nullable=False),  # the function's first line, -1 unknown
+        pa.field("line", pa.int32(), nullable=False),
+    ]
+)
+
+
+def code_origins_schema() -> pa.Schema:
+    """Generated code's line ranges and the user source lines each was generated from."""
+    return _with_metadata(
+        "code_origins",
+        [
+            pa.field("file", pa.string(), nullable=False),
+            pa.field("line_lo", pa.int32(), nullable=False),
+            pa.field("line_hi", pa.int32(), nullable=False),  # inclusive
+            pa.field("origin", pa.list_(ORIGIN_FRAME), nullable=False),  # innermost first
+        ],
+    )
+
+
 RUN_TABLES = {
     "events": events_schema,
     "stacks": stacks_schema,
     "modules": modules_schema,
     "code": code_schema,
+    "code_origins": code_origins_schema,
 }
+
+# The raw schema version that introduced each table: parts of it are absent from older runs.
+TABLE_SINCE = {"events": 1, "stacks": 1, "modules": 1, "code": 1, "code_origins": 2}
+
+
+def readable_raw_schema_version(version: object) -> bool:
+    """Whether this tbpipe reads runs (and parts) of this raw schema version."""
+    return (
+        isinstance(version, int)
+        and not isinstance(version, bool)
+        and OLDEST_READABLE_RAW_SCHEMA_VERSION <= version <= RAW_SCHEMA_VERSION
+    )
 
 
 def table_file_name(table: str, sequence: int) -> str:

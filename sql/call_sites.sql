@@ -1,7 +1,10 @@
 -- Call sites: where in the user's code events come from, counted per run, kind and name.
 --
 -- The site of a stack is its innermost user frame (`python_files.is_user`); a stack without one
--- is sited at its innermost symbolized frame (Python or native), so no event goes uncounted.
+-- is sited at its innermost symbolized frame (Python or native) that is not generated code, so no
+-- event goes uncounted. Frames that torch.compile generated are never sites: the user lines their
+-- graph nodes came from stand inside them (inlined Python frames placed by the ingest from the run's
+-- `code_origins`), else the compiled function's own frame further out is the innermost user frame.
 -- `stack_sites_from` applies the `user_code` rules; the ingest stores its answer in the
 -- `stack_sites` table (again for every stack when the rules change), which the views read.
 --
@@ -29,7 +32,11 @@ CREATE OR REPLACE MACRO site_identity_key(kind, function, portable_file, line, f
         ELSE concat_ws(chr(31), 'native', coalesce(regexp_extract(module, '[^/]*$'), ''), coalesce(function, ''))
     END), 1, 16);
 
--- The call site of every stack with stack_id >= first_stack_id, under the current `user_code` rules.
+-- The call site of every stack with stack_id >= first_stack_id, under the current `user_code` rules:
+-- its innermost user frame; without one, its innermost symbolized frame that is not generated code.
+-- Code run from a string ('<string>', which has no file of its own) inside generated code belongs to
+-- its caller: it is not user code when the next Python frame out is not (Inductor's Triton launchers
+-- are made that way and called by Inductor's runtime).
 -- @arg first_stack_id  BIGINT  the lowest stack id to compute (0: all)
 -- @column stack_id            `stacks.stack_id`
 -- @column site_depth          depth of the site frame in `stack_frames`; NULL when the stack has no symbolized frame
@@ -43,16 +50,43 @@ CREATE OR REPLACE MACRO site_identity_key(kind, function, portable_file, line, f
 -- @column site_is_user        true when the site is a user frame, false when the stack has none
 -- @column site_key            `site_identity_key` of the site
 CREATE OR REPLACE MACRO stack_sites_from(first_stack_id) AS TABLE
-WITH user_frames AS (
+WITH files AS (
+    SELECT * FROM python_files_from(first_stack_id)
+), user_rows AS (
+    SELECT f.stack_id, f.depth, f.file
+    FROM stack_frames f
+    JOIN files p ON p.file = f.file AND p.is_user
+    WHERE f.kind = 'python' AND f.stack_id >= first_stack_id
+), lent AS (
+    SELECT a.stack_id, a.depth
+    FROM user_rows a
+    JOIN stack_frames c ON c.stack_id = a.stack_id AND c.kind = 'python' AND c.depth > a.depth
+    LEFT JOIN files p ON p.file = c.file
+    WHERE a.file = '<string>' AND c.stack_id >= first_stack_id
+    GROUP BY a.stack_id, a.depth
+    HAVING NOT coalesce(arg_min(p.is_user, c.depth), true) AND bool_or(coalesce(p.is_generated, false))
+), user_frames AS (
+    SELECT stack_id, min(depth) AS depth
+    FROM user_rows
+    ANTI JOIN lent USING (stack_id, depth)
+    GROUP BY stack_id
+), modules AS (
+    SELECT module, coalesce(is_generated_path(module), false) AS is_generated
+    FROM (SELECT DISTINCT module FROM stack_frames WHERE kind = 'native' AND stack_id >= first_stack_id)
+), fallback AS (
     SELECT f.stack_id, min(f.depth) AS depth
     FROM stack_frames f
-    JOIN python_files p ON p.file = f.file AND p.is_user
-    WHERE f.kind = 'python' AND f.stack_id >= first_stack_id
+    LEFT JOIN files p ON f.kind = 'python' AND p.file = f.file
+    LEFT JOIN modules m ON f.kind = 'native' AND m.module = f.module
+    WHERE f.stack_id >= first_stack_id AND f.kind <> 'marker' AND f.function IS NOT NULL
+      AND NOT coalesce(p.is_generated, false) AND NOT coalesce(m.is_generated, false)
+      AND f.stack_id NOT IN (SELECT stack_id FROM user_frames)
     GROUP BY f.stack_id
 ), picked AS (
-    SELECT s.stack_id, coalesce(u.depth, s.symbolized_depth) AS depth, u.depth IS NOT NULL AS is_user
+    SELECT s.stack_id, coalesce(u.depth, b.depth) AS depth, u.depth IS NOT NULL AS is_user
     FROM stacks s
     LEFT JOIN user_frames u USING (stack_id)
+    LEFT JOIN fallback b USING (stack_id)
     WHERE s.stack_id >= first_stack_id
 ), located AS (
     SELECT
@@ -97,19 +131,6 @@ FROM located;
 -- @column site_portable_file  Python site: its file relative to its import root
 -- @column site_is_user        true when the site is a user frame
 CREATE OR REPLACE VIEW call_sites AS
-WITH per_site AS (
-    SELECT
-        c.run_number,
-        c.name_id,
-        s.site_id,
-        sum(c.events) AS events,
-        arg_max(s.site_file, c.events) AS site_file,
-        arg_max(s.site_line, c.events) AS site_line,
-        bool_or(s.site_is_user) AS site_is_user
-    FROM event_counts c
-    LEFT JOIN stack_sites s USING (stack_id)
-    GROUP BY c.run_number, c.name_id, s.site_id
-)
 SELECT
     r.run_id,
     n.kind,
@@ -121,7 +142,7 @@ SELECT
     t.site_key,
     t.portable_file AS site_portable_file,
     p.site_is_user
-FROM per_site p
+FROM site_counts p
 JOIN runs r USING (run_number)
 JOIN event_names n USING (name_id)
 LEFT JOIN sites t USING (site_id);

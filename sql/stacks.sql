@@ -60,16 +60,33 @@ CREATE OR REPLACE MACRO frame_text(kind, function, file, line, module, address, 
          || CASE WHEN inlined THEN ' [inlined]' ELSE '' END
     END;
 
+-- True for a Python file or native module of generated code: FX graph code ('<eval_with_key>.N'),
+-- AOTAutograd's generated wrappers ('.../subclass_codegen.py:codegen(...)'), the functions tbpipe
+-- records compile events from ('<tbpipe: ...>'), anything under Inductor's default cache folder
+-- ('.../torchinductor_<user>/') or under a `generated_code` prefix (the folders the captured
+-- processes configured). Generated code is never a call site, whatever `user_code` says.
+-- @arg path  VARCHAR  a Python file name as captured, or a native module's path
+-- @returns BOOLEAN
+CREATE OR REPLACE MACRO is_generated_path(path) AS
+    starts_with(path, '<eval_with_key>')
+    OR starts_with(path, '<tbpipe: ')
+    OR contains(path, '.py:codegen(')
+    OR regexp_matches(path, '/torchinductor_[^/]+/')
+    OR EXISTS (SELECT 1 FROM generated_code g WHERE starts_with(path, g.prefix));
+
 -- Every stack as a traceback, innermost frame first, and its stable key.
 -- @column stack_id   `stacks.stack_id`
 -- @column stack_key  16 hex digits over (function, file, line) of all its frames: equal for the same code path across rebuilds and runs (addresses play no part)
 -- @column frames     number of frames
--- @column traceback  one `frame_text` per line, innermost first
+-- @column traceback  one `frame_text` per line, innermost first; frames of generated code end in ' [generated]'
 CREATE OR REPLACE VIEW stack_tracebacks AS
 SELECT
     stack_id,
     substr(md5(string_agg(concat_ws(chr(31), kind, coalesce(function, ''), coalesce(file, ''), coalesce(CAST(line AS VARCHAR), '')), chr(30) ORDER BY depth)), 1, 16) AS stack_key,
     count(*) AS frames,
-    string_agg(frame_text(kind, function, file, line, module, address, inlined), chr(10) ORDER BY depth) AS traceback
+    string_agg(frame_text(kind, function, file, line, module, address, inlined)
+               || CASE WHEN kind <> 'marker' AND coalesce(is_generated_path(CASE WHEN kind = 'python' THEN file ELSE module END), false)
+                       THEN ' [generated]' ELSE '' END, chr(10) ORDER BY depth)
+        AS traceback
 FROM stack_frames
 GROUP BY stack_id;

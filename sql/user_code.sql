@@ -2,7 +2,9 @@
 --
 -- Built in: the standard library, site-packages/dist-packages, frozen modules and tbpipe itself are
 -- not user code; everything else is. The `user_code` table adjusts that by path prefix (longest
--- match wins); `tbpipe ingest --user-code PREFIX` fills it, and the views read it live.
+-- match wins); `tbpipe ingest --user-code PREFIX` fills it, and the views read it live. Code that
+-- torch.compile or Triton generated is a third class (`is_generated_path`, the `generated_code`
+-- table): never user code.
 
 -- True when `file` matches the `user_code` rule `prefix`: a prefix starting with '/' or '<' must
 -- start the path; any other prefix may also start after any '/' (so 'mylib/' matches
@@ -25,19 +27,42 @@ CREATE OR REPLACE MACRO is_library_python_file(file) AS
     OR regexp_matches(file, '/lib(64)?/python[0-9]+\.[0-9]+t?/')
     OR regexp_matches(file, '/tbpipe/(capture|pipeline|schemas)/');
 
--- Every distinct Python file of the stored frames, and whether it is user code.
--- @column file     the file name as captured
--- @column is_user  true when frames of this file can be call sites
--- @column rule     the `user_code.prefix` that decided, NULL when the built-in rule did
+-- Whether a Python file is user code: never for generated code (`is_generated_path`); else the
+-- longest matching `user_code` prefix decides, else the built-in rule (`is_library_python_file`).
+-- @arg file  VARCHAR  a Python file name as captured
+-- @returns BOOLEAN
+CREATE OR REPLACE MACRO python_file_is_user(file) AS
+    NOT coalesce(is_generated_path(file), false)
+    AND coalesce(
+        (SELECT arg_max(r.is_user, length(r.prefix)) FROM user_code r WHERE user_code_prefix_matches(file, r.prefix)),
+        NOT is_library_python_file(file)
+    );
+
+-- The `user_code` prefix that decides whether a Python file is user code, NULL when the built-in rule does.
+-- @arg file  VARCHAR  a Python file name as captured
+-- @returns VARCHAR
+CREATE OR REPLACE MACRO python_file_rule(file) AS
+    (SELECT arg_max(r.prefix, length(r.prefix)) FROM user_code r WHERE user_code_prefix_matches(file, r.prefix));
+
+-- The Python files of the stacks with stack_id >= first_stack_id, and whether each is user code.
+-- @requires stacks
+-- @arg first_stack_id  BIGINT  the lowest stack id whose frames' files are classified (0: all)
+-- @column file          the file name as captured
+-- @column is_user       true when frames of this file can be call sites (`python_file_is_user`)
+-- @column rule          the `user_code.prefix` that decided, NULL when the built-in rule did
+-- @column is_generated  true for generated code (`is_generated_path`): neither user code nor a library
+CREATE OR REPLACE MACRO python_files_from(first_stack_id) AS TABLE
+SELECT file, python_file_is_user(file) AS is_user, python_file_rule(file) AS rule,
+       coalesce(is_generated_path(file), false) AS is_generated
+FROM (
+    SELECT DISTINCT file FROM stack_frames
+    WHERE stack_id >= first_stack_id AND kind = 'python' AND file IS NOT NULL
+);
+
+-- Every distinct Python file of the stored stacks, and whether it is user code.
+-- @column file          the file name as captured
+-- @column is_user       true when frames of this file can be call sites
+-- @column rule          the `user_code.prefix` that decided, NULL when the built-in rule did
+-- @column is_generated  true for generated code: neither user code nor a library
 CREATE OR REPLACE VIEW python_files AS
-WITH files AS (
-    SELECT DISTINCT file FROM frames WHERE kind = 'python' AND file IS NOT NULL
-), matched AS (
-    SELECT f.file, arg_max(r.is_user, length(r.prefix)) AS is_user, arg_max(r.prefix, length(r.prefix)) AS rule
-    FROM files f
-    JOIN user_code r ON user_code_prefix_matches(f.file, r.prefix)
-    GROUP BY f.file
-)
-SELECT f.file, coalesce(m.is_user, NOT is_library_python_file(f.file)) AS is_user, m.rule
-FROM files f
-LEFT JOIN matched m USING (file);
+SELECT * FROM python_files_from(0);

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from conftest import TBPIPE
@@ -161,6 +162,33 @@ def test_site_keys_name_file_function_and_line_offset(workload_db) -> None:
     assert key == hashlib.md5(f"py\x1f{portable}\x1f{function}\x1f{offset}".encode()).hexdigest()[:16]
     keys = rows(workload_db, "SELECT DISTINCT site_key FROM call_sites WHERE site_key IS NOT NULL")
     assert keys and all(len(k) == 16 for (k,) in keys)
+
+
+def test_sites_of_new_stacks_equal_the_sql_definition(workload_db, tmp_path) -> None:
+    # The ingest sites new stacks from their frames in memory; `stack_sites_from` (SQL) is the
+    # definition, used when every stack is sited again. Both must give every stack the same site.
+    import shutil as _shutil
+
+    from tbpipe.pipeline.db.ingest.siting import site_stacks
+    from tbpipe.pipeline.db.ingest.tables import IngestDb
+
+    copy = tmp_path / "copy.duckdb"
+    _shutil.copy(workload_db, copy)
+    query = (
+        "SELECT s.stack_id, s.site_depth, s.site_kind, s.site_is_user, s.site_file, s.site_line, t.site_key, "
+        "t.portable_file, t.line_offset FROM stack_sites s LEFT JOIN sites t USING (site_id) ORDER BY s.stack_id"
+    )
+    before = rows(copy, query)
+    con = open_database(copy)
+    try:
+        con.execute("BEGIN TRANSACTION")
+        site_stacks(IngestDb(con), from_stack=None)
+        con.execute("COMMIT")
+    finally:
+        con.close()
+    after = rows(copy, query)
+    assert len(before) == rows(copy, "SELECT count(*) FROM stacks")[0][0] > 3
+    assert before == after
 
 
 def test_user_code_rule_changes_sites(workload_db, symbol_cache, library) -> None:
@@ -514,6 +542,54 @@ def _rewrite(part: Path, change) -> None:
     pq.write_table(change(table), part)
 
 
+def _counter(run_dir: Path, key: str, value) -> None:
+    counters = json.loads((run_dir / "manifest.json").read_text())["counters"]
+    assert key in counters
+    _manifest(run_dir, counters={**counters, key: value})
+
+
+def _drop_described(run_dir: Path, frames: str, field: str, table: str, key: str) -> None:
+    """Rewrites `table`'s part without the row describing one module/code object that the stacks'
+    `frames` refer to through `field`, so the run is otherwise whole."""
+    stacks = pq.read_table(run_dir / "stacks-000001.parquet")
+    used = set(pc.struct_field(pc.list_flatten(stacks[frames]), field).to_pylist()) - {-1}
+    part = run_dir / f"{table}-000001.parquet"
+    described = pq.read_table(part)
+    victim = sorted(used & set(described[key].to_pylist()))[0]
+    kept = described.filter(pc.not_equal(described[key], pa.scalar(victim, described.schema.field(key).type)))
+    assert kept.num_rows == described.num_rows - 1
+    pq.write_table(kept, part)
+
+
+def _flip_a_bit_only_page_checksums_catch(part: Path, column: str) -> None:
+    """Flips the first bit in `column`'s pages that pyarrow reads back silently as other values
+    when it skips the page checksums, and refuses when it checks them: damage that only the
+    checksums the capture writes can catch."""
+    original = part.read_bytes()
+    good = pq.read_table(part)
+    chunk = pq.read_metadata(part).row_group(0).column(good.schema.get_field_index(column))
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    for position in range(start, chunk.data_page_offset + chunk.total_compressed_size):
+        for bit in range(8):
+            damaged = bytearray(original)
+            damaged[position] ^= 1 << bit
+            part.write_bytes(bytes(damaged))
+            try:
+                unchecked = pq.read_table(part, page_checksum_verification=False)
+            except (OSError, pa.ArrowException):
+                continue
+            if unchecked.num_rows != good.num_rows or unchecked[column].equals(good[column]):
+                continue
+            if not unchecked.drop_columns([column]).equals(good.drop_columns([column])):
+                continue
+            try:
+                pq.read_table(part, page_checksum_verification=True)
+            except (OSError, pa.ArrowException):
+                return  # caught by the checksums alone: keep this damage
+    part.write_bytes(original)
+    raise AssertionError(f"no bit of {part.name}:{column} is damage that only page checksums catch")
+
+
 DAMAGE = {
     "truncated": (
         lambda d: (d / "events-000001.parquet").write_bytes((d / "events-000001.parquet").read_bytes()[:200]),
@@ -552,6 +628,48 @@ DAMAGE = {
         ),
         "attributes that are not JSON",
     ),
+    "nomodule": (
+        lambda d: _drop_described(d, "native", "module", "modules", "module_index"),
+        "native frames refer to modules the run does not describe",
+    ),
+    "nocode": (
+        lambda d: _drop_described(d, "python", "code_id", "code", "code_id"),
+        "Python frames refer to code objects the run does not describe",
+    ),
+    "startnotz": (
+        lambda d: _manifest(d, started_at="2026-01-01T00:00:00"),
+        "manifest field 'started_at' has no time zone",
+    ),
+    "endnotz": (
+        lambda d: _manifest(d, ended_at="2026-01-01T00:05:00.123456"),
+        "manifest field 'ended_at' has no time zone",
+    ),
+    # bool is an int in Python: a count that is true/false is garbage all the same.
+    "countbool": (
+        lambda d: _counter(d, "events_recorded", True),
+        "manifest counter 'events_recorded' is True, not a number",
+    ),
+    "countfalse": (
+        lambda d: _counter(d, "events_dropped", False),
+        "manifest counter 'events_dropped' is False, not a number",
+    ),
+    "counttext": (
+        lambda d: _counter(d, "events_written", "12"),
+        "manifest counter 'events_written' is '12', not a number",
+    ),
+    "pidbool": (lambda d: _manifest(d, pid=True), "manifest field 'pid' is True, not int"),
+    "eventsbit": (
+        lambda d: _flip_a_bit_only_page_checksums_catch(d / "events-000001.parquet", "ts"),
+        "events-000001.parquet: unreadable Parquet",
+    ),
+    "stacksbit": (
+        lambda d: _flip_a_bit_only_page_checksums_catch(d / "stacks-000001.parquet", "thread_id"),
+        "stacks-000001.parquet: unreadable Parquet",
+    ),
+    "codebit": (
+        lambda d: _flip_a_bit_only_page_checksums_catch(d / "code-000001.parquet", "first_line"),
+        "code-000001.parquet: unreadable Parquet",
+    ),
 }
 
 
@@ -565,16 +683,28 @@ def test_damaged_runs_are_quarantined_and_good_ones_go_in(tmp_path, good_run, sy
     db = tmp_path / "t.duckdb"
     summary = ingest(db, runs, cache=symbol_cache)
     reasons = {o.path.name: o.reason for o in summary.quarantined}
+    let_in = sorted(set(DAMAGE) - set(reasons))
+    assert not let_in, f"damaged runs that were not quarantined: {let_in}"
     assert sorted(reasons) == sorted(DAMAGE)
-    for name, (_damage, expected) in DAMAGE.items():
-        assert str(damaged[name]) in reasons[name], reasons[name]
-        assert expected in reasons[name], reasons[name]
+    wrong = {
+        name: reasons[name]
+        for name, (_damage, expected) in DAMAGE.items()
+        if str(damaged[name]) not in reasons[name] or expected not in reasons[name]
+    }
+    assert not wrong, f"quarantined for another reason than their damage: {wrong}"
     assert summary.ingested == 2
     assert sorted(r[0] for r in rows(db, "SELECT run_id FROM runs")) == sorted(
         json.loads((g / "manifest.json").read_text())["run_id"] for g in good
     )
     # Nothing of the quarantined runs got in: two copies of one workload, events and all.
     assert rows(db, "SELECT count(*) FROM events") == [(2 * read_run(good_run).tables["events"].num_rows,)]
+    # The runs are laid out in one batch: stacks a quarantined run would have brought in (the
+    # damaged copies sort before the good ones) were brought in by the good runs instead.
+    assert rows(
+        db, "SELECT count(*) FROM events e ANTI JOIN stacks s USING (stack_id) WHERE e.stack_id IS NOT NULL"
+    ) == [(0,)]
+    assert rows(db, "SELECT count(*) FROM stacks s ANTI JOIN stack_sites USING (stack_id)") == [(0,)]
+    assert rows(db, "SELECT count(DISTINCT first_run_id) FROM stacks") == [(1,)]
 
 
 def test_cli_exit_status_and_messages_for_quarantined_runs(tmp_path, good_run, symbol_cache) -> None:
@@ -650,44 +780,70 @@ from pathlib import Path
 import tbpipe.pipeline.db.ingest as ingest_module
 import tbpipe.pipeline.db.ingest.runs as ingest_runs_module
 
-runs, db, cache, victim, marker, pause = sys.argv[1:7]
 
 def before_commit(run_id):
     if run_id == victim:
         Path(marker).write_text("inside the transaction")
-        time.sleep(float(pause))
+        deadline = time.monotonic() + 300
+        while not Path(release).exists():
+            if time.monotonic() > deadline:
+                sys.exit("never released")
+            time.sleep(0.02)
 
-ingest_runs_module._before_commit = before_commit
-summary = ingest_module.ingest_runs(
-    [Path(runs)], ingest_module.IngestOptions(db_path=Path(db), cache_dir=Path(cache), progress=False)
-)
-print("ingested", summary.ingested)
+
+# Guarded: with a cold symbol store the symbolizer starts a forkserver pool, which imports this
+# script again as __mp_main__.
+if __name__ == "__main__":
+    runs, db, cache, victim, marker, release = sys.argv[1:7]
+    ingest_runs_module._before_commit = before_commit
+    summary = ingest_module.ingest_runs(
+        [Path(runs)], ingest_module.IngestOptions(db_path=Path(db), cache_dir=Path(cache), progress=False)
+    )
+    print("ingested", summary.ingested)
 """
 
 
-def _start_pausing_ingest(tmp_path: Path, runs: Path, db: Path, cache: Path, victim: str, pause: float):
-    script = tmp_path / "pausing_ingest.py"
-    script.write_text(PAUSING_INGEST)
-    marker = tmp_path / f"marker-{victim}"
-    process = subprocess.Popen(
-        [sys.executable, str(script), str(runs), str(db), str(cache), victim, str(marker), str(pause)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not marker.exists():
-        if process.poll() is not None:
-            raise AssertionError(f"ingest ended early: {process.communicate()}")
-        if time.monotonic() > deadline:
-            process.kill()
-            raise AssertionError("ingest never reached the victim run's commit")
-        time.sleep(0.05)
-    return process
+class PausingIngest:
+    """An ingest in a child process that stops inside the victim run's transaction, holding the
+    database, until `release()` (or until it is killed)."""
+
+    def __init__(self, tmp_path: Path, runs: Path, db: Path, cache: Path, victim: str):
+        script = tmp_path / "pausing_ingest.py"
+        script.write_text(PAUSING_INGEST)
+        marker = tmp_path / f"marker-{victim}"
+        self.release_file = tmp_path / f"release-{victim}"
+        self.process = subprocess.Popen(
+            [sys.executable, str(script), str(runs), str(db), str(cache), victim, str(marker), str(self.release_file)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            if self.process.poll() is not None:
+                raise AssertionError(f"ingest ended early: {self.process.communicate()}")
+            if time.monotonic() > deadline:
+                self.process.kill()
+                raise AssertionError(f"ingest never reached the victim run's commit: {self.process.communicate()}")
+            time.sleep(0.02)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def release(self) -> tuple[str, str]:
+        """Lets the ingest commit and finish; its (stdout, stderr)."""
+        self.release_file.write_text("go on")
+        return self.process.communicate(timeout=240)
 
 
 def _run_ids(runs: Path) -> list[str]:
     return [json.loads((d / "manifest.json").read_text())["run_id"] for d in find_run_dirs([runs])]
+
+
+def _words(text: str) -> str:
+    """Text with every run of whitespace made one blank: rich wraps messages at the terminal width."""
+    return " ".join(text.split())
 
 
 def test_killed_ingest_leaves_the_database_as_before(tmp_path, good_run, symbol_cache) -> None:
@@ -700,9 +856,9 @@ def test_killed_ingest_leaves_the_database_as_before(tmp_path, good_run, symbol_
     ingest(reference, first, cache=symbol_cache)
 
     db = tmp_path / "t.duckdb"
-    process = _start_pausing_ingest(tmp_path, runs, db, symbol_cache, second_id, pause=120)
-    process.send_signal(signal.SIGKILL)  # in the middle of the second run's transaction
-    process.wait(timeout=30)
+    holder = PausingIngest(tmp_path, runs, db, symbol_cache, second_id)
+    holder.process.send_signal(signal.SIGKILL)  # in the middle of the second run's transaction
+    holder.process.communicate(timeout=30)
     assert rows(db, "SELECT run_id FROM runs") == [(first_id,)]
     assert snapshot(db, exclude_ingest_times=True) == snapshot(reference, exclude_ingest_times=True)
     # The lock died with the process, and the next ingest finishes the job.
@@ -717,29 +873,41 @@ def test_concurrent_ingests_wait_or_fail_clearly(tmp_path, good_run, symbol_cach
     _copy(good_run, two, "two")
     _copy(good_run, three, "three")
     db = tmp_path / "t.duckdb"
-    env = dict(os.environ, TBPIPE_CACHE_DIR=str(symbol_cache))
-    holder = _start_pausing_ingest(tmp_path, one, db, symbol_cache, _run_ids(one)[0], pause=3)
-    impatient = subprocess.run(
-        [*TBPIPE, "ingest", str(three), "--db", str(db), "--wait", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
-    patient = subprocess.run(
-        [*TBPIPE, "ingest", str(two), "--db", str(db), "--wait", "120"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-    )
-    out, err = holder.communicate(timeout=120)
-    assert holder.returncode == 0, err
+    # A narrow terminal: the messages wrap, and the checks must not depend on where.
+    env = dict(os.environ, TBPIPE_CACHE_DIR=str(symbol_cache), COLUMNS="50")
+    holder = PausingIngest(tmp_path, one, db, symbol_cache, _run_ids(one)[0])
+    patient_err = tmp_path / "patient.err"
+    try:
+        impatient = subprocess.run(
+            [*TBPIPE, "ingest", str(three), "--db", str(db), "--wait", "0"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        with open(patient_err, "w") as err:
+            patient = subprocess.Popen(
+                [*TBPIPE, "ingest", str(two), "--db", str(db), "--wait", "240"],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=env,
+            )
+        # The holder keeps the database until the patient one says that it waits.
+        deadline = time.monotonic() + 240
+        while "waiting for another ingest" not in _words(patient_err.read_text()):
+            assert patient.poll() is None, f"the second ingest did not wait: {patient_err.read_text()}"
+            assert time.monotonic() < deadline, "the second ingest never said that it waits"
+            time.sleep(0.02)
+    finally:
+        _out, holder_err = holder.release()
+    patient.communicate(timeout=240)
+    assert holder.process.returncode == 0, holder_err
     assert impatient.returncode == 2, impatient.stderr
-    assert f"another ingest (pid {holder.pid}) is writing it" in impatient.stderr
+    assert f"another ingest (pid {holder.pid}) is writing it" in _words(impatient.stderr)
     assert "Traceback" not in impatient.stderr
-    assert patient.returncode == 0, patient.stderr
-    assert "waiting for another ingest" in patient.stderr
+    assert patient.returncode == 0, patient_err.read_text()
+    assert f"waiting for another ingest (pid {holder.pid})" in _words(patient_err.read_text())
     assert sorted(r[0] for r in rows(db, "SELECT run_id FROM runs")) == sorted(_run_ids(one) + _run_ids(two))
 
 
@@ -751,13 +919,14 @@ def test_readers_are_refused_while_an_ingest_writes(tmp_path, good_run, symbol_c
     db = tmp_path / "t.duckdb"
     ingest(db, tmp_path / "runs", cache=symbol_cache)  # the file exists before the writer holds it
     _copy(good_run, runs, "more")
-    holder = _start_pausing_ingest(tmp_path, runs, db, symbol_cache, "20260101T000000-1-more", pause=2)
+    holder = PausingIngest(tmp_path, runs, db, symbol_cache, "20260101T000000-1-more")
     try:
         with pytest.raises(DatabaseBusyError, match="another process is writing the database"):
             open_database(db, read_only=True)
     finally:
-        holder.communicate(timeout=120)
-    assert holder.returncode == 0
+        _out, err = holder.release()
+    assert holder.process.returncode == 0, err
+    assert sorted(r[0] for r in rows(db, "SELECT run_id FROM runs")) == sorted(_run_ids(runs))
 
 
 # ------------------------------------------------------------------------------ better debug info later

@@ -346,8 +346,8 @@ def test_html_report_in_chromium(db, tmp_path) -> None:
 
 
 def _downgrade_to_schema_2(path: Path) -> None:
-    """Turns a database into what tbpipe wrote before schema 3: schema 4's compact tables back into the
-    wide ones, schema 3's columns and table gone, sites keyed the old way."""
+    """Turns a database into what tbpipe wrote before schema 3: schema 5's table gone, schema 4's compact
+    tables back into the wide ones, schema 3's columns and table gone, sites keyed the old way."""
     con = duckdb.connect(str(path))
     try:
         for statement in (
@@ -359,9 +359,12 @@ def _downgrade_to_schema_2(path: Path) -> None:
             "DROP TABLE frames",
             "DROP TABLE stack_frame_rows",
             "DROP TABLE event_rows",
+            "DROP TABLE site_counts",
             "ALTER TABLE wide_frames RENAME TO stack_frames",
             "ALTER TABLE wide_events RENAME TO events",
             "DELETE FROM sql_modules",  # the views and macros of that version were other texts
+            "DROP TABLE generated_code",
+            "DELETE FROM schema_versions WHERE version = 5",
             "DELETE FROM schema_versions WHERE version = 4",
             "ALTER TABLE runs DROP COLUMN cuda_version",
             "ALTER TABLE runs DROP COLUMN sys_path",

@@ -64,7 +64,9 @@ def test_demo_prints_the_top_kernel_launch_sites_and_the_report(demo) -> None:
     assert table[("gemm_kernel", "compare", compare)] >= steps * (values - 1)  # qsort compares at least n-1 times
     assert "tbpipe show --site" in output
     # The traceback printed under the table interleaves Python and native frames.
-    assert f"{WORKLOAD}:{line_of('site: feed_forward compare')}:feed_forward.<locals>.compare" in output
+    compare_line = f"{WORKLOAD}:{line_of('site: feed_forward compare')}"
+    # CPython 3.10's code objects carry no qualified name: the frame is just `compare` there.
+    assert f"{compare_line}:feed_forward.<locals>.compare" in output or f"{compare_line}:compare" in output
     # Then the report between the two nights: doubled softmax, more sort comparisons, a new layernorm.
     assert "**3 regressions (1 new, 2 increased)" in output
     assert (

@@ -129,6 +129,11 @@ def test_backward_ops_link_to_the_forward_op_that_made_their_node(captured_scrip
             assert attrs["seq"] not in by_seq, "one forward op per autograd node"
             by_seq[attrs["seq"]] = event
     backward_mm = [json.loads(e["attrs"]) for e in ops if e["name"] == "aten::mm"]
+    # Every backward mm links to a forward op: the two Linear layers' addmm, each its own autograd node.
+    assert len(backward_mm) == 3
+    addmm_seqs = {seq for seq, event in by_seq.items() if event["name"] == "aten::addmm"}
+    assert len(addmm_seqs) == 2
+    assert {attrs["bwd_seq"] for attrs in backward_mm} == addmm_seqs
     for attrs in backward_mm:
         assert attrs["bwd_node"] == "AddmmBackward0"
         forward = by_seq[attrs["bwd_seq"]]
@@ -147,11 +152,8 @@ def test_ops_carry_shapes_dtype_and_device(captured_script) -> None:
 
 
 def test_call_sites_view_sites_the_ops_at_the_user_lines(captured_script, tmp_path) -> None:
-    pytest.importorskip("duckdb", reason="the call_sites view needs DuckDB (tbpipe ingest)")
-    try:
-        from tbpipe.pipeline.db import IngestOptions, ingest_runs, open_database
-    except ImportError as error:
-        pytest.skip(f"tbpipe ingest is not available in this tree: {error}")
+    from tbpipe.pipeline.db import IngestOptions, ingest_runs, open_database
+
     script, out = captured_script
     db = tmp_path / "sites.duckdb"
     summary = ingest_runs([out], IngestOptions(db_path=db, cache_dir=tmp_path / "symbols", progress=False))

@@ -385,10 +385,20 @@ def test_line_table_index_survives_damage(libs):
     strings = (sections[".debug_line_str"] or b"", sections[".debug_str"] or b"")
     whole = _native.LineTable(data, *strings, little)
     whole.build()
+    # The undamaged section answers as pyelftools decodes it: the baseline the damage is measured by.
+    _files, rows = _pyelftools_rows(str(libs.c_lib))
+    assert whole.problem == "" and rows
+    assert [whole.row(address)[1:] for address, _file, _line in rows] == [(file, line) for _a, file, line in rows]
+    answers = {probe: whole.row(probe) for probe in range(0, max(address for address, _f, _l in rows) + 0x100)}
     for cut in (1, 5, 11, len(data) // 3, len(data) - 1):
         damaged = _native.LineTable(data[:cut], *strings, little)
         damaged.build()
         assert damaged.problem, cut
+        # The whole unit, then a truncated copy of it: the intact unit still answers, as before.
+        partly = _native.LineTable(data + data[:cut], *strings, little)
+        partly.build()
+        assert f"unit at {len(data)}" in partly.problem, (cut, partly.problem)
+        assert {probe: partly.row(probe) for probe in answers} == answers, cut
     generator = random.Random(7)
     for _ in range(300):
         garbled = bytearray(data)

@@ -4,6 +4,10 @@ DuckDB lets one process write a database file, or several processes read it. Ing
 a lock file beside the database (`<db>.lock`, holding the writer's pid), so a second ingest waits
 for the first instead of failing on DuckDB's own lock; a reader that holds the file makes a
 writer wait too, up to the same limit.
+
+A service that stays the database's only writer while it runs (`tbpipe serve`) takes the same lock
+for its whole life with a `holder` description: other ingests name it in their messages, and the
+ingests the service runs itself do not take the lock a second time.
 """
 
 from __future__ import annotations
@@ -46,13 +50,25 @@ def _tbpipe_version() -> str:
     return __version__
 
 
+# Lock files this process holds for its whole life (`ingest_lock(..., holder=...)`).
+_HELD_FOR_PROCESS: set[str] = set()
+
+
 @contextlib.contextmanager
-def ingest_lock(db_path: Path, wait_s: float, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
+def ingest_lock(
+    db_path: Path, wait_s: float, on_wait: Callable[[str], None] | None = None, *, holder: str | None = None
+) -> Iterator[None]:
     """Holds `<db>.lock` (flock) for the duration; waits up to `wait_s` for another ingest.
 
     The kernel drops the lock when its holder dies, so a killed ingest never leaves it stuck.
+    With `holder` (e.g. 'tbpipe serve on http://127.0.0.1:8000'), the lock is this process's until
+    the block ends: its text goes into the lock file for other processes' messages, and ingests
+    that this process runs meanwhile (the holder serializes them itself) go on without waiting.
     """
     lock_path = db_path.with_name(db_path.name + ".lock")
+    if holder is None and os.path.abspath(lock_path) in _HELD_FOR_PROCESS:
+        yield
+        return
     if not lock_path.parent.is_dir():
         raise DatabaseError(f"cannot create the database {db_path}: folder {lock_path.parent} does not exist")
     try:
@@ -67,29 +83,46 @@ def ingest_lock(db_path: Path, wait_s: float, on_wait: Callable[[str], None] | N
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                holder = _lock_holder(fd)
+                pid, service = _lock_holder(fd)
                 if time.monotonic() >= deadline:
+                    if service:
+                        raise DatabaseBusyError(
+                            f"{db_path}: {service}{pid} holds it while it runs; gave up after waiting {wait_s:g} s "
+                            "(--wait sets how long to wait)"
+                        ) from None
                     raise DatabaseBusyError(
-                        f"{db_path}: another ingest{holder} is writing it; gave up after waiting {wait_s:g} s "
+                        f"{db_path}: another ingest{pid} is writing it; gave up after waiting {wait_s:g} s "
                         "(--wait sets how long to wait)"
                     ) from None
                 if not told and on_wait is not None:
-                    on_wait(f"waiting for another ingest{holder} to finish writing {db_path} ...")
+                    if service:
+                        on_wait(f"waiting for {service}{pid} to release {db_path} (it holds it while it runs) ...")
+                    else:
+                        on_wait(f"waiting for another ingest{pid} to finish writing {db_path} ...")
                     told = True
                 time.sleep(_POLL_S)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
+        os.pwrite(fd, f"{os.getpid()}\n{holder or ''}\n".encode(), 0)
+        if holder is not None:
+            _HELD_FOR_PROCESS.add(os.path.abspath(lock_path))
+        try:
+            yield
+        finally:
+            if holder is not None:
+                _HELD_FOR_PROCESS.discard(os.path.abspath(lock_path))
     finally:
         os.close(fd)
 
 
-def _lock_holder(fd: int) -> str:
+def _lock_holder(fd: int) -> tuple[str, str]:
+    """(' (pid N)' or '', the holder's description or '') from the lock file."""
     try:
-        text = os.pread(fd, 32, 0).decode().strip()
+        lines = os.pread(fd, 1024, 0).decode().splitlines()
     except (OSError, UnicodeDecodeError):
-        return ""
-    return f" (pid {text})" if text.isdigit() else ""
+        return "", ""
+    pid = lines[0].strip() if lines else ""
+    service = lines[1].strip() if len(lines) > 1 else ""
+    return (f" (pid {pid})" if pid.isdigit() else ""), service
 
 
 def _connect(path: Path, read_only: bool, wait_s: float, on_wait: Callable[[str], None] | None):

@@ -31,7 +31,8 @@ def stack_frames(con: Any, stack_id: int) -> list[Frame]:
     rows = query_rows(
         con,
         """
-        SELECT kind, function, file, line, module, address, inlined
+        SELECT kind, function, file, line, module, address, inlined,
+               kind <> 'marker' AND coalesce(is_generated_path(CASE WHEN kind = 'python' THEN file ELSE module END), false)
         FROM stack_frames WHERE stack_id = ? ORDER BY depth
         """,
         [stack_id],
@@ -40,13 +41,16 @@ def stack_frames(con: Any, stack_id: int) -> list[Frame]:
     if not problem:
         raise NotFoundError(f"no stack {stack_id} in the database")
     frames = []
-    for kind, function, file, line, module, address, inlined in rows:
+    for kind, function, file, line, module, address, inlined, generated in rows:
         if kind == "native":
-            frames.append(frame("native", _native_name(function, module, address), file, line, module, bool(inlined)))
+            name = _native_name(function, module, address)
+            frames.append(frame("native", name, file, line, module, bool(inlined), bool(generated)))
         elif kind == "marker":
             frames.append(frame("marker", function or "<native walk stopped>", None, None, None))
         else:
-            frames.append(frame("python", function or "<unknown code>", file, line, None))
+            # An inlined Python frame: a user line that torch.compile compiled into the generated frame outside it.
+            name = function or "<unknown code>"
+            frames.append(frame("python", name, file, line, None, bool(inlined), bool(generated)))
     if problem[0][0]:
         frames.append(frame("marker", f"<{problem[0][0]}>", None, None, None))
     return frames
@@ -179,9 +183,12 @@ def site(con: Any, site_key: str, limit: int) -> SiteInfo:
     )
 
 
-def top_sites(con: Any, kind: str | None, run_ids: list[str] | None, limit: int) -> list[dict[str, Any]]:
-    """The call sites with the most events (of `kind`, in `run_ids`), summed over runs; each shown where
-    most of its events were, by its file relative to its import root."""
+def top_sites(
+    con: Any, kind: str | None, run_ids: list[str] | None, limit: int, *, name: str | None = None, offset: int = 0
+) -> list[dict[str, Any]]:
+    """The call sites with the most events (of `kind`, in `run_ids`, with `name` in the event name),
+    summed over runs, from the `offset`-th on; each shown where most of its events were, by its file
+    relative to its import root."""
     where, params = [], []
     if kind is not None:
         where.append("kind = ?")
@@ -189,6 +196,9 @@ def top_sites(con: Any, kind: str | None, run_ids: list[str] | None, limit: int)
     if run_ids is not None:
         where.append("list_contains(?, run_id)")
         params.append(list(run_ids))
+    if name is not None:
+        where.append("contains(lower(name), lower(?))")
+        params.append(name)
     rows = query_rows(
         con,
         f"""
@@ -198,7 +208,7 @@ def top_sites(con: Any, kind: str | None, run_ids: list[str] | None, limit: int)
         {"WHERE " + " AND ".join(where) if where else ""}
         GROUP BY name, site_function, site_key
         ORDER BY events DESC, name, site_key
-        LIMIT {int(limit)}
+        LIMIT {int(limit)} OFFSET {int(offset)}
         """,
         params,
     )

@@ -32,7 +32,8 @@ def _change(site: SiteChange) -> str:
 
 
 def traceback_lines(site: SiteChange) -> list[str]:
-    """`file:line:function` per frame, innermost first; Python frames marked `py`, inlined ones noted."""
+    """`file:line:function` per frame, innermost first; Python frames marked `py`, inlined and generated
+    ones noted."""
     lines = []
     for frame in (site.traceback or [])[:FRAMES_SHOWN]:
         if frame.kind == "marker":
@@ -41,7 +42,8 @@ def traceback_lines(site: SiteChange) -> list[str]:
         where = frame.file or (frame.module.rsplit("/", 1)[-1] if frame.module else "??")
         line = frame.line if frame.line is not None else "?"
         tag = "py" if frame.kind == "python" else "  "
-        lines.append(f"{tag} {where}:{line}:{frame.function or '??'}{' [inlined]' if frame.inlined else ''}")
+        notes = (" [inlined]" if frame.inlined else "") + (" [generated]" if frame.generated else "")
+        lines.append(f"{tag} {where}:{line}:{frame.function or '??'}{notes}")
     more = len(site.traceback or []) - FRAMES_SHOWN
     if more > 0:
         lines.append(f"   ... {more} more frames")

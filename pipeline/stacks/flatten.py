@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tbpipe.pipeline.stacks import identity
+from tbpipe.pipeline.stacks.origins import splice_origins
 from tbpipe.pipeline.symbols.modulekey import module_key_column
 from tbpipe.schemas.raw import NATIVE_FRAME_BY_FRAME_POINTER, NATIVE_FRAME_EVAL_LOOP, PYTHON_FRAME_LINE_RESOLVED
 
@@ -90,7 +91,9 @@ def _frames(lists: pa.ChunkedArray, rows: np.ndarray, ref_field: str, value_fiel
 
 
 def flatten_run(tables: dict[str, pa.Table]) -> FlatRun:
-    """Flattens and hashes a run's `stacks`, `modules` and `code` tables (schemas.raw)."""
+    """Flattens and hashes a run's `stacks`, `modules` and `code` tables (schemas.raw), with the frames
+    of its `code_origins` (when it has that table) placed inside the generated frames (`origins`)."""
+    tables = splice_origins(tables)
     stacks = tables["stacks"]
 
     # Modules: key and hash per row, and a dense map from module_index to row.
@@ -162,3 +165,35 @@ def flatten_run(tables: dict[str, pa.Table]) -> FlatRun:
         native=FrameColumns(n_parent, n_idx, n_ref, n_offset, n_flags),
         python=FrameColumns(p_parent, p_idx, p_ref, p_line, p_flags),
     )
+
+
+def concat_flat_runs(runs: list[FlatRun]) -> tuple[FlatRun, np.ndarray]:
+    """Several runs' flattened stacks as one (modules and code tables appended, references shifted),
+    and the index in `runs` of each stack's run. Raw stack ids stay each run's own."""
+    if len(runs) == 1:
+        return runs[0], np.zeros(len(runs[0].raw_ids), dtype=np.int64)
+
+    def shifted(columns: list[FrameColumns], stacks: list[int], tables: list[int]) -> FrameColumns:
+        stack_base = np.cumsum([0, *stacks[:-1]])
+        table_base = np.cumsum([0, *tables[:-1]])
+        return FrameColumns(
+            parent=np.concatenate([c.parent + b for c, b in zip(columns, stack_base)]),
+            idx=np.concatenate([c.idx for c in columns]),
+            ref=np.concatenate([np.where(c.ref >= 0, c.ref + b, -1) for c, b in zip(columns, table_base)]),
+            value=np.concatenate([c.value for c in columns]),
+            flags=np.concatenate([c.flags for c in columns]),
+        )
+
+    stacks = [len(r.raw_ids) for r in runs]
+    flat = FlatRun(
+        modules=pa.concat_tables([r.modules for r in runs]),
+        code=pa.concat_tables([r.code for r in runs]),
+        raw_ids=np.concatenate([r.raw_ids for r in runs]),
+        status=np.concatenate([r.status for r in runs]),
+        native_lengths=np.concatenate([r.native_lengths for r in runs]),
+        python_lengths=np.concatenate([r.python_lengths for r in runs]),
+        hashes=np.concatenate([r.hashes for r in runs]),
+        native=shifted([r.native for r in runs], stacks, [r.modules.num_rows for r in runs]),
+        python=shifted([r.python for r in runs], stacks, [r.code.num_rows for r in runs]),
+    )
+    return flat, np.repeat(np.arange(len(runs)), stacks)

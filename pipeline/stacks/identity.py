@@ -32,11 +32,24 @@ _LENGTH_MUL = _U64(0xFF51AFD7ED558CCD)
 MISSING = _U64(0x5BD1E9955BD1E995)  # stands for a module or code object the run does not describe
 
 
+_MD5_MEMO: dict[str, int] = {}
+_MD5_MEMO_LIMIT = 1 << 20  # texts remembered: the code objects and modules of many runs of one program
+
+
 def md5_low64(texts: Iterable[str]) -> np.ndarray:
     """Low 64 bits of each text's MD5 (of its UTF-8 bytes), as uint64: what DuckDB's
-    `md5_number_lower` gives, so stack hashes stored by older versions stay valid."""
-    digests = b"".join(hashlib.md5(text.encode("utf-8", "surrogatepass")).digest() for text in texts)
-    return np.frombuffer(digests, dtype="<u8").reshape(-1, 2)[:, 1].astype(_U64) if digests else np.zeros(0, _U64)
+    `md5_number_lower` gives, so stack hashes stored by older versions stay valid. The runs of one
+    night share most texts, so each is hashed once per process."""
+    memo = _MD5_MEMO
+    out = []
+    for text in texts:
+        value = memo.get(text)
+        if value is None:
+            value = int.from_bytes(hashlib.md5(text.encode("utf-8", "surrogatepass")).digest()[8:], "little")
+            if len(memo) < _MD5_MEMO_LIMIT:
+                memo[text] = value
+        out.append(value)
+    return np.array(out, dtype=_U64)
 
 
 def mix64(values: np.ndarray) -> np.ndarray:

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tbpipe.pipeline.stacks.identity import mix64
+from tbpipe.pipeline.stacks.origins import ORIGIN_FLAG
 from tbpipe.schemas.raw import (
     NATIVE_FRAME_EVAL_LOOP,
     NATIVE_FRAME_EXACT_PC,
@@ -57,6 +58,8 @@ class Slots:
     address: np.ndarray  # uint64 native address (marker: stop reason code)
     exact: np.ndarray  # bool, native: not a return address
     reason: pa.Array  # marker: the stop reason
+    # Python: a frame placed from `code_origins` (a user line compiled into the generated frame outside it)
+    inlined: np.ndarray | None = None  # bool; None: none is
 
     def __len__(self) -> int:
         return len(self.stack_id)
@@ -189,6 +192,9 @@ def combined_slots(
     line = np.where(is_python, python_line[np.maximum(python_source, 0)] if len(python_line) else -1, -1).astype(
         np.int32
     )
+    inlined = is_python & (
+        (python_flags[np.maximum(python_source, 0)] & ORIGIN_FLAG) != 0 if len(python_flags) else False
+    )
 
     code_first_line = _flat(code["first_line"]).to_numpy(zero_copy_only=False) if code.num_rows else np.zeros(0)
     first_line = np.where(code_row >= 0, code_first_line[np.maximum(code_row, 0)] if code.num_rows else -1, -1)
@@ -217,6 +223,7 @@ def combined_slots(
         address=address,
         exact=exact,
         reason=reason,
+        inlined=inlined if inlined.any() else None,
     )
     return slots, StackShapes(problem=_problems(has_native, truncated, leftover))
 
@@ -254,7 +261,16 @@ def slots_from_table(table: pa.Table) -> Slots:
         address=pc.fill_null(column("address"), 0).to_numpy(zero_copy_only=False).astype(np.uint64),
         exact=pc.fill_null(column("exact"), False).to_numpy(zero_copy_only=False).astype(bool),
         reason=pc.if_else(pa.array(kind == MARKER), column("reason"), pa.scalar(None, pa.string())),
+        inlined=_python_inlined(kind, table),
     )
+
+
+def _python_inlined(kind: np.ndarray, table: pa.Table) -> np.ndarray | None:
+    """Python rows of `stack_frames` marked inlined (placed from `code_origins`); None when there are none."""
+    if "inlined" not in table.column_names or not len(kind):
+        return None
+    inlined = (kind == PYTHON) & pc.fill_null(table["inlined"], False).to_numpy(zero_copy_only=False).astype(bool)
+    return inlined if inlined.any() else None
 
 
 def _keys(build_codes: np.ndarray, address: np.ndarray, exact: np.ndarray) -> np.ndarray:
@@ -382,6 +398,8 @@ def expand(slots: Slots, symbols: pa.Table) -> Frames:
         np.where(python_row, slots.first_line[owner], -1),
         np.where(row_chain, module_code[owner] if n else 0, -1),
     )
+    if slots.inlined is not None:  # origin frames differ from the same line run for real
+        frame_key = _combine(frame_key, slots.inlined[owner])
     _, representative, frame_of_row = np.unique(frame_key, return_index=True, return_inverse=True)
     frame_of_row = frame_of_row.ravel()
     frames, symbolized_frame = _frame_contents(slots, symbols, representative, owner, row_chain, sym_row, slot_codes)
@@ -433,8 +451,11 @@ def _frame_contents(
     sym_line = pc.fill_null(symbols["line"], 0).to_numpy().astype(np.int64) if n_sym else np.zeros(0, np.int64)
     sym_line[sym_line <= 0] = -1
     line = np.where(chain, sym_line[np.maximum(sym_row, 0)] if n_sym else -1, slots.line[owner])
+    slot_inlined = slots.inlined[owner] if slots.inlined is not None else False
     inlined = np.where(
-        chain, symbols["inlined"].to_numpy(zero_copy_only=False)[np.maximum(sym_row, 0)] if n_sym else False, False
+        chain,
+        symbols["inlined"].to_numpy(zero_copy_only=False)[np.maximum(sym_row, 0)] if n_sym else False,
+        slot_inlined,
     )
     unresolved = np.where(slot_codes[owner] < 0, NO_MODULE_REASON, NOT_SYMBOLIZED_REASON)
     slot_reason = _take(slots.reason.cast(pa.string()), owner)

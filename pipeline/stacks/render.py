@@ -23,9 +23,19 @@ Frame = dict[str, Any]
 
 
 def frame(
-    kind: str, name: str, filename: str | None, line: int | None, module: str | None, inlined: bool = False
+    kind: str,
+    name: str,
+    filename: str | None,
+    line: int | None,
+    module: str | None,
+    inlined: bool = False,
+    generated: bool = False,
 ) -> Frame:
-    return {"kind": kind, "name": name, "filename": filename, "line": line, "module": module, "inlined": inlined}
+    """`generated`: a frame of code torch.compile or Triton generated (the database knows; raw stacks do not)."""
+    out = {"kind": kind, "name": name, "filename": filename, "line": line, "module": module, "inlined": inlined}
+    if generated:
+        out["generated"] = True
+    return out
 
 
 def symbolize_stacks(stacks: pa.Table, modules: pa.Table, code: pa.Table, symbolizer: Any) -> list[list[Frame]]:
@@ -93,7 +103,7 @@ def symbolize_stacks(stacks: pa.Table, modules: pa.Table, code: pa.Table, symbol
 
 
 def format_frames(frames: list[Frame]) -> str:
-    """One frame a line, `file:line:function`, innermost first; inlined frames marked."""
+    """One frame a line, `file:line:function`, innermost first; inlined and generated frames marked."""
     lines = []
     for f in frames:
         if f["kind"] == "marker":
@@ -101,6 +111,6 @@ def format_frames(frames: list[Frame]) -> str:
             continue
         where = f["filename"] or (os.path.basename(f["module"]) if f["module"] else "??")
         line = f["line"] if f["line"] is not None else "?"
-        suffix = " [inlined]" if f.get("inlined") else ""
+        suffix = (" [inlined]" if f.get("inlined") else "") + (" [generated]" if f.get("generated") else "")
         lines.append(f"{where}:{line}:{f['name']}{suffix}")
     return "\n".join(lines)

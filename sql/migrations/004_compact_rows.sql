@@ -105,3 +105,30 @@ JOIN event_names n USING (kind, name)
 ORDER BY e.event_id;
 
 DROP TABLE events;
+
+-- Events counted per run, kind/name and call site (`event_counts` summed over the stacks of each
+-- site), with where the site was in that run: what `call_sites` reads. Kept by the ingest with
+-- each run, and rebuilt whenever stacks are sited again.
+-- @column run_number  `runs.run_number`
+-- @column name_id     `event_names.name_id`
+-- @column site_id     `sites.site_id`; NULL for events without a stack or a stack without a site
+-- @column events      number of events
+-- @column site_file   the site frame's file in this run (where most of the site's events were)
+-- @column site_line   the site frame's line in this run (likewise)
+-- @column site_is_user  true when the site is a user frame
+CREATE TABLE site_counts (
+    run_number INTEGER NOT NULL,
+    name_id INTEGER NOT NULL,
+    site_id BIGINT,
+    events BIGINT NOT NULL,
+    site_file VARCHAR,
+    site_line INTEGER,
+    site_is_user BOOLEAN
+);
+
+INSERT INTO site_counts
+SELECT c.run_number, c.name_id, s.site_id, sum(c.events), arg_max(s.site_file, c.events),
+       arg_max(s.site_line, c.events), bool_or(s.site_is_user)
+FROM event_counts c
+LEFT JOIN stack_sites s USING (stack_id)
+GROUP BY c.run_number, c.name_id, s.site_id;

@@ -22,7 +22,11 @@ the cuda, torch-ops (and triton) sources on; then it checks:
   4. Triton: one triton_launch per launch with grid and a site at the launch
      line, and a cuda launch event with the same CUfunction;
   5. a replayed CUDA graph is one graph_launch event per replay, at the replay line;
-  6. (information) what tbpipe says when it subscribes while torch.profiler runs.
+  6. torch.compile (Inductor, Triton kernels): after `tbpipe ingest`, the Triton launches and the
+     CUDA launches of the compiled module are sited at the lines of its forward that produced them
+     (Inductor's line maps, recorded as the run's code_origins), none in generated code, and the
+     compile of the module is a `compile` event at the line that first called it;
+  7. (information) what tbpipe says when it subscribes while torch.profiler runs.
 
 Prints one PASS/FAIL line per check and a RESULT line; exits 0 on PASS, 1 on FAIL,
 2 when the machine has no usable GPU.
@@ -139,7 +143,29 @@ def make_graph(torch):
     return replay
 
 
-def workload(torch, step, triton_launch, replay, steps: int) -> None:
+def make_compiled(torch):
+    """A module compiled by Inductor (Triton kernels for its pointwise ops, cuBLAS for the linear)."""
+    from torch import nn
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(256, 256)
+
+        def forward(self, x):
+            h = self.fc(x)  # COMPILED FC LINE
+            return torch.sigmoid(h) * 2 + torch.relu(h)  # COMPILED POINTWISE LINE
+
+    head = torch.compile(Head().cuda())
+    x = torch.randn(64, 256, device="cuda")
+
+    def run() -> None:
+        head(x)  # COMPILED CALL LINE
+
+    return run
+
+
+def workload(torch, step, triton_launch, replay, steps: int, compiled_run=None) -> None:
     for _ in range(steps):
         step()
     if triton_launch is not None:
@@ -147,6 +173,9 @@ def workload(torch, step, triton_launch, replay, steps: int) -> None:
             triton_launch()
     for _ in range(3):
         replay()
+    if compiled_run is not None:
+        for _ in range(3):
+            compiled_run()
     torch.cuda.synchronize()
 
 
@@ -340,6 +369,62 @@ def check_graph(run: Run) -> None:
     )
 
 
+def check_compiled(run: Run, run_dir: Path, out: Path) -> None:
+    """Ingests the run and checks where the compiled module's launches and its compile are sited."""
+    import duckdb
+
+    from tbpipe.pipeline.db import IngestOptions, ingest_runs
+
+    db = out / "compiled.duckdb"
+    summary = ingest_runs([run_dir], IngestOptions(db_path=db, cache_dir=out / "symbols", progress=False))
+    if not summary.ok:
+        report("FAIL", "torch.compile: ingest", str([o.reason for o in summary.outcomes]))
+        return
+    forward_lines = {line_of("COMPILED FC LINE"), line_of("COMPILED POINTWISE LINE")}
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        rows = con.execute(
+            """
+            SELECT kind, name, site_file, site_line, sum(events)::BIGINT, bool_or(site_is_user)
+            FROM call_sites WHERE kind IN ('triton_launch', 'kernel_launch', 'compile') GROUP BY ALL
+            """
+        ).fetchall()
+        generated_sites = con.execute(
+            "SELECT count(*) FROM call_sites WHERE site_file IS NOT NULL AND is_generated_path(site_file)"
+        ).fetchone()[0]
+        origins = con.execute(
+            "SELECT count(*) FROM stack_frames WHERE kind = 'python' AND inlined AND file = ?", [THIS_FILE]
+        ).fetchone()[0]
+    finally:
+        con.close()
+    inductor = [r for r in rows if r[0] == "triton_launch" and r[1].startswith("triton_")]
+    misplaced = [r for r in inductor if r[2] != THIS_FILE or r[3] not in forward_lines]
+    at_forward = {r[3] for r in inductor if r[2] == THIS_FILE}
+    ok = bool(inductor) and not misplaced and generated_sites == 0 and origins > 0
+    report(
+        "PASS" if ok else "FAIL",
+        "torch.compile: Inductor's Triton launches sited at the forward's lines",
+        f"{sum(r[4] for r in inductor)} launches of {len({r[1] for r in inductor})} kernels at lines "
+        f"{sorted(at_forward)} (forward lines {sorted(forward_lines)}); misplaced {misplaced[:3]}; "
+        f"{generated_sites} sites in generated code; {origins} inlined origin frames",
+    )
+    cuda_at_forward = [r for r in rows if r[0] == "kernel_launch" and r[2] == THIS_FILE and r[3] in forward_lines]
+    report(
+        "PASS" if cuda_at_forward else "FAIL",
+        "torch.compile: CUDA launches of the compiled module sited at the forward's lines",
+        f"{sum(r[4] for r in cuda_at_forward)} launches of {len(cuda_at_forward)} kernels",
+    )
+    compiles = [r for r in rows if r[0] == "compile" and r[1] == "forward"]
+    ok = any(r[2] == THIS_FILE and r[3] == line_of("COMPILED CALL LINE") for r in compiles)
+    report(
+        "PASS" if ok else "FAIL",
+        "torch.compile: the module's compile is an event at the line that first called it",
+        f"{compiles}",
+    )
+    recorded = sum(1 for e in run.events if e["kind"] == "triton_launch")
+    report("INFO", "torch.compile: triton_launch events in the raw run", str(recorded))
+
+
 # -- main ----------------------------------------------------------------------------------------
 
 
@@ -369,6 +454,7 @@ def main() -> int:
     triton_launch, triton_info = make_triton_kernel(torch)
     replay = make_graph(torch)
     workload(torch, step, triton_launch, replay, 1)  # warm-up: cuBLAS/cuDNN handles, allocator, autotuning
+    compiled_run = make_compiled(torch) if triton_launch is not None else None  # Inductor's GPU kernels are Triton
 
     sources = ["cuda", "torch-ops"] + (["triton"] if triton_launch is not None else [])
     trace_path = out / "profiler_inside.json"
@@ -383,10 +469,12 @@ def main() -> int:
         report("PASS", "cuda source subscribed to CUPTI", f"libcupti {cuda_handle.library}")
     profiler_ran_inside = False
     try:
+        if compiled_run is not None:
+            compiled_run()  # compiled inside the session: its compile event and Dynamo's traced frames
         with torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         ) as profiler:
-            workload(torch, step, triton_launch, replay, args.steps)
+            workload(torch, step, triton_launch, replay, args.steps, compiled_run)
         profiler.export_chrome_trace(str(trace_path))
         profiler_ran_inside = True
     except Exception as error:
@@ -395,7 +483,7 @@ def main() -> int:
             "torch.profiler inside the session",
             f"failed ({type(error).__name__}: {error}); running the steps without it",
         )
-        workload(torch, step, triton_launch, replay, args.steps)
+        workload(torch, step, triton_launch, replay, args.steps, compiled_run)
     session.close()
     counters = dict(_native._cupti_counters())
 
@@ -419,7 +507,7 @@ def main() -> int:
         with torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         ) as profiler:
-            workload(torch, step, triton_launch, replay, args.steps)
+            workload(torch, step, triton_launch, replay, args.steps, compiled_run)
         profiler.export_chrome_trace(str(trace_alone))
         check_against_profiler_by_name(run, profiler_kernels(trace_alone))
 
@@ -427,6 +515,11 @@ def main() -> int:
         lambda: check_sites(run),
         lambda: check_triton(run, triton_info, triton_launch is not None),
         lambda: check_graph(run),
+        lambda: (
+            check_compiled(run, run_dir, out)
+            if compiled_run is not None
+            else report("SKIP", "torch.compile on the GPU", "needs Triton")
+        ),
     ):
         try:
             check()

@@ -167,9 +167,14 @@ def our_chains(results) -> list[Chain]:
 
 
 def agreement(expected: list[Chain], got: list[Chain]) -> tuple[float, list]:
-    """Share of addresses with the same chain (functions, files, lines); the differing ones."""
+    """Share of addresses with the same chain (functions, files, lines); the differing ones.
+
+    A comparison of nothing is no agreement: results missing for some addresses, or an oracle
+    that named no address at all, fail here instead of scoring 1.0."""
+    assert len(got) == len(expected), f"{len(got)} results for {len(expected)} addresses"
+    assert any(expected), f"the oracle symbolized none of the {len(expected)} addresses: nothing to compare"
     different = [(i, e, g) for i, (e, g) in enumerate(zip(expected, got)) if e != g]
-    return 1 - len(different) / max(1, len(expected)), different
+    return 1 - len(different) / len(expected), different
 
 
 def have_tools(*tools: str) -> str:

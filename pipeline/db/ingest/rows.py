@@ -1,21 +1,24 @@
 """A run's rows, inserted by column name inside its transaction: modules, stacks, frames, events, the run.
 
-Events go straight from the run's Parquet parts into `events` (DuckDB reads them faster than a
-detour through Arrow), their raw stack ids re-keyed to database stack ids with a join.
+Runs are laid out in batches (`Batch`: their new stacks, symbols and frames computed once), and each
+run inserts its share (`RunPart`). Events go straight from the run's Parquet parts into `event_rows`
+(DuckDB reads them faster than a detour through Arrow), their raw stack ids re-keyed to database
+stack ids with a join.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tbpipe.pipeline.db.connection import query_value
-from tbpipe.pipeline.db.ingest.frames import insert_frame_rows
+from tbpipe.pipeline.db.ingest.frames import FrameIds, insert_frame_rows
 from tbpipe.pipeline.db.ingest.symbols import upsert_module_statuses
 from tbpipe.pipeline.db.ingest.tables import IngestDb, sql_text
 from tbpipe.pipeline.stacks import layout
@@ -23,66 +26,188 @@ from tbpipe.pipeline.stacks.flatten import FlatRun
 
 
 @dataclass
-class RunData:
-    """One run, read and laid out, ready for its transaction."""
+class PreparedRun:
+    """One run read, validated and flattened: what a batch is made of."""
 
     run_dir: Path
     manifest: dict[str, Any]
     fingerprint: str
     event_files: list[tuple[Path, int]]  # events parts and their row counts, in order
     flat: FlatRun
-    stack_ids: np.ndarray  # database stack id per distinct raw stack
-    new_ids: np.ndarray  # database stack id where this run brings the stack in, else -1
-    frames: layout.Frames | None
-    problems: pa.Array | None  # per new stack (order of `new_order`)
-    new_order: np.ndarray  # distinct raw stack indices of the new stacks, by stack id
-    symbols: pa.Table | None  # new `symbols` rows
-    statuses: pa.Table | None  # `modules` rows of the modules just symbolized
     notes: list[str]
+    replace: bool  # the database holds an earlier, incomplete load of this run
+    run_number: int = 0  # set when the batch is loaded
+    new_stacks: int = 0  # stacks this run brings into the database
+    stacks_used: int = 0
+
+    @property
+    def run_id(self) -> str:
+        return self.manifest["run_id"]
 
     @property
     def events(self) -> int:
         return sum(rows for _path, rows in self.event_files)
 
 
-def stack_map(flat: FlatRun, stack_ids: np.ndarray) -> pa.Table:
-    """raw_id -> stack_id for every distinct raw stack of the run."""
-    return pa.table({"raw_id": pa.array(flat.raw_ids, pa.uint64()), "stack_id": pa.array(stack_ids, pa.int64())})
+@dataclass
+class Batch:
+    """Runs laid out together, ready for one transaction."""
+
+    runs: list[PreparedRun]
+    flat: FlatRun  # the runs' flattened stacks, appended
+    run_of_stack: np.ndarray  # index in `runs` of each flat stack's run
+    stack_ids: np.ndarray  # database stack id per flat stack
+    new_ids: np.ndarray  # database stack id where a run brings the stack in, else -1
+    new_order: np.ndarray  # flat stack indices of the new stacks, by stack id
+    frames: layout.Frames | None = None
+    problems: pa.Array | None = None  # per new stack (order of `new_order`)
+    symbols: pa.Table | None = None  # new `symbols` rows
+    statuses: pa.Table | None = None  # `modules` rows of the modules just symbolized
+    slot_keys: pa.Table | None = None  # stack_id, module_key, address, exact of the new stacks' native slots
+    sites: pa.Table | None = None  # the new stacks' sites, shaped like `stack_sites_from`
+    frame_ids: FrameIds | None = None  # database ids of the layout's frames
+    frame_first_run: np.ndarray | None = None  # per layout frame: the first run whose new stacks use it
+    # Python files of the new frames that the database does not name yet: (portable, root, first run index)
+    new_files: dict[str, tuple[str, str | None, int]] = field(default_factory=dict)
+
+    _symbol_runs: np.ndarray | None = None
+    _row_runs: np.ndarray | None = None  # per layout row: the run that brings its stack in
+
+    @property
+    def event_files(self) -> list[tuple[int, Path, int]]:
+        """(run index, part, rows) of every events part, runs and parts in order."""
+        return [(i, path, rows) for i, run in enumerate(self.runs) for path, rows in run.event_files]
+
+    def runs_of_new_stacks(self, stack_ids: np.ndarray) -> np.ndarray:
+        """The index of the run that brings in each of the given new stacks."""
+        new_sorted = self.new_ids[self.new_order]  # increasing
+        return self.run_of_stack[self.new_order][np.searchsorted(new_sorted, stack_ids)]
+
+    def part_of(self, index: int) -> RunPart:
+        """What run `index` inserts of the batch's new things: the stacks it brings in, their frame
+        rows and frames, and the new symbols (and module statuses) it is the first to need."""
+        order = self.new_order[self.run_of_stack[self.new_order] == index]
+        rows = frames = None
+        if self.frames is not None and len(order):
+            if self._row_runs is None:
+                self._row_runs = self.runs_of_new_stacks(self.frames.rows["stack_id"].to_numpy())
+            rows = np.flatnonzero(self._row_runs == index)
+            frames = np.flatnonzero(self.frame_ids.new & (self.frame_first_run == index))
+        symbols = statuses = None
+        if self.symbols is not None and self.symbols.num_rows:
+            mine = pa.array(self._first_runs_of_symbols() == index)
+            symbols = self.symbols.filter(mine)
+            if self.statuses is not None:
+                keys = pa.array(sorted(set(symbols["module_key"].to_pylist())), pa.string())
+                statuses = self.statuses.filter(pc.is_in(self.statuses["module_key"], value_set=keys))
+        return RunPart(index, order, rows, frames, symbols, statuses)
+
+    def _first_runs_of_symbols(self) -> np.ndarray:
+        """Per new `symbols` row: the first run of the batch whose new stacks need its address."""
+        if self._symbol_runs is None:
+            slots = self.slot_keys
+            used = pa.table(
+                {
+                    "module_key": slots["module_key"],
+                    "address": slots["address"],
+                    "exact": slots["exact"],
+                    "run": pa.array(self.runs_of_new_stacks(slots["stack_id"].to_numpy()), pa.int64()),
+                }
+            )
+            first = used.group_by(["module_key", "address", "exact"]).aggregate([("run", "min")])
+            keyed = self.symbols.select(["module_key", "address", "exact"]).append_column(
+                "row", pa.array(np.arange(self.symbols.num_rows), pa.int64())
+            )
+            joined = keyed.join(first, ["module_key", "address", "exact"], join_type="left outer")
+            runs = np.zeros(self.symbols.num_rows, dtype=np.int64)
+            runs[joined["row"].to_numpy()] = pc.fill_null(joined["run_min"], 0).to_numpy()
+            self._symbol_runs = runs
+        return self._symbol_runs
 
 
-def insert_modules(db: IngestDb, data: RunData, run_id: str) -> None:
+@dataclass
+class RunPart:
+    """One run's share of its batch's new rows."""
+
+    index: int  # the run's index in the batch
+    new_order: np.ndarray  # flat stack indices of the stacks it brings in, by stack id
+    rows: np.ndarray | None  # rows of `Batch.frames.rows` of those stacks
+    frames: np.ndarray | None  # rows of `Batch.frames.frames` to store: new frames this run uses first
+    symbols: pa.Table | None  # new `symbols` rows it is the first to need
+    statuses: pa.Table | None  # `modules` rows of the modules of those symbols
+
+
+def stack_map(batch: Batch) -> pa.Table:
+    """(run index, raw_id) -> stack_id for every distinct raw stack of the batch's runs."""
+    return pa.table(
+        {
+            "run_index": pa.array(batch.run_of_stack, pa.int32()),
+            "raw_id": pa.array(batch.flat.raw_ids, pa.uint64()),
+            "stack_id": pa.array(batch.stack_ids, pa.int64()),
+        }
+    )
+
+
+def event_files_table(batch: Batch, first_event_id: int = 0) -> pa.Table:
+    """Each events part with its run index, run number and the event id of its first row."""
+    parts = batch.event_files
+    sizes = np.array([rows for _i, _path, rows in parts], dtype=np.int64)
+    starts = first_event_id + np.cumsum(sizes) - sizes
+    numbers = [run.run_number for run in batch.runs]
+    return pa.table(
+        {
+            "filename": pa.array([str(path) for _i, path, _rows in parts], pa.string()),
+            "run_index": pa.array([i for i, _path, _rows in parts], pa.int32()),
+            "run_number": pa.array([numbers[i] for i, _path, _rows in parts], pa.int32()),
+            "first_event_id": pa.array(starts, pa.int64()),
+        }
+    )
+
+
+def file_list(files: list[tuple[int, Path, int]]) -> str:
+    return "[" + ", ".join(sql_text(str(path)) for _i, path, _rows in files) + "]"
+
+
+def insert_modules(db: IngestDb, run: PreparedRun, statuses: pa.Table | None) -> None:
     """`run_modules` rows of the run, and a `modules` row for every module the database lacks."""
-    if data.statuses is not None and data.statuses.num_rows:
-        upsert_module_statuses(db, data.statuses)
-    db.insert(
-        f"INSERT INTO run_modules BY NAME SELECT {sql_text(run_id)} AS run_id, module_index, module_key, path, "
-        "load_bias, exec_ranges FROM {}",
-        data.flat.modules,
-    )
-    # Every module a run loaded has a row, even one none of whose addresses needed symbols yet.
-    db.con.execute(
-        """
-        INSERT INTO modules BY NAME
-        SELECT module_key, any_value(path) AS path,
-               CASE WHEN NOT starts_with(module_key, 'path:') AND NOT starts_with(module_key, 'invalid:')
-                    THEN module_key END AS build_id
-        FROM run_modules r
-        WHERE run_id = ? AND NOT EXISTS (SELECT 1 FROM modules m WHERE m.module_key = r.module_key)
-        GROUP BY module_key
-        """,
-        [run_id],
-    )
+    if statuses is not None and statuses.num_rows:
+        upsert_module_statuses(db, statuses)
+    db.register("ingest_run_modules", run.flat.modules)
+    try:
+        db.con.execute(
+            f"""
+            INSERT INTO run_modules BY NAME
+            SELECT {sql_text(run.run_id)} AS run_id, module_index, module_key, path, load_bias, exec_ranges
+            FROM ingest_run_modules
+            """
+        )
+        # Every module a run loaded has a row, even one none of whose addresses needed symbols yet.
+        db.con.execute(
+            """
+            INSERT INTO modules BY NAME
+            SELECT module_key, any_value(path) AS path,
+                   CASE WHEN NOT starts_with(module_key, 'path:') AND NOT starts_with(module_key, 'invalid:')
+                        THEN module_key END AS build_id
+            FROM ingest_run_modules ANTI JOIN modules USING (module_key)
+            GROUP BY module_key
+            """
+        )
+    finally:
+        db.unregister("ingest_run_modules")
 
 
-def insert_stacks(db: IngestDb, data: RunData, run_id: str) -> None:
-    """`stacks` rows of the stacks this run brings in, and their frames."""
-    flat, order, frames = data.flat, data.new_order, data.frames
-    ids = data.new_ids[order]
+def insert_stacks(db: IngestDb, batch: Batch, part: RunPart) -> None:
+    """`stacks` rows of the stacks a run brings in, and their frames."""
+    flat, order, frames = batch.flat, part.new_order, batch.frames
+    ids = batch.new_ids[order]
     counts = np.zeros(len(order), dtype=np.int64)
     symbolized_depth = np.full(len(order), -1, dtype=np.int32)
-    position = np.searchsorted(ids, frames.stack_order)
-    counts[position] = frames.per_stack_frames
-    symbolized_depth[position] = frames.symbolized_depth
+    # Stacks without frames (an empty stack) have no entry in the layout's per-stack arrays.
+    position = np.minimum(np.searchsorted(frames.stack_order, ids), max(len(frames.stack_order) - 1, 0))
+    laid_out = frames.stack_order[position] == ids if len(frames.stack_order) else np.zeros(len(ids), bool)
+    counts[laid_out] = frames.per_stack_frames[position[laid_out]]
+    symbolized_depth[laid_out] = frames.symbolized_depth[position[laid_out]]
+    problems = batch.problems.take(pa.array(np.searchsorted(batch.new_ids[batch.new_order], ids)))
     stacks = pa.table(
         {
             "stack_id": pa.array(ids, pa.int64()),
@@ -91,21 +216,24 @@ def insert_stacks(db: IngestDb, data: RunData, run_id: str) -> None:
             "native_frames": pa.array(flat.native_lengths[order], pa.int32()),
             "python_frames": pa.array(flat.python_lengths[order], pa.int32()),
             "frames": pa.array(counts, pa.int32()),
-            "problem": data.problems,
+            "problem": problems,
             "symbolized_depth": pa.array(symbolized_depth, pa.int32(), mask=symbolized_depth < 0),
         }
     )
+    run_id = batch.runs[part.index].run_id
     db.insert(f"INSERT INTO stacks BY NAME SELECT *, {sql_text(run_id)} AS first_run_id FROM {{}}", stacks)
-    insert_frame_rows(db, frames)
+    insert_frame_rows(db, frames, batch.frame_ids, part.rows, part.frames)
 
 
-def insert_events(db: IngestDb, data: RunData, run_id: str, run_number: int) -> None:
-    """The run's `event_names` the database lacks, `event_rows` straight from its Parquet parts, and
-    its `event_counts`."""
+def insert_events(db: IngestDb, batch: Batch, index: int) -> None:
+    """A run's `event_names` the database lacks, its `event_rows` straight from its Parquet parts (one
+    statement), and its `event_counts`."""
     con = db.con
-    if not data.event_files:
+    run = batch.runs[index]
+    parts = [(i, path, rows) for i, path, rows in batch.event_files if i == index]
+    if not parts:
         return
-    files = "[" + ", ".join(sql_text(str(path)) for path, _rows in data.event_files) + "]"
+    files = file_list(parts)
     con.execute(
         f"""
         INSERT INTO event_names BY NAME
@@ -116,22 +244,34 @@ def insert_events(db: IngestDb, data: RunData, run_id: str, run_number: int) -> 
         ANTI JOIN event_names n USING (kind, name)
         """
     )
-    db.register("ingest_stack_map", stack_map(data.flat, data.stack_ids))
+    first = int(query_value(con, "SELECT coalesce(max(event_id), 0) + 1 FROM event_rows"))
+    in_run = batch.run_of_stack == index
+    db.register(
+        "ingest_stack_map",
+        pa.table(
+            {
+                "raw_id": pa.array(batch.flat.raw_ids[in_run], pa.uint64()),
+                "stack_id": pa.array(batch.stack_ids[in_run], pa.int64()),
+            }
+        ),
+    )
+    files_table = event_files_table(batch, first).filter(
+        pc.equal(pa.array([i for i, _p, _r in batch.event_files]), index)
+    )
+    db.register("ingest_event_files", files_table)
     try:
-        first = int(query_value(con, "SELECT coalesce(max(event_id), 0) + 1 FROM event_rows"))
-        # One statement per part: event ids follow the parts' order and their rows' order.
-        for path, rows in data.event_files:
-            con.execute(
-                f"""
-                INSERT INTO event_rows BY NAME
-                SELECT {first} + e.file_row_number AS event_id, {int(run_number)} AS run_number, e.ts, e.thread_id,
-                       n.name_id, m.stack_id, e.attrs
-                FROM read_parquet({sql_text(str(path))}, file_row_number = true) e
-                JOIN event_names n ON n.kind = e.kind AND n.name = e.name
-                LEFT JOIN ingest_stack_map m ON m.raw_id = e.stack_id
-                """
-            )
-            first += rows
+        # Event ids follow the parts' order and their rows' order.
+        con.execute(
+            f"""
+            INSERT INTO event_rows BY NAME
+            SELECT f.first_event_id + e.file_row_number AS event_id, f.run_number, e.ts, e.thread_id, n.name_id,
+                   m.stack_id, e.attrs
+            FROM read_parquet({files}, filename = true, file_row_number = true) e
+            JOIN ingest_event_files f ON f.filename = e.filename
+            JOIN event_names n ON n.kind = e.kind AND n.name = e.name
+            LEFT JOIN ingest_stack_map m ON m.raw_id = e.stack_id
+            """
+        )
         con.execute(
             """
             INSERT INTO event_counts BY NAME
@@ -140,15 +280,20 @@ def insert_events(db: IngestDb, data: RunData, run_id: str, run_number: int) -> 
             WHERE run_number = ?
             GROUP BY run_number, name_id, stack_id
             """,
-            [run_number],
+            [run.run_number],
         )
     finally:
+        db.unregister("ingest_event_files")
         db.unregister("ingest_stack_map")
+    run.stacks_used = int(
+        query_value(con, "SELECT count(DISTINCT stack_id) FROM event_counts WHERE run_number = ?", [run.run_number])
+        or 0
+    )
 
 
-def insert_run(db: IngestDb, data: RunData, run_number: int, stacks: int) -> None:
+def insert_run(db: IngestDb, run: PreparedRun) -> None:
     """The `runs` row, from the manifest and what the ingest counted."""
-    m = data.manifest
+    m = run.manifest
     labels = m.get("labels") or {}
     threads = m.get("threads") or {}
     counters = m.get("counters") or {}
@@ -189,7 +334,7 @@ def insert_run(db: IngestDb, data: RunData, run_number: int, stacks: int) -> Non
         """,
         {
             "run_id": m["run_id"],
-            "run_number": run_number,
+            "run_number": run.run_number,
             "parent_run_id": m.get("parent_run_id"),
             "started_at": m.get("started_at"),
             "ended_at": m.get("ended_at"),
@@ -212,13 +357,13 @@ def insert_run(db: IngestDb, data: RunData, run_number: int, stacks: int) -> Non
             "thread_names": list(threads.values()),
             "events_recorded": counters.get("events_recorded"),
             "events_dropped": counters.get("events_dropped"),
-            "events": data.events,
-            "stacks": stacks,
-            "new_stacks": len(data.new_order),
+            "events": run.events,
+            "stacks": run.stacks_used,
+            "new_stacks": run.new_stacks,
             "capture_errors": list(m.get("errors") or []),
-            "ingest_notes": data.notes,
-            "source_dir": str(data.run_dir.resolve()),
-            "parts": data.fingerprint,
+            "ingest_notes": run.notes,
+            "source_dir": str(run.run_dir.resolve()),
+            "parts": run.fingerprint,
             "manifest": json.dumps(m),
         },
     )

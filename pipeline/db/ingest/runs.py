@@ -1,24 +1,28 @@
-"""The ingest's flow: find run folders, and per run read, lay out and load it in one transaction.
+"""The ingest's flow: find run folders; read and validate each; load them in batches, one transaction each.
 
-Per run: validate it (`rawrun`: manifest, every part's footer and schema; a damaged run is
-quarantined and the others go on), skip it when the database already has it (a run ingested while
-incomplete is loaded again once its files changed), flatten and hash its stacks
-(`stacks.flatten`), find which stacks the database does not know yet, symbolize their new
-addresses (`symbols`), lay out their frames (`stacks.layout`), then insert everything (`rows`)
-and site the new stacks (`siting`) in one transaction. A kill at any point leaves the database as
-it was before that run's transaction; the ingest lock keeps two ingests apart.
+Per run: validate it (`rawrun`: manifest, every part's footer, schema and page checksums; a damaged
+run is quarantined and the others go on), skip it when the database already has it (a run ingested while
+incomplete is loaded again once its files changed), and flatten and hash its stacks
+(`stacks.flatten`). Runs are then laid out in batches (a big run alone, small runs together, so a
+night of a thousand small runs does not pay a thousand times for each step): find which stacks the
+database does not know yet, symbolize their new addresses (`symbols`) and lay out their frames
+(`stacks.layout`) once for the batch. Then each run is loaded in one transaction of its own: its
+share of the new symbols, stacks and frames (`rows`), its sites (`siting`), events and run row. A
+kill at any point leaves the database as it was before that run's transaction; a run whose data
+fails to load is quarantined, and the runs after it are laid out again without it. The ingest lock
+keeps two ingests apart.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tbpipe.pipeline.db.connection import (
     ingest_lock,
@@ -29,24 +33,28 @@ from tbpipe.pipeline.db.connection import (
     resolve_db_path,
 )
 from tbpipe.pipeline.db.ingest import rows as run_rows
+from tbpipe.pipeline.db.ingest.frames import resolve_frames
 from tbpipe.pipeline.db.ingest.outcomes import IngestOptions, IngestSummary, RunOutcome, UnsymbolizedGroup
+from tbpipe.pipeline.db.ingest.rows import Batch, PreparedRun
 from tbpipe.pipeline.db.ingest.siting import (
     backfill_site_identity,
+    count_sites,
     import_roots,
     parse_user_code,
-    python_files_of,
-    record_source_files,
-    site_stacks,
+    portable_file,
+    record_portable_files,
+    sites_of_laid_out,
+    store_generated_code,
+    store_sites,
     store_user_code,
 )
 from tbpipe.pipeline.db.ingest.symbols import SymbolLoader
-from tbpipe.pipeline.db.ingest.tables import IngestDb, QuarantineRun, sql_text
+from tbpipe.pipeline.db.ingest.tables import IngestDb, QuarantineRun
 from tbpipe.pipeline.errors import first_line
 from tbpipe.pipeline.progress import RunProgress
 from tbpipe.pipeline.rawrun import (
     DamagedRunError,
     MissingManifestError,
-    check_part,
     code_first_lines,
     find_run_dirs,
     part_files,
@@ -55,9 +63,14 @@ from tbpipe.pipeline.rawrun import (
     read_tables,
     recovered_manifest,
     reference_problems,
+    verify_part,
 )
 from tbpipe.pipeline.stacks import layout
-from tbpipe.pipeline.stacks.flatten import FlatRun, flatten_run
+from tbpipe.pipeline.stacks.flatten import concat_flat_runs, flatten_run
+
+# A batch closes once it holds this many events or runs (a run past the first limit goes alone).
+BATCH_EVENTS = 2_000_000
+BATCH_RUNS = 64
 
 
 def ingest_runs(
@@ -83,11 +96,10 @@ def ingest_runs(
             summary.user_code = rules
             loader.symbols.refresh_improved_modules()
             with RunProgress(options.progress, len(run_dirs)) as progress:
-                for run_dir in run_dirs:
-                    progress.start(run_dir)
-                    outcome = loader.ingest_run(run_dir, progress)
-                    summary.outcomes.append(outcome)
-                    progress.finish(outcome.events)
+                for batch in loader.batches(run_dirs, progress):
+                    for outcome in loader.load(batch, progress):
+                        summary.outcomes.append(outcome)
+                        progress.finish(outcome.events)
         finally:
             loader.symbols.close()
             con.close()
@@ -101,12 +113,39 @@ class RunLoader:
         self.options = options
         self.summary = summary
         self.symbols = SymbolLoader(db, options, summary)
-        # Checkpointing after every run's commit would rewrite the growing tables 40 times for 40
-        # runs; the WAL holds the committed runs until the checkpoint that closing the database does.
+        # Checkpointing after every commit would rewrite the growing tables once per batch; the WAL
+        # holds the committed batches until the checkpoint that closing the database does.
         db.con.execute("SET checkpoint_threshold = '4GB'")
+        self._loaded = {
+            run_id: (complete, parts)
+            for run_id, complete, parts in query_rows(db.con, "SELECT run_id, complete, parts FROM runs")
+        }
 
-    def ingest_run(self, run_dir: Path, progress: RunProgress) -> RunOutcome:
-        notes = []
+    # ---------------------------------------------------------------- reading runs, making batches
+
+    def batches(self, run_dirs: list[Path], progress: RunProgress) -> Iterator[list[PreparedRun | RunOutcome]]:
+        """Runs in batches; a run that needs no loading (present, quarantined) comes as its outcome."""
+        batch: list[PreparedRun | RunOutcome] = []
+        events = runs = 0
+        for run_dir in run_dirs:
+            progress.start(run_dir)
+            prepared = self.prepare(run_dir)
+            if isinstance(prepared, PreparedRun):
+                if runs and events + prepared.events > BATCH_EVENTS:
+                    yield batch
+                    batch, events, runs = [], 0, 0
+                events += prepared.events
+                runs += 1
+            batch.append(prepared)
+            if runs >= BATCH_RUNS or events >= BATCH_EVENTS:
+                yield batch
+                batch, events, runs = [], 0, 0
+        if batch:
+            yield batch
+
+    def prepare(self, run_dir: Path) -> PreparedRun | RunOutcome:
+        """A run read, validated and flattened; its outcome when it needs no loading or is damaged."""
+        notes: list[str] = []
         try:
             try:
                 manifest = read_manifest(run_dir)
@@ -119,64 +158,138 @@ class RunLoader:
         except DamagedRunError as error:
             return RunOutcome(run_dir, "quarantined", reason=str(error))
         run_id = manifest["run_id"]
-        rows = query_rows(self.db.con, "SELECT complete, parts FROM runs WHERE run_id = ?", [run_id])
-        existing = rows[0] if rows else None
+        existing = self._loaded.get(run_id)
         if existing is not None and (existing[0] or existing[1] == fingerprint):
             return RunOutcome(run_dir, "present", run_id=run_id, complete=existing[0])
         try:
-            data = self._read(run_dir, manifest, fingerprint, progress, notes)
-            progress.describe(f"loading {data.events:,} events")
-            return self._load(data, replace=existing is not None)
+            files = part_files(run_dir, manifest)
+            event_files = [(path, verify_part(path, "events")) for path in files["events"]]
+            tables = read_tables(files, ("stacks", "modules", "code", "code_origins"))
+            notes += reference_problems(tables)
+            if notes and manifest.get("complete") and not manifest.get("recovered"):
+                raise DamagedRunError(f"{run_dir}: {'; '.join(notes)}")
+            flat = flatten_run(tables)
         except DamagedRunError as error:
             return RunOutcome(run_dir, "quarantined", run_id=run_id, reason=str(error))
-        except QuarantineRun as error:
-            return RunOutcome(run_dir, "quarantined", run_id=run_id, reason=f"{run_dir}: {error}")
+        return PreparedRun(run_dir, manifest, fingerprint, event_files, flat, notes, replace=existing is not None)
 
-    # ---------------------------------------------------------------- reading and laying out
+    # ---------------------------------------------------------------- loading a batch
 
-    def _read(
-        self, run_dir: Path, manifest: dict[str, Any], fingerprint: str, progress: RunProgress, notes: list[str]
-    ) -> run_rows.RunData:
-        files = part_files(run_dir, manifest)
-        event_files = [(path, check_part(path, "events")) for path in files["events"]]
-        tables = read_tables(files, ("stacks", "modules", "code"))
-        notes = notes + reference_problems(tables)
-        progress.describe(f"hashing {tables['stacks'].num_rows:,} stacks")
-        flat = flatten_run(tables)
+    def load(self, items: list[PreparedRun | RunOutcome], progress: RunProgress) -> list[RunOutcome]:
+        """Outcomes of the batch's runs, in order. The batch is laid out together (stack ids, symbols,
+        frames), then each run is loaded in a transaction of its own; when one fails on its data, it
+        is quarantined and the runs after it are laid out again without it."""
+        runs = [item for item in items if isinstance(item, PreparedRun)]
+        loaded: dict[int, RunOutcome] = {}
+        while runs:
+            try:
+                batch = self._lay_out(runs, progress)
+            except DamagedRunError as error:
+                # A run of the batch is damaged (e.g. dangling events in a complete run): lay out
+                # the others without it.
+                bad = next((r for r in runs if str(r.run_dir) in str(error)), runs[0])
+                loaded[id(bad)] = RunOutcome(bad.run_dir, "quarantined", run_id=bad.run_id, reason=str(error))
+                runs = [r for r in runs if r is not bad]
+                continue
+            for index, run in enumerate(runs):
+                progress.describe(f"loading {run.events:,} events of {run.run_dir.name}")
+                try:
+                    loaded[id(run)] = self._load_run(batch, index)
+                except (DamagedRunError, QuarantineRun) as error:
+                    reason = str(error) if isinstance(error, DamagedRunError) else f"{run.run_dir}: {error}"
+                    loaded[id(run)] = RunOutcome(run.run_dir, "quarantined", run_id=run.run_id, reason=reason)
+                    runs = runs[index + 1 :]  # stacks it would have brought in: laid out again for the rest
+                    break
+            else:
+                runs = []
+            if batch.frames is not None:
+                self._count_frames(batch.frames)
+        return [loaded[id(item)] if isinstance(item, PreparedRun) else item for item in items]
+
+    def _load_run(self, batch: Batch, index: int) -> RunOutcome:
+        """One run of a laid-out batch, in one transaction: its share of the batch's new symbols,
+        stacks and frames, its sites, events and run row."""
+        run = batch.runs[index]
+        db = self.db
+        part = batch.part_of(index)
+        with db.transaction() as con:
+            numbers = (
+                query_rows(con, "SELECT run_number FROM runs WHERE run_id = ?", [run.run_id]) if run.replace else []
+            )
+            if numbers:
+                run.run_number = numbers[0][0]
+                for table in ("event_counts", "event_rows", "site_counts"):
+                    con.execute(f"DELETE FROM {table} WHERE run_number = ?", [run.run_number])
+                for table in ("run_modules", "runs"):
+                    con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run.run_id])
+            else:
+                run.run_number = int(query_value(con, "SELECT coalesce(max(run_number), 0) + 1 FROM runs"))
+            if part.symbols is not None and part.symbols.num_rows:
+                db.insert("INSERT INTO symbols BY NAME SELECT * FROM {}", part.symbols)
+            run_rows.insert_modules(db, run, part.statuses)
+            if part.new_order is not None and len(part.new_order):
+                run_rows.insert_stacks(db, batch, part)
+                record_portable_files(
+                    db, {f: (p, root) for f, (p, root, first) in batch.new_files.items() if first == part.index}
+                )
+                store_sites(
+                    db, batch.sites.filter(pc.is_in(batch.sites["stack_id"], pa.array(batch.new_ids[part.new_order])))
+                )
+            run_rows.insert_events(db, batch, index)
+            count_sites(db, run.run_number)
+            run_rows.insert_run(db, run)
+            _before_commit(run.run_id)
+        self._loaded[run.run_id] = (bool(run.manifest.get("complete")), run.fingerprint)
+        return RunOutcome(
+            run.run_dir,
+            "updated" if run.replace else "ingested",
+            run_id=run.run_id,
+            complete=bool(run.manifest.get("complete")),
+            events=run.events,
+            new_stacks=run.new_stacks,
+            notes=run.notes,
+        )
+
+    def _lay_out(self, runs: list[PreparedRun], progress: RunProgress) -> Batch:
+        flat, run_of_stack = concat_flat_runs([run.flat for run in runs])
+        progress.describe(f"hashing {len(flat.raw_ids):,} stacks")
         stack_ids, new_ids = self._stack_ids(flat)
-        dangling = self._dangling_events(event_files, flat, stack_ids)
-        if dangling:
-            notes.append(f"{dangling} events refer to stacks the run does not hold: their stack is NULL")
-        if notes and manifest.get("complete"):
-            raise DamagedRunError(f"{run_dir}: {'; '.join(notes)}")
-
         new_order = np.flatnonzero(new_ids >= 0)
         new_order = new_order[np.argsort(new_ids[new_order], kind="stable")]
-        frames = problems = symbols = statuses = None
+        batch = Batch(runs, flat, run_of_stack, stack_ids, new_ids, new_order)
+        brought = np.bincount(run_of_stack[new_order], minlength=len(runs))
+        for run, count in zip(runs, brought):
+            run.new_stacks = int(count)
+        self._check_dangling_events(batch)
+        # The folders of generated code the runs name, before any stack is sited: never a site.
+        store_generated_code(self.db, [run.manifest for run in runs])
         if len(new_order):
             slots, shapes = self._slots(flat, new_ids, new_order)
             progress.describe(f"symbolizing the frames of {len(new_order):,} new stacks")
-            known, symbols, statuses = self.symbols.symbols_for(slots)
-            frames = layout.expand(slots, known)
-            problems = shapes.problem
-        return run_rows.RunData(
-            run_dir,
-            manifest,
-            fingerprint,
-            event_files,
-            flat,
-            stack_ids,
-            new_ids,
-            frames,
-            problems,
-            new_order,
-            symbols,
-            statuses,
-            notes,
-        )
+            known, batch.symbols, batch.statuses = self.symbols.symbols_for(slots)
+            native = pa.array(
+                (slots.kind == layout.NATIVE) & pc.is_valid(slots.module_key).to_numpy(zero_copy_only=False)
+            )
+            batch.slot_keys = pa.table(
+                {
+                    "stack_id": pa.array(slots.stack_id, pa.int64()).filter(native),
+                    "module_key": slots.module_key.filter(native),
+                    "address": pa.array(slots.address, pa.uint64()).filter(native),
+                    "exact": pa.array(slots.exact, pa.bool_()).filter(native),
+                }
+            )
+            batch.frames = layout.expand(slots, known)
+            batch.problems = shapes.problem
+            batch.frame_ids = resolve_frames(self.db, batch.frames.frames)
+            row_run = batch.runs_of_new_stacks(batch.frames.rows["stack_id"].to_numpy())
+            batch.frame_first_run = np.full(batch.frames.frames.num_rows, len(runs), dtype=np.int64)
+            np.minimum.at(batch.frame_first_run, batch.frames.rows["frame"].to_numpy(), row_run)
+            portable = self._name_source_files(batch)
+            batch.sites = sites_of_laid_out(self.db, batch.frames, new_ids[new_order], portable)
+        return batch
 
-    def _stack_ids(self, flat: FlatRun) -> tuple[np.ndarray, np.ndarray]:
-        """Per distinct raw stack: its database stack_id, and the id again where this run brings it in (else -1)."""
+    def _stack_ids(self, flat) -> tuple[np.ndarray, np.ndarray]:
+        """Per flat stack: its database stack_id, and the id again where its run brings it in (else -1)."""
         db = self.db
         hashes, first, inverse = np.unique(flat.hashes, return_index=True, return_inverse=True)
         inverse = inverse.ravel()
@@ -197,36 +310,46 @@ class RunLoader:
         base = query_value(db.con, "SELECT coalesce(max(stack_id), 0) + 1 FROM stacks")
         ids[missing] = base + np.arange(len(missing), dtype=np.int64)
         new = np.full(len(flat.hashes), -1, dtype=np.int64)
-        # One raw stack stands for each new hash (two raw stacks of a run may mean the same stack).
+        # One raw stack stands for each new hash (the first run of the batch that has it brings it in).
         new[first[missing]] = ids[missing]
         return ids[inverse], new
 
-    def _dangling_events(self, event_files: list[tuple[Path, int]], flat: FlatRun, stack_ids: np.ndarray) -> int:
-        """Events whose stack the run does not hold (a killed process flushed the events, not the stack)."""
-        if not event_files:
-            return 0
+    def _check_dangling_events(self, batch: Batch) -> None:
+        """Notes events whose stack their run does not hold (a killed process flushed the events but not
+        the stack); a run that closed cleanly with such events is damaged."""
+        parts = batch.event_files
+        if not parts:
+            return
         import duckdb
 
-        files = "[" + ", ".join(sql_text(str(path)) for path, _rows in event_files) + "]"
-        self.db.register("ingest_stack_map", run_rows.stack_map(flat, stack_ids))
+        self.db.register("ingest_stack_map", run_rows.stack_map(batch))
+        self.db.register("ingest_event_files", run_rows.event_files_table(batch))
         try:
-            return int(
-                query_value(
+            counts = dict(
+                query_rows(
                     self.db.con,
                     f"""
-                    SELECT count(*) FROM read_parquet({files}) e
+                    SELECT f.run_index, count(*)
+                    FROM read_parquet({run_rows.file_list(parts)}, filename = true) e
+                    JOIN ingest_event_files f ON f.filename = e.filename
+                    ANTI JOIN ingest_stack_map m ON m.run_index = f.run_index AND m.raw_id = e.stack_id
                     WHERE e.stack_id IS NOT NULL
-                      AND e.stack_id NOT IN (SELECT raw_id FROM ingest_stack_map)
+                    GROUP BY f.run_index
                     """,
                 )
-                or 0
             )
         except duckdb.Error as error:
-            raise DamagedRunError(f"{event_files[0][0].parent}: events unreadable ({first_line(error)})") from None
+            raise DamagedRunError(f"{parts[0][1].parent}: events unreadable ({first_line(error)})") from None
         finally:
+            self.db.unregister("ingest_event_files")
             self.db.unregister("ingest_stack_map")
+        for index, dangling in counts.items():
+            run = batch.runs[index]
+            run.notes.append(f"{dangling} events refer to stacks the run does not hold: their stack is NULL")
+            if run.manifest.get("complete"):
+                raise DamagedRunError(f"{run.run_dir}: {'; '.join(run.notes)}")
 
-    def _slots(self, flat: FlatRun, new_ids: np.ndarray, new_order: np.ndarray):
+    def _slots(self, flat, new_ids: np.ndarray, new_order: np.ndarray):
         """Slots of the new stacks (by stack id)."""
         native, python = flat.native, flat.python
         native_rows = _frames_of(flat.native_lengths, new_order)
@@ -246,46 +369,32 @@ class RunLoader:
             code=flat.code,
         )
 
-    # ---------------------------------------------------------------- the transaction
-
-    def _load(self, data: run_rows.RunData, replace: bool) -> RunOutcome:
-        manifest = data.manifest
-        run_id = manifest["run_id"]
-        db = self.db
-        with db.transaction() as con:
-            numbers = query_rows(con, "SELECT run_number FROM runs WHERE run_id = ?", [run_id])
-            run_number = (
-                numbers[0][0] if numbers else query_value(con, "SELECT coalesce(max(run_number), 0) + 1 FROM runs")
+    def _name_source_files(self, batch: Batch) -> dict[str, str]:
+        """The portable name of every Python file of the batch's new frames: the database's for files
+        it knows, else relative to the import roots of the first run whose new stacks use the file
+        (kept in `batch.new_files` for that run's transaction to insert)."""
+        frames = batch.frames
+        kinds, files = frames.frames["kind"].to_pylist(), frames.frames["file"].to_pylist()
+        wanted = sorted({f for k, f in zip(kinds, files) if k == "python" and f is not None})
+        if not wanted:
+            return {}
+        known = dict(
+            query_rows(
+                self.db.con, "SELECT file, portable_file FROM source_files WHERE list_contains(?, file)", [wanted]
             )
-            if replace:
-                for table in ("event_counts", "event_rows"):
-                    con.execute(f"DELETE FROM {table} WHERE run_number = ?", [run_number])
-                for table in ("run_modules", "runs"):
-                    con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-            if data.symbols is not None and data.symbols.num_rows:
-                db.insert("INSERT INTO symbols BY NAME SELECT * FROM {}", data.symbols)
-            run_rows.insert_modules(db, data, run_id)
-            if data.frames is not None:
-                run_rows.insert_stacks(db, data, run_id)
-                record_source_files(db, python_files_of(data.frames.frames), import_roots(manifest))
-                site_stacks(db, from_stack=int(data.new_ids[data.new_order].min()))
-            run_rows.insert_events(db, data, run_id, run_number)
-            stacks_used = query_value(
-                con, "SELECT count(DISTINCT stack_id) FROM event_counts WHERE run_number = ?", [run_number]
-            )
-            run_rows.insert_run(db, data, run_number, stacks_used or 0)
-            _before_commit(run_id)
-        if data.frames is not None:
-            self._count_frames(data.frames)
-        return RunOutcome(
-            data.run_dir,
-            "updated" if replace else "ingested",
-            run_id=run_id,
-            complete=bool(manifest.get("complete")),
-            events=data.events,
-            new_stacks=len(data.new_order),
-            notes=data.notes,
         )
+        first_run = batch.frame_first_run
+        roots_of: dict[int, list[str]] = {}
+        for frame, (kind, file) in enumerate(zip(kinds, files)):
+            if kind != "python" or file is None or file in known:
+                continue
+            run = int(first_run[frame])
+            previous = batch.new_files.get(file)
+            if previous is not None and previous[2] <= run:
+                continue
+            roots = roots_of.setdefault(run, import_roots(batch.runs[run].manifest))
+            batch.new_files[file] = (*portable_file(file, roots), run)
+        return {**known, **{f: named[0] for f, named in batch.new_files.items()}}
 
     def _count_frames(self, frames: layout.Frames) -> None:
         """Adds the new stacks' native frames to the summary: symbolized, or unsymbolized by reason."""

@@ -17,10 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tbpipe.pipeline.db.connection import query_rows, query_value
+from tbpipe.pipeline.db.connection import query_arrow, query_rows, query_value
 from tbpipe.pipeline.db.ingest.tables import IngestDb
 from tbpipe.pipeline.errors import UsageError
 
@@ -64,6 +65,42 @@ def store_user_code(db: IngestDb, rules: list[tuple[str, bool]]) -> None:
             con.execute("INSERT OR REPLACE INTO settings VALUES ('sited_with_rules', ?)", [rules_hash])
 
 
+def store_generated_code(db: IngestDb, manifests: Sequence[dict[str, Any]]) -> None:
+    """`generated_code` rows for the folders of generated code that the runs' manifests name; when a
+    new one holds Python files or modules of stored stacks, every stack is sited again."""
+    rows = {}
+    for manifest in manifests:
+        for generator, folder in (manifest.get("generated_code") or {}).items():
+            if isinstance(folder, str) and folder.startswith("/") and folder.rstrip("/"):
+                rows.setdefault(folder.rstrip("/") + "/", (str(generator), manifest.get("run_id")))
+    if not rows:
+        return
+    with db.transaction() as con:
+        known = {
+            prefix
+            for (prefix,) in query_rows(
+                con, "SELECT prefix FROM generated_code WHERE list_contains(?, prefix)", [list(rows)]
+            )
+        }
+        new = {prefix: value for prefix, value in rows.items() if prefix not in known}
+        if not new:
+            return
+        for prefix, (generator, run_id) in new.items():
+            con.execute(
+                "INSERT INTO generated_code VALUES (?, ?, ?) ON CONFLICT DO NOTHING", [prefix, generator, run_id]
+            )
+        stored = query_value(
+            con,
+            """
+            SELECT EXISTS (SELECT 1 FROM source_files s, unnest(?) AS t(p) WHERE starts_with(s.file, t.p))
+                OR EXISTS (SELECT 1 FROM modules m, unnest(?) AS t(p) WHERE starts_with(m.path, t.p))
+            """,
+            [list(new), list(new)],
+        )
+        if stored:
+            site_stacks(db, from_stack=None)
+
+
 def site_stacks(db: IngestDb, from_stack: int | None) -> None:
     """Fills `stack_sites` (and `sites`) for stacks >= from_stack; None: all stacks, anew."""
     con = db.con
@@ -72,31 +109,233 @@ def site_stacks(db: IngestDb, from_stack: int | None) -> None:
         con.execute("DELETE FROM sites")
     con.execute("CREATE OR REPLACE TEMP TABLE ingest_sites AS SELECT * FROM stack_sites_from(?)", [from_stack or 0])
     try:
-        con.execute(
-            """
-            INSERT INTO sites BY NAME
-            SELECT (SELECT coalesce(max(site_id), 0) FROM sites) + row_number() OVER (ORDER BY site_key) AS site_id,
-                   site_key, function, file, line, kind, portable_file, line_offset, module
-            FROM (
-                SELECT site_key, any_value(site_function) AS function, any_value(site_file) AS file,
-                       any_value(site_line) AS line, any_value(site_kind) AS kind,
-                       any_value(site_portable_file) AS portable_file, any_value(site_line_offset) AS line_offset,
-                       any_value(regexp_extract(site_module, '[^/]*$')) AS module
-                FROM ingest_sites
-                WHERE site_key IS NOT NULL AND site_key NOT IN (SELECT site_key FROM sites)
-                GROUP BY site_key
-            )
-            """
-        )
-        con.execute(
-            """
-            INSERT INTO stack_sites BY NAME
-            SELECT i.stack_id, t.site_id, i.site_depth, i.site_kind, i.site_is_user, i.site_file, i.site_line
-            FROM ingest_sites i LEFT JOIN sites t USING (site_key)
-            """
-        )
+        _insert_sites(con)
     finally:
         con.execute("DROP TABLE IF EXISTS temp.ingest_sites")
+    if from_stack is None:
+        con.execute("DELETE FROM site_counts")
+        count_sites(db, None)
+
+
+def count_sites(db: IngestDb, run_number: int | None) -> None:
+    """`site_counts` of one run (all runs with None) from its `event_counts` and the stacks' sites."""
+    db.con.execute(
+        f"""
+        INSERT INTO site_counts BY NAME
+        SELECT c.run_number, c.name_id, s.site_id, sum(c.events) AS events, arg_max(s.site_file, c.events) AS site_file,
+               arg_max(s.site_line, c.events) AS site_line, bool_or(s.site_is_user) AS site_is_user
+        FROM event_counts c
+        LEFT JOIN stack_sites s USING (stack_id)
+        {"WHERE c.run_number = ?" if run_number is not None else ""}
+        GROUP BY c.run_number, c.name_id, s.site_id
+        """,
+        [run_number] if run_number is not None else [],
+    )
+
+
+def sites_of_laid_out(db: IngestDb, frames: Any, stack_ids: np.ndarray, portable: dict[str, str]) -> pa.Table:
+    """`stack_sites_from`'s answer for freshly laid-out stacks, computed from their frames in memory.
+
+    The same rule as the SQL (which the ingest uses to site every stack again when the rules
+    change, and the tests hold the two equal): the innermost Python frame of a user file (a
+    '<string>' frame inside generated code only when its caller is user code), else the innermost
+    symbolized frame that is not generated code; the key by `site_identity_key`. Only the distinct
+    files and modules are classified and the distinct site frames keyed in DuckDB, so a batch of
+    small runs is sited without scanning the stored frames. `stack_ids` are the stacks to site
+    (increasing; a stack without frames has no site), `portable` names the frames' Python files.
+    """
+    rows, table = frames.rows, frames.frames
+    frame_of_row = rows["frame"].to_numpy()
+    row_stack = rows["stack_id"].to_numpy()
+    row_depth = rows["depth"].to_numpy()
+    kinds = table["kind"]
+    python_mask = pc.equal(kinds, "python")
+    native_mask = pc.equal(kinds, "native")
+    python = python_mask.to_numpy(zero_copy_only=False)
+    python_files = pc.unique(table["file"].filter(python_mask)).drop_null()
+    native_modules = pc.unique(table["module"].filter(native_mask)).drop_null()
+    user_files = generated_files = generated_modules = pa.array([], pa.string())
+    if len(python_files) or len(native_modules):
+        paths = pa.table(
+            {
+                "path": pa.concat_arrays([python_files.cast(pa.string()), native_modules.cast(pa.string())]),
+                "python": pa.array([True] * len(python_files) + [False] * len(native_modules), pa.bool_()),
+            }
+        )
+        db.register("ingest_site_paths", paths)
+        try:
+            classified = query_arrow(
+                db.con,
+                "SELECT path, python, python AND python_file_is_user(path) AS is_user, "
+                "coalesce(is_generated_path(path), false) AS is_generated FROM ingest_site_paths",
+            )
+        finally:
+            db.unregister("ingest_site_paths")
+        is_python, is_generated = classified["python"], classified["is_generated"]
+        user_files = classified["path"].filter(classified["is_user"])
+        generated_files = classified["path"].filter(pc.and_(is_python, is_generated))
+        generated_modules = classified["path"].filter(pc.and_(pc.invert(is_python), is_generated))
+
+    def member(column: str, values: pa.Array) -> np.ndarray:
+        found = pc.is_in(
+            table[column], value_set=values.combine_chunks() if hasattr(values, "combine_chunks") else values
+        )
+        return pc.fill_null(found, False).to_numpy(zero_copy_only=False)
+
+    user_frame = python & member("file", user_files)
+    generated_frame = (python & member("file", generated_files)) | (
+        native_mask.to_numpy(zero_copy_only=False) & member("module", generated_modules)
+    )
+    anonymous_frame = python & pc.fill_null(pc.equal(table["file"], "<string>"), False).to_numpy(zero_copy_only=False)
+    symbolized_frame = pc.not_equal(kinds, "marker").to_numpy(zero_copy_only=False) & pc.is_valid(
+        table["function"]
+    ).to_numpy(zero_copy_only=False)
+
+    stacks = np.asarray(stack_ids, dtype=np.int64)
+    first_row = np.searchsorted(row_stack, stacks)  # rows are by stack, then depth
+    user_row = user_frame[frame_of_row] if len(frame_of_row) else np.zeros(0, bool)
+    if len(frame_of_row) and anonymous_frame.any():
+        user_row = user_row & ~_lent_rows(
+            frame_of_row, row_stack, row_depth, python, user_frame, generated_frame, anonymous_frame
+        )
+    user_depth = _first_depth_per_stack(stacks, row_stack, row_depth, np.flatnonzero(user_row))
+    fallback_row = (
+        symbolized_frame[frame_of_row] & ~generated_frame[frame_of_row] if len(frame_of_row) else np.zeros(0, bool)
+    )
+    fallback_depth = _first_depth_per_stack(stacks, row_stack, row_depth, np.flatnonzero(fallback_row))
+    depth = np.where(user_depth >= 0, user_depth, fallback_depth)
+    sited = depth >= 0
+    site_frame = np.where(
+        sited,
+        frame_of_row[np.minimum(first_row + np.maximum(depth, 0), len(frame_of_row) - 1)] if len(frame_of_row) else -1,
+        -1,
+    )
+    take = pa.array(np.where(sited, site_frame, 0))
+    site_kind = table["kind"].take(take)
+    site_file = table["file"].take(take)
+    python_site = pc.equal(site_kind, "python")
+    portable_file = pc.if_else(
+        python_site,
+        pa.array([portable.get(f, f) if f is not None else None for f in site_file.to_pylist()], pa.string()),
+        pa.scalar(None, pa.string()),
+    )
+    located = pa.table(
+        {
+            "stack_id": pa.array(stacks, pa.int64()),
+            "site_depth": pa.array(depth, pa.int32(), mask=~sited),
+            "site_kind": site_kind,
+            "site_function": table["function"].take(take),
+            "site_file": site_file,
+            "site_line": table["line"].take(take),
+            "site_first_line": table["first_line"].take(take),
+            "site_module": table["module"].take(take),
+            "site_portable_file": portable_file,
+            "site_is_user": pa.array(user_depth >= 0, pa.bool_()),
+            "sited": pa.array(sited, pa.bool_()),
+        }
+    )
+    db.register("ingest_located", located)
+    try:
+        return query_arrow(
+            db.con,
+            """
+            SELECT stack_id,
+                   site_depth,
+                   CASE WHEN sited THEN site_kind END AS site_kind,
+                   CASE WHEN sited THEN site_function END AS site_function,
+                   CASE WHEN sited THEN site_file END AS site_file,
+                   CASE WHEN sited THEN site_line END AS site_line,
+                   CASE WHEN sited AND site_kind = 'python' THEN site_portable_file END AS site_portable_file,
+                   CASE WHEN sited AND site_kind = 'python' THEN site_line - site_first_line END AS site_line_offset,
+                   CASE WHEN sited AND site_kind = 'native' THEN site_module END AS site_module,
+                   site_is_user,
+                   CASE WHEN sited THEN site_identity_key(site_kind, site_function, site_portable_file, site_line,
+                                                          site_first_line, site_module) END AS site_key
+            FROM ingest_located
+            """,
+        )
+    finally:
+        db.unregister("ingest_located")
+
+
+def _first_depth_per_stack(
+    stacks: np.ndarray, row_stack: np.ndarray, row_depth: np.ndarray, chosen_rows: np.ndarray
+) -> np.ndarray:
+    """Per stack of `stacks`: the depth of its first (innermost) row among `chosen_rows`, -1 when none."""
+    depth = np.full(len(stacks), -1, dtype=np.int64)
+    if len(chosen_rows):
+        with_row, first = np.unique(row_stack[chosen_rows], return_index=True)
+        depth[np.searchsorted(stacks, with_row)] = row_depth[chosen_rows[first]]
+    return depth
+
+
+def _lent_rows(
+    frame_of_row: np.ndarray,
+    row_stack: np.ndarray,
+    row_depth: np.ndarray,
+    python: np.ndarray,
+    user_frame: np.ndarray,
+    generated_frame: np.ndarray,
+    anonymous_frame: np.ndarray,
+) -> np.ndarray:
+    """Rows of '<string>' frames that belong to their caller: inside generated code (a generated Python
+    frame further out) and called by a Python frame that is not user code (`stack_sites_from`'s `lent`)."""
+    python_rows = np.flatnonzero(python[frame_of_row])
+    lent = np.zeros(len(frame_of_row), dtype=bool)
+    if not len(python_rows):
+        return lent
+    caller = np.full(len(python_rows), -1, dtype=np.int64)
+    same_stack = row_stack[python_rows[1:]] == row_stack[python_rows[:-1]]
+    caller[:-1] = np.where(same_stack, python_rows[1:], -1)
+    # Outermost generated Python frame of each stack (rows are by stack, then depth).
+    generated_rows = python_rows[generated_frame[frame_of_row[python_rows]]]
+    outermost = {}
+    for row in generated_rows.tolist():
+        outermost[int(row_stack[row])] = int(row_depth[row])
+    anonymous = np.flatnonzero(anonymous_frame[frame_of_row[python_rows]] & user_frame[frame_of_row[python_rows]])
+    for index in anonymous.tolist():
+        row, by = python_rows[index], caller[index]
+        if by < 0 or user_frame[frame_of_row[by]]:
+            continue
+        if outermost.get(int(row_stack[row]), -1) > row_depth[row]:
+            lent[row] = True
+    return lent
+
+
+def store_sites(db: IngestDb, sites: pa.Table) -> None:
+    """`sites` rows for the keys the table lacks and `stack_sites` rows, from `sites_of_laid_out` rows."""
+    db.register("ingest_sites", sites)
+    try:
+        _insert_sites(db.con)
+    finally:
+        db.unregister("ingest_sites")
+
+
+def _insert_sites(con: Any) -> None:
+    """`sites` and `stack_sites` from the relation `ingest_sites` (shaped like `stack_sites_from`)."""
+    con.execute(
+        """
+        INSERT INTO sites BY NAME
+        SELECT (SELECT coalesce(max(site_id), 0) FROM sites) + row_number() OVER (ORDER BY site_key) AS site_id,
+               site_key, function, file, line, kind, portable_file, line_offset, module
+        FROM (
+            SELECT site_key, any_value(site_function) AS function, any_value(site_file) AS file,
+                   any_value(site_line) AS line, any_value(site_kind) AS kind,
+                   any_value(site_portable_file) AS portable_file, any_value(site_line_offset) AS line_offset,
+                   any_value(regexp_extract(site_module, '[^/]*$')) AS module
+            FROM ingest_sites
+            WHERE site_key IS NOT NULL
+            GROUP BY site_key
+        ) ANTI JOIN sites USING (site_key)
+        """
+    )
+    con.execute(
+        """
+        INSERT INTO stack_sites BY NAME
+        SELECT i.stack_id, t.site_id, i.site_depth, i.site_kind, i.site_is_user, i.site_file, i.site_line
+        FROM ingest_sites i LEFT JOIN sites t USING (site_key)
+        """
+    )
 
 
 # ------------------------------------------------------------------------------------------ portable file names
@@ -134,28 +373,21 @@ def portable_file(file: str, roots: Sequence[str]) -> tuple[str, str | None]:
 
 def record_source_files(db: IngestDb, files: Sequence[str], roots: Sequence[str]) -> None:
     """`source_files` rows for those of `files` the table lacks, named relative to `roots`."""
-    if not files:
+    record_portable_files(db, {file: portable_file(file, roots) for file in files})
+
+
+def record_portable_files(db: IngestDb, named: dict[str, tuple[str, str | None]]) -> None:
+    """`source_files` rows for the files of {file: (portable file, root)} that the table lacks."""
+    if not named:
         return
-    known = {
-        row[0]
-        for row in query_rows(db.con, "SELECT file FROM source_files WHERE list_contains(?, file)", [list(files)])
-    }
-    rows = [(file, *portable_file(file, roots)) for file in files if file not in known]
-    if rows:
-        table = pa.table(
-            {
-                "file": pa.array([r[0] for r in rows], pa.string()),
-                "portable_file": pa.array([r[1] for r in rows], pa.string()),
-                "root": pa.array([r[2] for r in rows], pa.string()),
-            }
-        )
-        db.insert("INSERT INTO source_files BY NAME SELECT * FROM {}", table)
-
-
-def python_files_of(frames: pa.Table) -> list[str]:
-    """Distinct files of a `stack_frames`-shaped table's Python frames."""
-    python = frames.filter(pc.equal(frames["kind"], "python"))
-    return [f for f in pc.unique(python["file"]).to_pylist() if f is not None]
+    table = pa.table(
+        {
+            "file": pa.array(list(named), pa.string()),
+            "portable_file": pa.array([portable for portable, _root in named.values()], pa.string()),
+            "root": pa.array([root for _portable, root in named.values()], pa.string()),
+        }
+    )
+    db.insert("INSERT INTO source_files BY NAME SELECT * FROM {} ANTI JOIN source_files USING (file)", table)
 
 
 # ------------------------------------------------------------------------------------------ older databases

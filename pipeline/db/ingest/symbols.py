@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from tbpipe.pipeline.db.connection import query_arrow, query_rows
-from tbpipe.pipeline.db.ingest.frames import insert_frame_rows
+from tbpipe.pipeline.db.ingest.frames import store_all_frame_rows
 from tbpipe.pipeline.db.ingest.outcomes import IngestOptions, IngestSummary
 from tbpipe.pipeline.db.ingest.siting import site_stacks
 from tbpipe.pipeline.db.ingest.tables import IngestDb
@@ -209,7 +209,8 @@ class SymbolLoader:
         slot_rows = query_arrow(
             db.con,
             f"""
-            SELECT stack_id, slot, kind, function, file, line, first_line, module, module_key, address, exact, reason
+            SELECT stack_id, slot, kind, function, file, line, first_line, module, module_key, address, exact, reason,
+                   inlined
             FROM stack_frames
             WHERE chain_depth = 0 AND stack_id IN (
                 SELECT DISTINCT stack_id FROM stack_frames
@@ -226,7 +227,7 @@ class SymbolLoader:
         db.register("ingest_rebuilt", pa.table({"stack_id": pa.array(rebuilt.stack_order, pa.int64())}))
         try:
             db.con.execute("DELETE FROM stack_frame_rows WHERE stack_id IN (SELECT stack_id FROM ingest_rebuilt)")
-            insert_frame_rows(db, rebuilt)
+            store_all_frame_rows(db, rebuilt)
             db.insert(
                 """
                 UPDATE stacks SET frames = r.frames, symbolized_depth = r.symbolized_depth

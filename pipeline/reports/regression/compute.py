@@ -99,28 +99,20 @@ def _site_values(con: Any, sets: list[RunSet], request: ReportRequest) -> pa.Tab
         params += list(request.per)
     con.register("report_sets", membership)
     try:
-        # The sets' event counts first (a join on run numbers), then sited and summed: the same
-        # joins as the `call_sites` view, without aggregating the runs outside the comparison.
+        # `site_counts` holds each run's events per name and site: sum them over each set's runs.
         table = query_arrow(
             con,
             f"""
-            WITH counts AS (
-                SELECT s.set_index, c.name_id, c.stack_id, c.events
-                FROM event_counts c
-                JOIN runs r USING (run_number)
-                JOIN report_sets s ON s.run_id = r.run_id
-            ), per_site AS (
-                SELECT c.set_index, c.name_id, ss.site_id, sum(c.events)::DOUBLE AS events,
-                       arg_max(ss.site_file, c.events) AS site_file, arg_max(ss.site_line, c.events) AS site_line
-                FROM counts c LEFT JOIN stack_sites ss USING (stack_id)
-                GROUP BY c.set_index, c.name_id, ss.site_id
-            )
-            SELECT p.set_index, c.kind, c.name, t.site_key, p.events, t.function AS site_function,
-                   t.portable_file AS site_portable_file, p.site_file, p.site_line
-            FROM per_site p
+            SELECT s.set_index, c.kind, c.name, t.site_key, sum(p.events)::DOUBLE AS events,
+                   any_value(t.function) AS site_function, any_value(t.portable_file) AS site_portable_file,
+                   arg_max(p.site_file, p.events) AS site_file, arg_max(p.site_line, p.events) AS site_line
+            FROM site_counts p
+            JOIN runs r USING (run_number)
+            JOIN report_sets s ON s.run_id = r.run_id
             JOIN event_names c USING (name_id)
             LEFT JOIN sites t USING (site_id)
             {"WHERE " + " AND ".join(where) if where else ""}
+            GROUP BY s.set_index, c.kind, c.name, t.site_key
             """,
             params,
         )
@@ -307,7 +299,9 @@ def _attach_tracebacks(con: Any, candidate: RunSet, sites: list[SiteChange], lim
     frames = query_arrow(
         con,
         """
-        SELECT stack_id, kind, function, file, line, module, inlined
+        SELECT stack_id, kind, function, file, line, module, inlined,
+               kind <> 'marker' AND coalesce(is_generated_path(CASE WHEN kind = 'python' THEN file ELSE module END), false)
+                   AS generated
         FROM stack_frames WHERE list_contains(?, stack_id) ORDER BY stack_id, depth
         """,
         [sorted(set(stack_of.values()))],

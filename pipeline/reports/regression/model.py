@@ -81,6 +81,7 @@ class Frame:
     line: int | None
     module: str | None
     inlined: bool
+    generated: bool = False  # a frame of code torch.compile or Triton generated (never a site)
 
 
 @dataclass

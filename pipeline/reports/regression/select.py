@@ -18,11 +18,11 @@ from datetime import datetime
 from typing import Any
 
 from tbpipe.pipeline.db.connection import query_rows
-from tbpipe.pipeline.errors import UsageError
+from tbpipe.pipeline.db.selectors import RunSelectionError, parse_label_list, parse_selector, resolve_selector
 from tbpipe.pipeline.reports.regression.model import ReportRequest, RunSet
 
 
-class SelectionError(UsageError):
+class SelectionError(RunSelectionError):
     """A RUN that names no run, or a window with nothing in it: says what the database has instead."""
 
 
@@ -31,17 +31,6 @@ class _Run:
     run_id: str
     started_at: datetime | None
     labels: dict[str, str]
-
-
-def parse_label_list(text: str, what: str) -> dict[str, str]:
-    """'K=V,K2=V2' -> {K: V, K2: V2}."""
-    labels = {}
-    for pair in text.split(","):
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise SelectionError(f"{what} {text!r}: expected KEY=VALUE[,KEY=VALUE...]")
-        labels[key.strip()] = value.strip()
-    return labels
 
 
 def _runs(con: Any) -> list[_Run]:
@@ -116,13 +105,14 @@ def resolve(con: Any, selector: str, request: ReportRequest, *, role: str) -> Ru
             )
         return _run_set(_describe(wanted), found)
     by_id = {r.run_id: r for r in runs}
-    run = by_id.get(text)
-    if run is None:
+    try:
+        run = by_id[resolve_selector(con, parse_selector(text))]  # an id, or a unique prefix of one
+    except RunSelectionError:
         newest = ", ".join(r.run_id for r in runs[-3:])
         raise SelectionError(
             f"--{role} {selector}: no such run in the database (newest: {newest}; "
             "a RUN is a run id, latest, latest:K=V or a group K=V)"
-        )
+        ) from None
     return _group_of(run, pool, request.group_by) if request.group_by else _run_set(run.run_id, [run])
 
 

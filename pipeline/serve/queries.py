@@ -1,0 +1,252 @@
+"""What the API and the pages read: runs, a run's call sites, a site with its tracebacks and history,
+the callers of a kernel. Built on `pipeline.db.read`; the few reads it lacks are here, parameterised.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tbpipe.pipeline.db import read
+from tbpipe.pipeline.db.connection import query_rows
+from tbpipe.pipeline.db.read import NotFoundError
+
+HISTORY_LIMIT = 500
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat() + "Z" if hasattr(value, "isoformat") else value
+
+
+def _run_json(run: dict[str, Any]) -> dict[str, Any]:
+    out = dict(run)
+    out["started_at"] = _iso(run["started_at"])
+    out["ended_at"] = _iso(run["ended_at"])
+    out["labels"] = dict(run["labels"] or {})
+    out["status"] = "complete" if run["complete"] else "incomplete"
+    out["argv"] = list(run["argv"] or [])
+    out["ingest_notes"] = list(run["ingest_notes"] or [])
+    return out
+
+
+_COUNTS: dict[tuple, dict[str, dict[str, int]]] = {}
+
+
+def counts_by_kind(cursor: Any, run_ids: list[str], generation: tuple | None = None) -> dict[str, dict[str, int]]:
+    """{run_id: {kind: events}} for the given runs; with `generation` (what identifies the database's
+    state), every run's counts are computed once per state and kept."""
+    if generation is not None:
+        every = _COUNTS.get(generation)
+        if every is None:
+            _COUNTS.clear()
+            every = _COUNTS[generation] = _counts(cursor, None)
+        return {run_id: every.get(run_id, {}) for run_id in run_ids}
+    return _counts(cursor, run_ids)
+
+
+def _counts(cursor: Any, run_ids: list[str] | None) -> dict[str, dict[str, int]]:
+    rows = query_rows(
+        cursor,
+        f"""
+        SELECT r.run_id, n.kind, sum(c.events)::BIGINT
+        FROM event_counts c
+        JOIN event_names n USING (name_id)
+        JOIN runs r USING (run_number)
+        {"WHERE c.run_number IN (SELECT run_number FROM runs WHERE list_contains(?, run_id))" if run_ids is not None else ""}
+        GROUP BY ALL
+        ORDER BY 1, 3 DESC
+        """,
+        [run_ids] if run_ids is not None else None,
+    )
+    out: dict[str, dict[str, int]] = {run_id: {} for run_id in run_ids or []}
+    for run_id, kind, events in rows:
+        out.setdefault(run_id, {})[kind] = events
+    return out
+
+
+def runs_page(
+    cursor: Any,
+    labels: dict[str, str],
+    complete: bool | None,
+    limit: int,
+    offset: int,
+    newest_first: bool = True,
+    generation: tuple | None = None,
+) -> dict[str, Any]:
+    runs = read.runs(cursor, labels)
+    if complete is not None:
+        runs = [r for r in runs if bool(r["complete"]) == complete]
+    if newest_first:
+        runs.reverse()
+    page = [_run_json(r) for r in runs[offset : offset + limit]]
+    counts = counts_by_kind(cursor, [r["run_id"] for r in page], generation) if page else {}
+    for run in page:
+        run["counts"] = counts.get(run["run_id"], {})
+    return {"runs": page, "total": len(runs), "limit": limit, "offset": offset}
+
+
+def label_values(cursor: Any) -> dict[str, list[str]]:
+    """Every label key with its values, for the runs page's filters."""
+    rows = query_rows(
+        cursor,
+        """
+        SELECT k, list(DISTINCT v ORDER BY v)
+        FROM (SELECT unnest(map_keys(labels)) AS k, unnest(map_values(labels)) AS v FROM runs)
+        GROUP BY k ORDER BY k
+        """,
+    )
+    return {key: list(values) for key, values in rows}
+
+
+def run(cursor: Any, run_id: str) -> dict[str, Any]:
+    rows = query_rows(
+        cursor,
+        """
+        SELECT run_id, run_number, parent_run_id, started_at AT TIME ZONE 'UTC', ended_at AT TIME ZONE 'UTC', complete,
+               host, pid, argv, cwd, labels, python_version, torch_version, cuda_version, tbpipe_version, sources,
+               events_recorded, events_dropped, events, stacks, new_stacks, capture_errors, ingest_notes, source_dir,
+               ingested_at AT TIME ZONE 'UTC'
+        FROM runs WHERE run_id = ?
+        """,
+        [run_id],
+    )
+    if not rows:
+        raise NotFoundError(f"no run {run_id!r} in the database (GET /api/runs lists them)")
+    keys = (
+        "run_id run_number parent_run_id started_at ended_at complete host pid argv cwd labels python_version "
+        "torch_version cuda_version tbpipe_version sources events_recorded events_dropped events stacks new_stacks "
+        "capture_errors ingest_notes source_dir ingested_at"
+    ).split()
+    out = dict(zip(keys, rows[0]))
+    for key in ("started_at", "ended_at", "ingested_at"):
+        out[key] = _iso(out[key])
+    out["labels"] = dict(out["labels"] or {})
+    out["status"] = "complete" if out["complete"] else "incomplete"
+    for key in ("argv", "sources", "capture_errors", "ingest_notes"):
+        out[key] = list(out[key] or [])
+    out["counts"] = counts_by_kind(cursor, [run_id])[run_id]
+    children = query_rows(cursor, "SELECT run_id FROM runs WHERE parent_run_id = ? ORDER BY started_at", [run_id])
+    out["child_run_ids"] = [r[0] for r in children]
+    return out
+
+
+def run_sites(
+    cursor: Any, run_id: str, kind: str | None, name: str | None, limit: int, offset: int
+) -> list[dict[str, Any]]:
+    """A run's call sites, most events first: what `read.top_sites` gives for one run, from that run's
+    `site_counts` rows."""
+    numbers = run_numbers(cursor, [run_id])
+    if not numbers:
+        raise NotFoundError(f"no run {run_id!r} in the database (GET /api/runs lists them)")
+    where, params = ["p.run_number = ?"], [numbers[0]]
+    if kind is not None:
+        where.append("n.kind = ?")
+        params.append(kind)
+    if name is not None:
+        where.append("contains(lower(n.name), lower(?))")
+        params.append(name)
+    rows = query_rows(
+        cursor,
+        f"""
+        SELECT n.kind, n.name, t.function, coalesce(t.portable_file, p.site_file), p.site_line, t.site_key,
+               p.events::BIGINT
+        FROM site_counts p JOIN event_names n USING (name_id) LEFT JOIN sites t USING (site_id)
+        WHERE {" AND ".join(where)}
+        ORDER BY p.events DESC, n.name, t.site_key
+        LIMIT {int(limit)} OFFSET {int(offset)}
+        """,
+        params,
+    )
+    keys = ("kind", "name", "site_function", "site_file", "site_line", "site_key", "events")
+    return [dict(zip(keys, row)) for row in rows]
+
+
+def _run_exists(cursor: Any, run_id: str) -> bool:
+    return bool(query_rows(cursor, "SELECT 1 FROM runs WHERE run_id = ?", [run_id]))
+
+
+def _frame_json(frame: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kind": frame["kind"],
+        "function": frame["name"],
+        "file": frame["filename"],
+        "line": frame["line"],
+        "module": frame["module"],
+        "inlined": bool(frame["inlined"]),
+        "generated": bool(frame.get("generated")),
+    }
+
+
+def stack(cursor: Any, stack_id: int) -> list[dict[str, Any]]:
+    """A combined traceback, innermost frame first."""
+    return [_frame_json(f) for f in read.stack_frames(cursor, stack_id)]
+
+
+def site(cursor: Any, site_key: str, stacks: int) -> dict[str, Any]:
+    """A call site: where it is, its heaviest stacks with their combined tracebacks, its events per run."""
+    info = read.site(cursor, site_key, stacks)
+    return {
+        "site_key": info.site_key,
+        "function": info.function,
+        "file": info.file,
+        "line": info.line,
+        "is_user": info.is_user,
+        "events": info.events,
+        "stack_count": info.stack_count,
+        "stacks": [
+            {"stack_id": s.stack_id, "events": s.events, "names": s.names, "frames": stack(cursor, s.stack_id)}
+            for s in info.stacks
+        ],
+        "runs": site_history(cursor, site_key, HISTORY_LIMIT)["runs"],
+    }
+
+
+def site_history(cursor: Any, site_key: str, limit: int) -> dict[str, Any]:
+    """The site's events in every run that has it (oldest first), per event kind and name, and where it was."""
+    rows = query_rows(
+        cursor,
+        """
+        SELECT r.run_id, r.started_at AT TIME ZONE 'UTC', r.labels, n.kind, n.name, p.events::BIGINT, p.site_file,
+               p.site_line
+        FROM site_counts p
+        JOIN sites t USING (site_id)
+        JOIN event_names n USING (name_id)
+        JOIN runs r USING (run_number)
+        WHERE t.site_key = ?
+        ORDER BY r.started_at DESC, r.run_id, p.events DESC
+        """,
+        [site_key],
+    )
+    if not rows and not query_rows(cursor, "SELECT 1 FROM sites WHERE site_key = ?", [site_key]):
+        raise NotFoundError(f"no call site with key {site_key!r} in the database (keys are in `call_sites.site_key`)")
+    runs: dict[str, dict[str, Any]] = {}
+    for run_id, started, labels, kind, name, events, file, line in rows:
+        entry = runs.get(run_id)
+        if entry is None:
+            if len(runs) >= limit:
+                continue
+            entry = runs[run_id] = {
+                "run_id": run_id,
+                "started_at": _iso(started),
+                "labels": dict(labels or {}),
+                "events": 0,
+                "names": {},
+                "site_file": file,
+                "site_line": line,
+            }
+        entry["events"] += events
+        entry["names"][f"{kind}:{name}"] = events
+    return {"site_key": site_key, "runs": list(reversed(runs.values()))}
+
+
+def kernel_sites(cursor: Any, name: str, kind: str | None, run_ids: list[str] | None, limit: int) -> list[dict]:
+    """The call sites of events named exactly `name`."""
+    sites = read.top_sites(cursor, kind, run_ids, limit * 4, name=name)
+    return [s for s in sites if s["name"] == name][:limit]
+
+
+def event_kinds(cursor: Any, name: str) -> list[str]:
+    return [r[0] for r in query_rows(cursor, "SELECT kind FROM event_names WHERE name = ? ORDER BY kind", [name])]
+
+
+def run_numbers(cursor: Any, run_ids: list[str]) -> list[int]:
+    return [r[0] for r in query_rows(cursor, "SELECT run_number FROM runs WHERE list_contains(?, run_id)", [run_ids])]
