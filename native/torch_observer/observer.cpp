@@ -22,6 +22,7 @@
 //               "torchscript", ...
 #include <ATen/record_function.h>
 #include <Python.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <atomic>
 #include <cstdint>
@@ -60,6 +61,7 @@ struct Frame {
   uint64_t fwd_thread;   // with bwd_seq
   const char* bwd_node;  // with bwd_seq: the node's name, owned by its RecordFunction (alive while nested)
   bool scoped;           // its event opened a scope in the recorder (end_scope when it ends)
+  bool traced;           // run on fake tensors (tracing, not work): neither it nor anything inside is recorded
 };
 
 struct TextHash {
@@ -310,13 +312,33 @@ bool is_engine_evaluate(const char* name) {
   return name != nullptr && std::strncmp(name, kEngineEvaluate.data(), kEngineEvaluate.size()) == 0;
 }
 
+// Whether ops dispatched on this thread now only trace: torch.compile, torch.export and make_fx run
+// a model's ops on fake tensors (FakeTensorMode), or record them (proxy and functionalization
+// modes), to build a graph. The dispatch mode is never called then (`ignore_compile_internals`);
+// the observer would see those ops at the line that triggered the compile.
+bool tracing_on_this_thread() {
+  using c10::impl::TorchDispatchModeKey;
+  using c10::impl::TorchDispatchModeTLS;
+  if (!TorchDispatchModeTLS::any_modes_set(/*skip_infra_modes=*/false)) return false;
+  return TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FAKE).has_value() ||
+         TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::PROXY).has_value() ||
+         TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FUNCTIONAL).has_value();
+}
+
 void start_op(const at::RecordFunction& fn) {
   if (!g_enabled.load(std::memory_order_relaxed)) return;
   ThreadState& state = thread_state();
   Frame* parent = state.frames.empty() ? nullptr : &state.frames.back();
+  // An async op may end on another thread: it is recorded, but nothing nests under it here.
+  const bool nests = !fn.isAsync() && state.frames.size() < kMaxFrames;
+  // A traced op's fake implementation runs with the fake mode popped: its ops are skipped as inside it.
+  if ((parent != nullptr && parent->traced) || tracing_on_this_thread()) {
+    if (nests) state.frames.push_back(Frame{&fn, nullptr, 0, -1, 0, nullptr, false, true});
+    return;
+  }
   const at::RecordScope scope = fn.scope();
   const char* name = fn.name();
-  Frame frame{&fn, name, state.next_id++, -1, 0, nullptr, false};
+  Frame frame{&fn, name, state.next_id++, -1, 0, nullptr, false, false};
   if (parent != nullptr) {
     frame.bwd_seq = parent->bwd_seq;
     frame.fwd_thread = parent->fwd_thread;
@@ -335,8 +357,6 @@ void start_op(const at::RecordFunction& fn) {
       parent->bwd_node = parent->name + kEngineEvaluate.size();  // the node's name, in text the parent owns
     }
   }
-  // An async op may end on another thread: it is recorded, but nothing nests under it here.
-  const bool nests = !fn.isAsync() && state.frames.size() < kMaxFrames;
   // The session's sample rate is drawn first: an op left out costs no description.
   if (g_level.load(std::memory_order_relaxed) > 0 && g_api->sample() != 0) {
     frame.scoped = nests;
