@@ -90,6 +90,38 @@ FROM launches l
 ASOF JOIN ops o ON o.run_id = l.run_id AND o.thread_id = l.thread_id AND l.ts >= o.ts
 WHERE o.bwd_seq IS NOT NULL;
 
+-- Each event of `backward_events` with the forward op it is sited at (what `backward_op_sites` and
+-- the `*_at_forward` counts read).
+-- @column event_id          `events.event_id`
+-- @column run_id            `runs.run_id`
+-- @column thread_id         OS thread id
+-- @column kind              'op', 'kernel_launch' or 'graph_launch'
+-- @column name              op or kernel name
+-- @column stack_id          the event's own `stacks.stack_id`
+-- @column op_event_id       the backward op it belongs to (itself for an op)
+-- @column bwd_node          the autograd node it ran in
+-- @column bwd_seq           the node's sequence number
+-- @column forward_event_id  `events.event_id` of the forward op; NULL when it was not recorded
+-- @column forward_name      the forward op's name
+-- @column forward_stack_id  the forward op's `stacks.stack_id`
+CREATE OR REPLACE VIEW backward_forward_ops AS
+SELECT
+    b.event_id,
+    b.run_id,
+    b.thread_id,
+    b.kind,
+    b.name,
+    b.stack_id,
+    b.op_event_id,
+    b.bwd_node,
+    b.bwd_seq,
+    f.forward_event_id,
+    f.forward_name,
+    f.forward_stack_id
+FROM backward_events b
+LEFT JOIN autograd_forward_ops f
+    ON f.run_id = b.run_id AND f.seq = b.bwd_seq AND f.seq_thread IS NOT DISTINCT FROM b.fwd_thread;
+
 -- Each event of `backward_events` with its own call site and the call site of its forward op.
 -- @column event_id               `events.event_id`
 -- @column run_id                 `runs.run_id`
@@ -125,21 +157,47 @@ SELECT
     own.site_file,
     own.site_line,
     own_site.site_key,
-    f.forward_event_id,
-    f.forward_name,
-    f.forward_stack_id,
+    b.forward_event_id,
+    b.forward_name,
+    b.forward_stack_id,
     forward_site.function AS forward_site_function,
     fwd.site_file AS forward_site_file,
     fwd.site_line AS forward_site_line,
     forward_site.site_key AS forward_site_key,
     fwd.site_is_user AS forward_site_is_user
-FROM backward_events b
-LEFT JOIN autograd_forward_ops f
-    ON f.run_id = b.run_id AND f.seq = b.bwd_seq AND f.seq_thread IS NOT DISTINCT FROM b.fwd_thread
+FROM backward_forward_ops b
 LEFT JOIN stack_sites own ON own.stack_id = b.stack_id
 LEFT JOIN sites own_site ON own_site.site_id = own.site_id
-LEFT JOIN stack_sites fwd ON fwd.stack_id = f.forward_stack_id
+LEFT JOIN stack_sites fwd ON fwd.stack_id = b.forward_stack_id
 LEFT JOIN sites forward_site ON forward_site.site_id = fwd.site_id;
+
+-- `event_counts` with backward work counted at its forward op: each event whose forward op was
+-- recorded counts under that op's stack instead of its own (`tbpipe report --site-of forward`).
+-- Computed from every event when read, where `event_counts` is kept by the ingest.
+-- @column run_number  `runs.run_number`
+-- @column name_id     `event_names.name_id`
+-- @column stack_id    the event's own stack, or its forward op's
+-- @column events      number of events
+CREATE OR REPLACE VIEW event_counts_at_forward AS
+SELECT e.run_number, e.name_id, coalesce(b.forward_stack_id, e.stack_id) AS stack_id, count(*)::BIGINT AS events
+FROM event_rows e
+LEFT JOIN backward_forward_ops b ON b.event_id = e.event_id AND b.forward_stack_id IS NOT NULL
+GROUP BY ALL;
+
+-- `site_counts` from `event_counts_at_forward`: backward work at the site of its forward op.
+-- @column run_number    `runs.run_number`
+-- @column name_id       `event_names.name_id`
+-- @column site_id       `sites.site_id`; NULL for events without a stack or a stack without a site
+-- @column events        number of events
+-- @column site_file     the site frame's file in this run (where most of the site's events were)
+-- @column site_line     the site frame's line in this run (likewise)
+-- @column site_is_user  true when the site is a user frame
+CREATE OR REPLACE VIEW site_counts_at_forward AS
+SELECT c.run_number, c.name_id, s.site_id, sum(c.events)::BIGINT AS events, arg_max(s.site_file, c.events) AS site_file,
+       arg_max(s.site_line, c.events) AS site_line, bool_or(s.site_is_user) AS site_is_user
+FROM event_counts_at_forward c
+LEFT JOIN stack_sites s USING (stack_id)
+GROUP BY c.run_number, c.name_id, s.site_id;
 
 -- Backward events counted per run, kind, name and forward site: `call_sites` for backward work,
 -- with the line that made it in place of the line that ran it.

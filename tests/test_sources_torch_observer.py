@@ -212,6 +212,20 @@ def test_composite_ops_contain_the_ops_they_call_at_the_users_line(out_dir: Path
     assert "_tbpipe_torch_observer" not in modules[stack["native"][0]["module"]]
 
 
+def test_ops_on_fake_tensors_are_not_recorded(out_dir: Path) -> None:
+    # torch.compile traces a model's ops on fake tensors; that is not work of the program's.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with capture.session(out_dir, sources=["torch-ops"]):
+        with FakeTensorMode():
+            torch.ones(2, 3).relu().sum()
+        torch.ones(2).neg()
+    (run,) = read_runs(out_dir)
+    events = op_events(run)
+    assert [e["name"] for e in events if e["attrs"]["depth"] == 0] == ["aten::ones", "aten::neg"]
+    assert "aten::relu" not in {e["name"] for e in events}
+
+
 def worker_ops(ready: threading.Event, go: threading.Event) -> None:
     ready.set()
     go.wait(30)
@@ -277,35 +291,54 @@ def test_backward_ops_link_to_their_forward_op_by_sequence_number_and_thread(out
     assert lines == {("TwoLayers.forward", line_of("FIRST LAYER")), ("TwoLayers.forward", line_of("SECOND LAYER"))}
 
 
-def test_backward_ops_are_sited_at_the_forward_line_in_the_database(out_dir: Path, tmp_path: Path) -> None:
-    from tbpipe.pipeline.db import IngestOptions, ingest_runs, open_database
+def ingest(out_dir: Path, tmp_path: Path) -> Path:
+    """The runs under `out_dir` ingested into a new database."""
+    from tbpipe.pipeline.db import IngestOptions, ingest_runs
 
+    db = tmp_path / f"{out_dir.name}.duckdb"
+    summary = ingest_runs([out_dir], IngestOptions(db_path=db, cache_dir=tmp_path / "symbols", progress=False))
+    assert summary.ok
+    return db
+
+
+def query(db: Path, sql: str, params: list | None = None) -> list[tuple]:
+    from tbpipe.pipeline.db import open_database
+
+    con = open_database(db, read_only=True)
+    try:
+        return con.execute(sql, params or []).fetchall()
+    finally:
+        con.close()
+
+
+def two_layer_step_database(out_dir: Path, tmp_path: Path) -> Path:
+    """One training step of TwoLayers recorded and ingested."""
     torch.manual_seed(0)
     model, x, y = TwoLayers(), torch.randn(4, 6), torch.randn(4, 3)
     with capture.session(out_dir, sources=["torch-ops"]):
         two_layer_training_step(model, x, y)
-    db = tmp_path / "backward.duckdb"
-    summary = ingest_runs([out_dir], IngestOptions(db_path=db, cache_dir=tmp_path / "symbols", progress=False))
-    assert summary.ok
-    con = open_database(db, read_only=True)
-    try:
-        rows = con.execute(
-            """
-            SELECT name, bwd_node, site_file, site_line, forward_name, forward_site_function, forward_site_file,
-                   forward_site_line
-            FROM backward_op_sites
-            WHERE name IN ('aten::mm', 'aten::threshold_backward')
-            ORDER BY forward_site_line, name
-            """
-        ).fetchall()
-        counted = con.execute(
-            """
-            SELECT forward_site_line, sum(events) FROM backward_call_sites
-            WHERE kind = 'op' AND name = 'aten::mm' GROUP BY ALL ORDER BY ALL
-            """
-        ).fetchall()
-    finally:
-        con.close()
+    return ingest(out_dir, tmp_path)
+
+
+def test_backward_ops_are_sited_at_the_forward_line_in_the_database(out_dir: Path, tmp_path: Path) -> None:
+    db = two_layer_step_database(out_dir, tmp_path)
+    rows = query(
+        db,
+        """
+        SELECT name, bwd_node, site_file, site_line, forward_name, forward_site_function, forward_site_file,
+               forward_site_line
+        FROM backward_op_sites
+        WHERE name IN ('aten::mm', 'aten::threshold_backward')
+        ORDER BY forward_site_line, name
+        """,
+    )
+    counted = query(
+        db,
+        """
+        SELECT forward_site_line, sum(events) FROM backward_call_sites
+        WHERE kind = 'op' AND name = 'aten::mm' GROUP BY ALL ORDER BY ALL
+        """,
+    )
     first, second, backward = line_of("FIRST LAYER"), line_of("SECOND LAYER"), line_of("BACKWARD CALL")
     # Each backward op: its own site where backward() ran, its forward site where its layer ran.
     # The first layer's input needs no gradient: one mm (its weight's); the second layer two.
@@ -317,6 +350,91 @@ def test_backward_ops_are_sited_at_the_forward_line_in_the_database(out_dir: Pat
         ("aten::mm", "AddmmBackward0", here, backward, "aten::addmm", "TwoLayers.forward", here, second),
     ]
     assert counted == [(first, 1), (second, 2)]
+
+
+def test_show_prints_the_forward_ops_traceback_of_a_backward_op(out_dir: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tbpipe.pipeline import cli
+
+    db = two_layer_step_database(out_dir, tmp_path)
+    ((mm_event, forward_event),) = query(
+        db,
+        "SELECT event_id, forward_event_id FROM backward_op_sites WHERE name = 'aten::mm' AND forward_site_line = ?",
+        [line_of("FIRST LAYER")],
+    )
+    ((addmm_event,),) = query(db, "SELECT min(event_id) FROM events WHERE name = 'aten::addmm'")
+
+    def show(*args: str):
+        return CliRunner().invoke(cli.app, ["show", "--db", str(db), *args], env={"COLUMNS": "250"})
+
+    first = f"{HERE}:{line_of('FIRST LAYER')}:TwoLayers.forward"
+    forward = show("--event", str(mm_event), "--site-of", "forward")
+    assert forward.exit_code == 0, forward.output
+    head = forward.stdout.splitlines()
+    assert head[0] == f"# event {mm_event}: op aten::mm"
+    assert head[1].startswith("# ran in the backward of AddmmBackward0 (sequence number ")
+    assert head[1].endswith(f"sited at its forward op, event {forward_event} aten::addmm, at {first}")
+    assert first in head[3:]  # the forward op's traceback
+    own = show("--event", str(mm_event))
+    assert own.exit_code == 0, own.output
+    assert first not in own.stdout
+    assert f"{HERE}:{line_of('BACKWARD CALL')}:two_layer_training_step" in own.stdout.splitlines()
+    not_backward = show("--event", str(addmm_event), "--site-of", "forward")
+    assert not_backward.exit_code != 0
+    assert "did not run in autograd's backward" in str(not_backward.exception)
+
+
+def test_report_counts_backward_work_at_the_forward_line_on_request(out_dir: Path, tmp_path: Path) -> None:
+    from tbpipe.pipeline.db import open_database
+    from tbpipe.pipeline.reports.regression import ReportRequest, compare
+
+    torch.manual_seed(0)
+    model, x, y = TwoLayers(), torch.randn(4, 6), torch.randn(4, 3)
+    for steps in (1, 2):  # the candidate does twice the baseline's work
+        with capture.session(out_dir, labels={"steps": str(steps)}, sources=["torch-ops"]):
+            for _ in range(steps):
+                two_layer_training_step(model, x, y)
+    baseline, candidate = sorted(read_runs(out_dir), key=lambda run: run.manifest["labels"]["steps"])
+    db = ingest(out_dir, tmp_path)
+    con = open_database(db, read_only=True)
+    try:
+        reports = {
+            site_of: compare(
+                con,
+                ReportRequest(
+                    candidate=candidate.manifest["run_id"],
+                    baseline=baseline.manifest["run_id"],
+                    kinds=("op",),
+                    site_of=site_of,
+                    tracebacks=1000,  # every flagged site's (every op doubled)
+                ),
+            )
+            for site_of in ("own", "forward")
+        }
+    finally:
+        con.close()
+
+    def mm_sites(report) -> dict:
+        return {
+            (s.site_function, s.site_line): (s.baseline_events, s.candidate_events, s.change)
+            for s in report.sites
+            if s.name == "aten::mm"
+        }
+
+    first, second, backward = line_of("FIRST LAYER"), line_of("SECOND LAYER"), line_of("BACKWARD CALL")
+    assert mm_sites(reports["own"]) == {("two_layer_training_step", backward): (3.0, 6.0, "increased")}
+    assert mm_sites(reports["forward"]) == {
+        ("TwoLayers.forward", first): (1.0, 2.0, "increased"),
+        ("TwoLayers.forward", second): (2.0, 4.0, "increased"),
+    }
+    # Forward ops are where they are either way; the flagged backward site's traceback is its forward op's.
+    (addmm,) = [s for s in reports["forward"].sites if s.name == "aten::addmm" and s.site_line == first]
+    assert (addmm.baseline_events, addmm.candidate_events) == (1.0, 2.0)
+    (mm_first,) = [s for s in reports["forward"].sites if s.name == "aten::mm" and s.site_line == first]
+    assert mm_first.flagged
+    assert any(f.file == str(HERE) and f.line == first for f in mm_first.traceback)
+    assert reports["forward"].to_json()["site_of"] == "forward"
 
 
 class ScaleWithLaunch(torch.autograd.Function):
@@ -340,24 +458,17 @@ def scaled_forward(x):
 
 
 def test_a_launch_inside_a_backward_op_is_sited_at_its_forward_line(out_dir: Path, tmp_path: Path) -> None:
-    from tbpipe.pipeline.db import IngestOptions, ingest_runs, open_database
-
     x = torch.randn(3, requires_grad=True)
     with capture.session(out_dir, sources=["torch-ops"]):
         scaled_forward(x).backward()
-    db = tmp_path / "launch.duckdb"
-    assert ingest_runs([out_dir], IngestOptions(db_path=db, cache_dir=tmp_path / "symbols", progress=False)).ok
-    con = open_database(db, read_only=True)
-    try:
-        rows = con.execute(
-            """
-            SELECT b.kind, b.name, b.bwd_node, o.name, b.forward_name, b.forward_site_function, b.forward_site_line
-            FROM backward_op_sites b JOIN events o ON o.event_id = b.op_event_id
-            WHERE b.kind = 'kernel_launch'
-            """
-        ).fetchall()
-    finally:
-        con.close()
+    rows = query(
+        ingest(out_dir, tmp_path),
+        """
+        SELECT b.kind, b.name, b.bwd_node, o.name, b.forward_name, b.forward_site_function, b.forward_site_line
+        FROM backward_op_sites b JOIN events o ON o.event_id = b.op_event_id
+        WHERE b.kind = 'kernel_launch'
+        """,
+    )
     assert rows == [
         (
             "kernel_launch",

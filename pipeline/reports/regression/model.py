@@ -16,6 +16,9 @@ NEW, REMOVED, INCREASED, DECREASED, MOVED, UNCHANGED = "new", "removed", "increa
 CHANGES = (NEW, REMOVED, INCREASED, DECREASED, MOVED, UNCHANGED)
 # The changes that make a regression: more work, or work from a new place.
 REGRESSING = (NEW, INCREASED)
+# Where work done in autograd's backward is counted: at its own stack's site (where backward() ran,
+# for CPU backward), or at the site of the forward op that made its node (view `backward_op_sites`).
+SITE_OF = ("own", "forward")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class ReportRequest:
     vary: tuple[str, ...] = ("commit",)  # labels allowed to differ between candidate and its window
     tracebacks: int = 50  # combined tracebacks fetched for the first N flagged sites
     spread: float = 3.0  # window tier: half-width of the band in robust standard deviations (1.4826 MAD)
+    site_of: str = "own"  # one of SITE_OF
 
 
 @dataclass
@@ -207,6 +211,7 @@ class RegressionReport:
             "thresholds": {"relative": request.thresholds.relative, "absolute": request.thresholds.absolute},
             "per": None if request.per is None else {"kind": request.per[0], "name": request.per[1]},
             "group_by": request.group_by,
+            "site_of": request.site_of,
             "environment": [vars(e) for e in self.environment],
             "counts": {change: self.count(change) for change in CHANGES},
             "sites": [s.to_json() for s in self.sites],
