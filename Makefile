@@ -77,6 +77,7 @@ bench: install
 	$(VENV)/bin/python bench/export.py
 	$(VENV)/bin/python bench/torch_overhead.py
 	$(VENV)/bin/python bench/compile_overhead.py
+	$(VENV)/bin/python bench/gpu_activity.py
 
 clean:
 	rm -rf build .venv .venv-* demo-runs

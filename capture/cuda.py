@@ -14,12 +14,28 @@ shared_mem, stream, stream_id, device, context, and for driver launches
 function (the CUfunction, equal to a Triton launch's `function`).
 
 CUDA graphs: cudaGraphLaunch/cuGraphLaunch is one `graph_launch` event (name =
-the API, attribute graph_exec), sited where the graph is replayed. Per-kernel
-attribution of a replay would take CUPTI's resource callbacks for graph node
-creation and cloning (CUPTI_CBID_RESOURCE_GRAPHNODE_CREATED/_CLONED: stacks taken
-while the graph is captured or built, keyed by node id), then the activity
-API's per-kernel graphNodeId at replay to join each kernel to the stack that
-created its node; not done here.
+the API, attribute graph_exec), sited where the graph is replayed.
+
+GPU time (native/cupti_activity.cpp): the source also records CUPTI activity
+records -- kernel executions (CONCURRENT_KERNEL), memory copies and sets, and
+on request synchronizations -- into the run's `gpu_activity` parts: GPU start
+and end, device, context, stream, grid, block, registers, shared memory, and
+for a node of a replayed graph its graph and node ids. Each record carries the
+correlation id of the API call that caused it, which the launch event carries
+as its `correlation_id` attribute: the ingest joins them, so every kernel's
+GPU time lands on the call site that launched it. Copies and sets become
+`memcpy` / `memset` events (name = the API) for the same reason. The kernels
+of a replayed graph carry the graph launch's correlation id (its replay site)
+and their node id; graph nodes are followed as CUPTI makes and clones them
+(`gpu_graph_nodes` parts), so a node made while a launch was being captured
+(torch.cuda.graph, stream capture) leads back to that launch's event: the
+site where the graph was captured. $TBPIPE_CUDA_ACTIVITY chooses the kinds:
+a comma list of kernel, memcpy, memset, sync; `all`; or `0`/`off` for
+launches only. Default: kernel,memcpy,memset.
+
+CUPTI's activity buffers belong to the process, not to a subscriber: a
+torch.profiler session started while tbpipe records takes them over (the
+records of that time go to the profiler).
 
 libcupti is found at run time, in this order: $TBPIPE_CUPTI_LIBRARY (alone, if
 set); a libcupti already loaded in the process; the nvidia-cuda-cupti wheel in
@@ -41,8 +57,12 @@ from pathlib import Path
 
 from tbpipe import _native
 from tbpipe.capture import after_import
+from tbpipe.capture.errors import SourceError
 
 ENV_LIBRARY = "TBPIPE_CUPTI_LIBRARY"
+ENV_ACTIVITY = "TBPIPE_CUDA_ACTIVITY"
+ACTIVITY_KINDS = ("kernel", "memcpy", "memset", "sync")
+DEFAULT_ACTIVITY_KINDS = ("kernel", "memcpy", "memset")
 
 _WHEEL_PATTERNS = ("nvidia/cuda_cupti/lib/libcupti.so*", "nvidia/cu[0-9]*/lib/libcupti.so*")
 _TOOLKIT_DIRS = ("extras/CUPTI/lib64", "lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib")
@@ -52,13 +72,40 @@ _TOOLKIT_DIRS = ("extras/CUPTI/lib64", "lib64", "lib", "targets/x86_64-linux/lib
 class CudaHandle:
     status: str
     library: str | None = None
+    activity_kinds: tuple[str, ...] = ()  # GPU activity recorded
+
+
+def activity_kinds() -> list[str]:
+    """The GPU activity kinds $TBPIPE_CUDA_ACTIVITY asks for (SourceError for one it does not know)."""
+    text = os.environ.get(ENV_ACTIVITY)
+    if text is None:
+        return list(DEFAULT_ACTIVITY_KINDS)
+    text = text.strip().lower()
+    if text in ("", "0", "off", "none", "no", "false"):
+        return []
+    if text in ("1", "on", "yes", "true", "default"):
+        return list(DEFAULT_ACTIVITY_KINDS)
+    if text == "all":
+        return list(ACTIVITY_KINDS)
+    kinds = list(dict.fromkeys(k.strip() for k in text.split(",") if k.strip()))
+    unknown = [k for k in kinds if k not in ACTIVITY_KINDS]
+    if unknown:
+        raise SourceError(
+            f"{ENV_ACTIVITY}={os.environ[ENV_ACTIVITY]!r}: unknown GPU activity kind {unknown[0]!r} "
+            f"(kinds: {', '.join(ACTIVITY_KINDS)}; all; 0 or off for launches only)"
+        )
+    return kinds
 
 
 def start() -> CudaHandle:
+    kinds = activity_kinds()  # a bad setting fails the session before CUPTI is touched
     candidates = cupti_candidates()
     result = _native._cupti_start(candidates)
     if result["status"] == "started":
-        return CudaHandle("recording", result["library"])
+        handle = CudaHandle("recording", result["library"])
+        if kinds:
+            _start_activity(handle, kinds)
+        return handle
     if result["status"] == "no_library":
         reason = (
             f"no CUPTI library found (tried {os.environ[ENV_LIBRARY]})"
@@ -72,6 +119,19 @@ def start() -> CudaHandle:
     return CudaHandle(f"not recording: {reason}", result["library"] or None)
 
 
+def _start_activity(handle: CudaHandle, kinds: list[str]) -> None:
+    activity = _native._cupti_activity_start(kinds)
+    handle.activity_kinds = tuple(activity["kinds"])
+    if activity["status"] != "started":
+        print(
+            f"tbpipe: cuda source: {activity['message']}; GPU time is not recorded (kernel launches are)",
+            file=sys.stderr,
+        )
+        handle.status = f"recording launches only: {activity['message']}"
+    elif activity["message"]:  # some kinds refused
+        print(f"tbpipe: cuda source: {activity['message']}; the other GPU activity is recorded", file=sys.stderr)
+
+
 def stop(handle: CudaHandle | None = None) -> None:
     if handle is None or handle.status == "recording":
         _native._cupti_stop()
@@ -79,6 +139,11 @@ def stop(handle: CudaHandle | None = None) -> None:
 
 def counters() -> dict[str, int]:
     return dict(_native._cupti_counters())
+
+
+def activity_counters() -> dict[str, int]:
+    """GPU activity records stored, dropped by CUPTI, lost by tbpipe, malformed; buffers; graph nodes."""
+    return dict(_native._gpu_activity_counters())
 
 
 def cupti_candidates() -> list[str]:

@@ -283,11 +283,12 @@ class Session:
         drained = _native.drain()
         counters = _native.counters()
         overhead = _native._overhead_counters()
+        gpu = _native._gpu_activity_drain()  # None unless the cuda source records GPU activity
         totals = self._writer.manifest["counters"]
         totals["events_sampled_out"] = overhead["sampled_out"]
         totals["events_rate_limited"] = overhead["rate_limited"]
         self._update_source_status()
-        self._writer.write(drained, counters, self._compile_parts())
+        self._writer.write(drained, counters, gpu, self._compile_parts())
 
     def _compile_parts(self) -> dict[str, Any]:
         """The code_origins rows found since the last flush, and the generated-code folders."""

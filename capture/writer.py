@@ -77,9 +77,14 @@ class RunWriter:
         self._lock = threading.Lock()  # one flush at a time (flusher thread vs. close)
 
     def write(
-        self, drained: dict[str, Any], counters: dict[str, int], extra: dict[str, pa.Table] | None = None
+        self,
+        drained: dict[str, Any],
+        counters: dict[str, int],
+        gpu: dict[str, Any] | None = None,
+        extra: dict[str, pa.Table] | None = None,
     ) -> None:
-        """One flush: the drained buffers' tables, and `extra` parts made elsewhere (by table name)."""
+        """One flush: `drained` from the recorder, `gpu` from the GPU activity store (None when GPU
+        activity never started in this process), and `extra` parts made elsewhere (by table name)."""
         with self._lock:
             self._sequence += 1
             tables = {
@@ -88,6 +93,9 @@ class RunWriter:
             }
             tables["code"] = self._code(tables["stacks"])
             tables["modules"] = self._modules(tables["stacks"])
+            if gpu is not None:
+                tables["gpu_activity"] = self._gpu_activity(gpu)
+                tables["gpu_graph_nodes"] = self._gpu_graph_nodes(gpu)
             tables.update(extra or {})
             files = self.manifest["files"]
             for name, table in tables.items():
@@ -101,6 +109,8 @@ class RunWriter:
             totals["stacks_written"] += tables["stacks"].num_rows
             totals["events_recorded"] = counters["recorded"]
             totals["events_dropped"] = counters["dropped"]
+            if gpu is not None:
+                self._gpu_counters(gpu, tables["gpu_activity"].num_rows)
             self.manifest["threads"].update(_thread_names())
             write_manifest(self.run_dir, self.manifest)
 
@@ -118,6 +128,72 @@ class RunWriter:
             **_PARQUET_OPTIONS,
         )
         os.replace(temporary, self.run_dir / file_name)
+
+    def _gpu_activity(self, gpu: dict[str, Any]) -> pa.Table:
+        schema = raw.gpu_activity_schema()
+        codes = _column(gpu["kind"], pa.uint8()).to_numpy(zero_copy_only=False)
+        # Native kind bits (native/cupti_activity.h): 1 kernel, 2 memcpy, 4 memset, 8 sync.
+        names = np.array(["", *raw.GPU_ACTIVITY_KINDS], dtype=object)
+        kind = pa.array(names[np.searchsorted([0, 1, 2, 4, 8], codes)], pa.string())
+        kernel = pa.array(codes == 1)
+        transfer = pa.array((codes == 2) | (codes == 4))
+        time_type = schema.field("gpu_start").type
+
+        def only(mask: pa.Array, values: pa.Array) -> pa.Array:
+            return pc.if_else(mask, values, pa.scalar(None, values.type))
+
+        def times(key: str) -> pa.Array:
+            return _zero_to_null(_column(gpu[key], pa.int64())).cast(time_type)
+
+        device = _column(gpu["device"], pa.uint32())
+        device = pc.if_else(pc.equal(device, pa.scalar(0xFFFFFFFF, pa.uint32())), pa.scalar(None, pa.uint32()), device)
+        dims = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
+        int32 = {key: _column(gpu[key], pa.int32()) for key in (*dims, "registers", "static_shared", "dynamic_shared")}
+        return pa.Table.from_arrays(
+            [
+                kind,
+                self._strings_for(_column(gpu["name_id"], pa.uint32())),
+                times("start_ns"),
+                times("end_ns"),
+                device,
+                _column(gpu["context"], pa.uint32()),
+                _column(gpu["stream"], pa.uint32()),
+                _zero_to_null(_column(gpu["correlation_id"], pa.uint32())),
+                _zero_to_null(_column(gpu["graph_id"], pa.uint32())),
+                _zero_to_null(_column(gpu["graph_node_id"], pa.uint64())),
+                only(transfer, _column(gpu["bytes"], pa.uint64())),
+                *(only(kernel, int32[key]) for key in dims),
+                only(kernel, int32["registers"]),
+                only(kernel, int32["static_shared"]),
+                only(kernel, int32["dynamic_shared"]),
+            ],
+            schema=schema,
+        )
+
+    def _gpu_graph_nodes(self, gpu: dict[str, Any]) -> pa.Table:
+        schema = raw.gpu_graph_nodes_schema()
+        return pa.Table.from_arrays(
+            [
+                _column(gpu["node_ts_ns"], pa.int64()).cast(schema.field("ts").type),
+                _column(gpu["node_thread_id"], pa.int64()),
+                _column(gpu["node_id"], pa.uint64()),
+                _zero_to_null(_column(gpu["original_node_id"], pa.uint64())),
+                _zero_to_null(_column(gpu["node_graph_id"], pa.uint32())),
+                _column(gpu["node_type"], pa.int32()),
+                _zero_to_null(_column(gpu["node_correlation_id"], pa.uint32())),
+            ],
+            schema=schema,
+        )
+
+    def _gpu_counters(self, gpu: dict[str, Any], written: int) -> None:
+        """The GPU activity store's counters (totals since the process started) and what was written."""
+        totals = self.manifest["counters"]
+        counts = gpu["counters"]
+        totals["gpu_records_written"] = totals.get("gpu_records_written", 0) + written
+        totals["gpu_records_dropped"] = counts["dropped"]  # by CUPTI: no buffer to put them in
+        totals["gpu_records_lost"] = counts["lost"]  # by tbpipe: its store was full between two flushes
+        totals["gpu_records_malformed"] = counts["malformed"]  # shorter than their layout
+        self.manifest["gpu_activity"] = {"clock_offset_ns": gpu["clock_offset_ns"]}
 
     def _strings_for(self, ids: pa.Array) -> pa.Array:
         if self._strings is None:

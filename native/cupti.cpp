@@ -8,6 +8,8 @@
 #include <mutex>
 #include <utility>
 
+#include "cupti_abi.h"
+#include "cupti_activity.h"
 #include "recorder.h"
 #include "string_table.h"
 #include "unwind.h"
@@ -15,121 +17,7 @@
 namespace tbpipe {
 namespace {
 
-// ---------------------------------------------------------------------------
-// The slice of the CUPTI ABI this source uses, declared here because CI has no
-// CUDA headers. Values from cupti_result.h, cupti_callbacks.h,
-// cupti_runtime_cbid.h, cupti_driver_cbid.h and the generated_*_meta.h
-// parameter structs; tests/test_sources_cuda.py compiles a check against the
-// real headers wherever they are installed.
-namespace abi {
-
-using CUptiResult = int;
-using CallbackDomain = int;
-using CallbackId = uint32_t;
-using SubscriberHandle = void*;
-using CallbackFunc = void (*)(void* userdata, CallbackDomain domain, CallbackId cbid, const void* cbdata);
-
-constexpr CUptiResult kSuccess = 0;
-constexpr CUptiResult kErrorMultipleSubscribers = 39;  // CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED
-
-constexpr CallbackDomain kDomainDriver = 1;   // CUPTI_CB_DOMAIN_DRIVER_API
-constexpr CallbackDomain kDomainRuntime = 2;  // CUPTI_CB_DOMAIN_RUNTIME_API
-constexpr int kApiEnter = 0;                  // CUPTI_API_ENTER
-
-// CUpti_CallbackData
-struct CallbackData {
-  int callback_site;
-  const char* function_name;
-  const void* function_params;
-  void* function_return_value;
-  const char* symbol_name;
-  void* context;
-  uint32_t context_uid;
-  uint64_t* correlation_data;
-  uint32_t correlation_id;
-};
-
-// CUpti_SubscriberParams (cuptiSubscribe_v2, CUDA 13+)
-struct SubscriberParams {
-  size_t struct_size;
-  const char* subscriber_name;
-  char* old_subscriber_name;
-  size_t old_subscriber_size;
-};
-constexpr size_t kOldSubscriberNameSize = 64;  // CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN
-
-struct Dim3 {
-  unsigned x, y, z;
-};
-
-// cudaLaunchKernel_v7000_params and the _ptsz, cooperative and CUDA 13
-// __cudaLaunchKernel variants: the same layout.
-struct RuntimeLaunchParams {
-  const void* func;
-  Dim3 grid;
-  Dim3 block;
-  void** args;
-  size_t shared_mem;
-  void* stream;
-};
-
-// cudaLaunchConfig_t, and cudaLaunchKernelExC_v11060_params (+ _ptsz).
-struct RuntimeLaunchConfig {
-  Dim3 grid;
-  Dim3 block;
-  size_t dynamic_shared_mem;
-  void* stream;
-  void* attrs;
-  unsigned num_attrs;
-};
-struct RuntimeLaunchExParams {
-  const RuntimeLaunchConfig* config;
-  const void* func;
-  void** args;
-};
-
-// cudaGraphLaunch_v10000_params and cuGraphLaunch_params (+ _ptsz).
-struct GraphLaunchParams {
-  void* graph_exec;
-  void* stream;
-};
-
-// cuLaunchKernel_params (+ _ptsz); cuLaunchCooperativeKernel_params shares
-// this prefix (it has no `extra`, which is never read).
-struct DriverLaunchParams {
-  void* function;
-  unsigned grid_x, grid_y, grid_z;
-  unsigned block_x, block_y, block_z;
-  unsigned shared_mem;
-  void* stream;
-};
-
-// CUlaunchConfig, and cuLaunchKernelEx_params (+ _ptsz).
-struct DriverLaunchConfig {
-  unsigned grid_x, grid_y, grid_z;
-  unsigned block_x, block_y, block_z;
-  unsigned shared_mem;
-  void* stream;
-  void* attrs;
-  unsigned num_attrs;
-};
-struct DriverLaunchExParams {
-  const DriverLaunchConfig* config;
-  void* function;
-  void** kernel_params;
-  void** extra;
-};
-
-using SubscribeFn = CUptiResult (*)(SubscriberHandle*, CallbackFunc, void*);
-using SubscribeV2Fn = CUptiResult (*)(SubscriberHandle*, CallbackFunc, void*, SubscriberParams*);
-using UnsubscribeFn = CUptiResult (*)(SubscriberHandle);
-using EnableCallbackFn = CUptiResult (*)(uint32_t, SubscriberHandle, CallbackDomain, CallbackId);
-using GetResultStringFn = CUptiResult (*)(CUptiResult, const char**);
-using GetDeviceIdFn = CUptiResult (*)(void* context, uint32_t* device);
-using GetStreamIdExFn = CUptiResult (*)(void* context, void* stream, uint8_t per_thread, uint32_t* id);
-using FuncGetNameFn = int (*)(const char** name, void* function);  // libcuda's cuFuncGetName (12.3+)
-
-}  // namespace abi
+namespace abi = cupti_abi;
 
 enum class Layout : uint8_t {
   kRuntimeLaunch,
@@ -138,6 +26,8 @@ enum class Layout : uint8_t {
   kDriverLaunchEx,
   kGraph,
   kNoParams,  // legacy launches whose parameters carry no grid
+  kMemcpy,    // memory copies and sets: no parameters read, the API names the event
+  kMemset,
 };
 
 struct LaunchCallback {
@@ -194,12 +84,125 @@ constexpr LaunchCallback kLaunchCallbacks[] = {
     {abi::kDomainDriver, 515, Layout::kGraph, true, "cuGraphLaunch_ptsz", "CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz"},
 };
 
-const LaunchCallback* find_launch_callback(abi::CallbackDomain domain, abi::CallbackId cbid) {
-  for (const LaunchCallback& launch : kLaunchCallbacks) {
-    if (launch.cbid == cbid && launch.domain == domain) return &launch;
-  }
-  return nullptr;
+// Memory copies and sets, recorded (as `memcpy` / `memset` events) only while
+// GPU activity is recorded: their activity records need a site to join.
+constexpr LaunchCallback kTransferCallbacks[] = {
+    {abi::kDomainRuntime, 31, Layout::kMemcpy, false, "cudaMemcpy", "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_v3020"},
+    {abi::kDomainRuntime, 32, Layout::kMemcpy, false, "cudaMemcpy2D", "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2D_v3020"},
+    {abi::kDomainRuntime, 39, Layout::kMemcpy, false, "cudaMemcpyToSymbol",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyToSymbol_v3020"},
+    {abi::kDomainRuntime, 40, Layout::kMemcpy, false, "cudaMemcpyFromSymbol",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyFromSymbol_v3020"},
+    {abi::kDomainRuntime, 41, Layout::kMemcpy, false, "cudaMemcpyAsync",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_v3020"},
+    {abi::kDomainRuntime, 44, Layout::kMemcpy, false, "cudaMemcpy2DAsync",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2DAsync_v3020"},
+    {abi::kDomainRuntime, 47, Layout::kMemcpy, false, "cudaMemcpyToSymbolAsync",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyToSymbolAsync_v3020"},
+    {abi::kDomainRuntime, 48, Layout::kMemcpy, false, "cudaMemcpyFromSymbolAsync",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyFromSymbolAsync_v3020"},
+    {abi::kDomainRuntime, 144, Layout::kMemcpy, false, "cudaMemcpy3D", "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy3D_v3020"},
+    {abi::kDomainRuntime, 145, Layout::kMemcpy, false, "cudaMemcpy3DAsync",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy3DAsync_v3020"},
+    {abi::kDomainRuntime, 160, Layout::kMemcpy, false, "cudaMemcpyPeer",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyPeer_v4000"},
+    {abi::kDomainRuntime, 161, Layout::kMemcpy, false, "cudaMemcpyPeerAsync",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyPeerAsync_v4000"},
+    {abi::kDomainRuntime, 215, Layout::kMemcpy, true, "cudaMemcpy_ptds",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy_ptds_v7000"},
+    {abi::kDomainRuntime, 216, Layout::kMemcpy, true, "cudaMemcpy2D_ptds",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2D_ptds_v7000"},
+    {abi::kDomainRuntime, 223, Layout::kMemcpy, true, "cudaMemcpyToSymbol_ptds",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyToSymbol_ptds_v7000"},
+    {abi::kDomainRuntime, 224, Layout::kMemcpy, true, "cudaMemcpyFromSymbol_ptds",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyFromSymbol_ptds_v7000"},
+    {abi::kDomainRuntime, 225, Layout::kMemcpy, true, "cudaMemcpyAsync_ptsz",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyAsync_ptsz_v7000"},
+    {abi::kDomainRuntime, 228, Layout::kMemcpy, true, "cudaMemcpy2DAsync_ptsz",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2DAsync_ptsz_v7000"},
+    {abi::kDomainRuntime, 231, Layout::kMemcpy, true, "cudaMemcpyToSymbolAsync_ptsz",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyToSymbolAsync_ptsz_v7000"},
+    {abi::kDomainRuntime, 232, Layout::kMemcpy, true, "cudaMemcpyFromSymbolAsync_ptsz",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpyFromSymbolAsync_ptsz_v7000"},
+    {abi::kDomainRuntime, 245, Layout::kMemcpy, true, "cudaMemcpy3D_ptds",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy3D_ptds_v7000"},
+    {abi::kDomainRuntime, 246, Layout::kMemcpy, true, "cudaMemcpy3DAsync_ptsz",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy3DAsync_ptsz_v7000"},
+    {abi::kDomainRuntime, 49, Layout::kMemset, false, "cudaMemset", "CUPTI_RUNTIME_TRACE_CBID_cudaMemset_v3020"},
+    {abi::kDomainRuntime, 50, Layout::kMemset, false, "cudaMemset2D", "CUPTI_RUNTIME_TRACE_CBID_cudaMemset2D_v3020"},
+    {abi::kDomainRuntime, 51, Layout::kMemset, false, "cudaMemsetAsync",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_v3020"},
+    {abi::kDomainRuntime, 52, Layout::kMemset, false, "cudaMemset2DAsync",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemset2DAsync_v3020"},
+    {abi::kDomainRuntime, 142, Layout::kMemset, false, "cudaMemset3D", "CUPTI_RUNTIME_TRACE_CBID_cudaMemset3D_v3020"},
+    {abi::kDomainRuntime, 143, Layout::kMemset, false, "cudaMemset3DAsync",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemset3DAsync_v3020"},
+    {abi::kDomainRuntime, 233, Layout::kMemset, true, "cudaMemset_ptds",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemset_ptds_v7000"},
+    {abi::kDomainRuntime, 234, Layout::kMemset, true, "cudaMemset2D_ptds",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemset2D_ptds_v7000"},
+    {abi::kDomainRuntime, 235, Layout::kMemset, true, "cudaMemsetAsync_ptsz",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemsetAsync_ptsz_v7000"},
+    {abi::kDomainRuntime, 236, Layout::kMemset, true, "cudaMemset2DAsync_ptsz",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemset2DAsync_ptsz_v7000"},
+    {abi::kDomainRuntime, 243, Layout::kMemset, true, "cudaMemset3D_ptds",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemset3D_ptds_v7000"},
+    {abi::kDomainRuntime, 244, Layout::kMemset, true, "cudaMemset3DAsync_ptsz",
+     "CUPTI_RUNTIME_TRACE_CBID_cudaMemset3DAsync_ptsz_v7000"},
+    {abi::kDomainDriver, 305, Layout::kMemcpy, false, "cuMemcpy", "CUPTI_DRIVER_TRACE_CBID_cuMemcpy"},
+    {abi::kDomainDriver, 306, Layout::kMemcpy, false, "cuMemcpyAsync", "CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync"},
+    {abi::kDomainDriver, 276, Layout::kMemcpy, false, "cuMemcpyHtoD", "CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2"},
+    {abi::kDomainDriver, 277, Layout::kMemcpy, false, "cuMemcpyHtoDAsync",
+     "CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2"},
+    {abi::kDomainDriver, 278, Layout::kMemcpy, false, "cuMemcpyDtoH", "CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2"},
+    {abi::kDomainDriver, 279, Layout::kMemcpy, false, "cuMemcpyDtoHAsync",
+     "CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2"},
+    {abi::kDomainDriver, 280, Layout::kMemcpy, false, "cuMemcpyDtoD", "CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoD_v2"},
+    {abi::kDomainDriver, 281, Layout::kMemcpy, false, "cuMemcpyDtoDAsync",
+     "CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2"},
+    {abi::kDomainDriver, 318, Layout::kMemcpy, false, "cuMemcpyPeer", "CUPTI_DRIVER_TRACE_CBID_cuMemcpyPeer"},
+    {abi::kDomainDriver, 319, Layout::kMemcpy, false, "cuMemcpyPeerAsync", "CUPTI_DRIVER_TRACE_CBID_cuMemcpyPeerAsync"},
+    {abi::kDomainDriver, 408, Layout::kMemcpy, true, "cuMemcpy_ptds", "CUPTI_DRIVER_TRACE_CBID_cuMemcpy_ptds"},
+    {abi::kDomainDriver, 418, Layout::kMemcpy, true, "cuMemcpyAsync_ptsz",
+     "CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync_ptsz"},
+    {abi::kDomainDriver, 421, Layout::kMemcpy, true, "cuMemcpyHtoDAsync_ptsz",
+     "CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz"},
+    {abi::kDomainDriver, 422, Layout::kMemcpy, true, "cuMemcpyDtoHAsync_ptsz",
+     "CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2_ptsz"},
+    {abi::kDomainDriver, 423, Layout::kMemcpy, true, "cuMemcpyDtoDAsync_ptsz",
+     "CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2_ptsz"},
+    {abi::kDomainDriver, 249, Layout::kMemset, false, "cuMemsetD8", "CUPTI_DRIVER_TRACE_CBID_cuMemsetD8_v2"},
+    {abi::kDomainDriver, 250, Layout::kMemset, false, "cuMemsetD16", "CUPTI_DRIVER_TRACE_CBID_cuMemsetD16_v2"},
+    {abi::kDomainDriver, 251, Layout::kMemset, false, "cuMemsetD32", "CUPTI_DRIVER_TRACE_CBID_cuMemsetD32_v2"},
+    {abi::kDomainDriver, 216, Layout::kMemset, false, "cuMemsetD8Async", "CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async"},
+    {abi::kDomainDriver, 218, Layout::kMemset, false, "cuMemsetD16Async", "CUPTI_DRIVER_TRACE_CBID_cuMemsetD16Async"},
+    {abi::kDomainDriver, 220, Layout::kMemset, false, "cuMemsetD32Async", "CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async"},
+    {abi::kDomainDriver, 428, Layout::kMemset, true, "cuMemsetD8Async_ptsz",
+     "CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async_ptsz"},
+    {abi::kDomainDriver, 429, Layout::kMemset, true, "cuMemsetD16Async_ptsz",
+     "CUPTI_DRIVER_TRACE_CBID_cuMemsetD16Async_ptsz"},
+    {abi::kDomainDriver, 430, Layout::kMemset, true, "cuMemsetD32Async_ptsz",
+     "CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async_ptsz"},
+};
+
+// Callbacks by (domain, cbid), for a lookup that costs the same for any entry
+// (filled once, before the first subscription; read-only afterwards).
+constexpr uint32_t kMaxIndexedCbid = 1024;
+const LaunchCallback* g_callback_index[3][kMaxIndexedCbid] = {};
+std::once_flag g_callback_index_once;
+
+void build_callback_index() {
+  for (const LaunchCallback& launch : kLaunchCallbacks) g_callback_index[launch.domain][launch.cbid] = &launch;
+  for (const LaunchCallback& transfer : kTransferCallbacks)
+    g_callback_index[transfer.domain][transfer.cbid] = &transfer;
 }
+
+const LaunchCallback* find_launch_callback(abi::CallbackDomain domain, abi::CallbackId cbid) {
+  if (domain < 0 || domain > 2 || cbid >= kMaxIndexedCbid) return nullptr;
+  return g_callback_index[domain][cbid];
+}
+
+bool is_transfer(Layout layout) { return layout == Layout::kMemcpy || layout == Layout::kMemset; }
 
 struct Library {
   void* handle = nullptr;
@@ -212,6 +215,7 @@ struct Library {
   abi::GetDeviceIdFn device_id = nullptr;
   abi::GetStreamIdExFn stream_id = nullptr;
   abi::FuncGetNameFn func_get_name = nullptr;
+  GpuActivityFunctions activity;
 };
 
 // Written under g_mutex before g_recording is set; read by callbacks after
@@ -222,15 +226,21 @@ abi::SubscriberHandle g_subscriber = nullptr;
 std::atomic<bool> g_recording{false};
 std::atomic<uint32_t> g_kernel_kind{0};
 std::atomic<uint32_t> g_graph_kind{0};
+std::atomic<uint32_t> g_memcpy_kind{0};
+std::atomic<uint32_t> g_memset_kind{0};
 
 std::atomic<uint64_t> g_kernel_launches{0};
 std::atomic<uint64_t> g_graph_launches{0};
 std::atomic<uint64_t> g_nested_skipped{0};
 std::atomic<uint64_t> g_not_recorded{0};
+std::atomic<uint64_t> g_transfers{0};
 
 // Runtime launches in progress on this thread: the runtime may reach the
 // driver's launch entry points itself, and one launch is one event.
 thread_local int t_runtime_launch_depth = 0;
+// Correlation id of the outermost launch (or copy) in progress on this thread,
+// 0 when none: a graph node created meanwhile was captured from it.
+thread_local uint32_t t_open_correlation = 0;
 
 // The device of the last context seen on this thread (launches rarely switch).
 thread_local void* t_last_context = nullptr;
@@ -309,6 +319,8 @@ void* add_launch_config(JsonAttrs& attrs, const LaunchCallback& launch, const ab
       return nullptr;
     }
     case Layout::kNoParams:
+    case Layout::kMemcpy:
+    case Layout::kMemset:
       return nullptr;
   }
   return nullptr;
@@ -324,6 +336,19 @@ const char* kernel_name(const abi::CallbackData& data, void* function) {
   return "<unknown kernel>";
 }
 
+uint32_t event_kind_id(Layout layout) {
+  switch (layout) {
+    case Layout::kGraph:
+      return g_graph_kind.load(std::memory_order_relaxed);
+    case Layout::kMemcpy:
+      return g_memcpy_kind.load(std::memory_order_relaxed);
+    case Layout::kMemset:
+      return g_memset_kind.load(std::memory_order_relaxed);
+    default:
+      return g_kernel_kind.load(std::memory_order_relaxed);
+  }
+}
+
 void record_launch(const LaunchCallback& launch, const abi::CallbackData& data) {
   JsonAttrs attrs;
   attrs.field_string("api", launch.api);
@@ -336,35 +361,60 @@ void record_launch(const LaunchCallback& launch, const abi::CallbackData& data) 
   const char* attrs_text = attrs.finish(&attrs_size);
 
   const bool graph = launch.layout == Layout::kGraph;
-  const char* name = graph ? launch.api : kernel_name(data, function);
+  const bool transfer = is_transfer(launch.layout);
+  const char* name = graph || transfer ? launch.api : kernel_name(data, function);
   StringTable& strings = StringTable::instance();
   const uint32_t name_id = strings.intern_utf8(name, std::strlen(name));
-  const uint32_t kind_id = (graph ? g_graph_kind : g_kernel_kind).load(std::memory_order_relaxed);
   UnwindOptions options;
   options.skip_own_module = true;  // this callback; libcupti and libcuda frames stay, they are real
   options.skip_until_eval = false;
-  if (Recorder::instance().record_native(kind_id, name_id, attrs_text, attrs_size, options)) {
-    (graph ? g_graph_launches : g_kernel_launches).fetch_add(1, std::memory_order_relaxed);
+  if (Recorder::instance().record_native(event_kind_id(launch.layout), name_id, attrs_text, attrs_size, options)) {
+    (transfer ? g_transfers : graph ? g_graph_launches : g_kernel_launches).fetch_add(1, std::memory_order_relaxed);
   } else {
     g_not_recorded.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+// A graph node made or cloned: on the thread that made it, inside the API
+// call that made it (a launch captured into a graph: t_open_correlation).
+void on_resource(abi::CallbackId cbid, const void* raw) {
+  if (cbid != abi::kGraphNodeCreated && cbid != abi::kGraphNodeCloned) return;
+  if (!g_recording.load(std::memory_order_acquire)) return;
+  const auto* resource = static_cast<const abi::ResourceData*>(raw);
+  const auto* graph = static_cast<const abi::GraphData*>(resource->resource_descriptor);
+  if (graph == nullptr) return;
+  if (cbid == abi::kGraphNodeCreated) {
+    gpu_activity_graph_node(graph->graph, graph->node, nullptr, graph->node_type, t_open_correlation);
+  } else {
+    gpu_activity_graph_node(graph->graph, graph->node, graph->original_node, graph->node_type, 0);
   }
 }
 
 // Runs on the launching thread, with or without the GIL; must never take it.
 void on_callback(void*, abi::CallbackDomain domain, abi::CallbackId cbid, const void* raw) {
   if (raw == nullptr) return;
+  if (domain == abi::kDomainResource) {
+    on_resource(cbid, raw);
+    return;
+  }
   const LaunchCallback* launch = find_launch_callback(domain, cbid);
   if (launch == nullptr) return;
   const auto* data = static_cast<const abi::CallbackData*>(raw);
   if (data->callback_site != abi::kApiEnter) {
-    if (domain == abi::kDomainRuntime && t_runtime_launch_depth > 0) --t_runtime_launch_depth;
+    if (domain == abi::kDomainRuntime) {
+      if (t_runtime_launch_depth > 0 && --t_runtime_launch_depth == 0) t_open_correlation = 0;
+    } else if (t_runtime_launch_depth == 0) {
+      t_open_correlation = 0;
+    }
     return;
   }
   if (domain == abi::kDomainRuntime) {
-    ++t_runtime_launch_depth;
+    if (t_runtime_launch_depth++ == 0) t_open_correlation = data->correlation_id;
   } else if (t_runtime_launch_depth > 0) {
     g_nested_skipped.fetch_add(1, std::memory_order_relaxed);
     return;
+  } else {
+    t_open_correlation = data->correlation_id;
   }
   if (!g_recording.load(std::memory_order_acquire) || !Recorder::instance().active()) {
     g_not_recorded.fetch_add(1, std::memory_order_relaxed);
@@ -424,6 +474,16 @@ bool load_library(const std::vector<std::string>& candidates, std::string* error
   g_library.result_string = symbol<abi::GetResultStringFn>(handle, "cuptiGetResultString");
   g_library.device_id = symbol<abi::GetDeviceIdFn>(handle, "cuptiGetDeviceId");
   g_library.stream_id = symbol<abi::GetStreamIdExFn>(handle, "cuptiGetStreamIdEx");
+  GpuActivityFunctions& activity = g_library.activity;
+  activity.register_callbacks = symbol<abi::ActivityRegisterCallbacksFn>(handle, "cuptiActivityRegisterCallbacks");
+  activity.enable = symbol<abi::ActivityEnableFn>(handle, "cuptiActivityEnable");
+  activity.disable = symbol<abi::ActivityEnableFn>(handle, "cuptiActivityDisable");
+  activity.next_record = symbol<abi::ActivityGetNextRecordFn>(handle, "cuptiActivityGetNextRecord");
+  activity.flush_all = symbol<abi::ActivityFlushAllFn>(handle, "cuptiActivityFlushAll");
+  activity.dropped_records = symbol<abi::ActivityGetNumDroppedRecordsFn>(handle, "cuptiActivityGetNumDroppedRecords");
+  activity.timestamp = symbol<abi::GetTimestampFn>(handle, "cuptiGetTimestamp");
+  activity.graph_node_id = symbol<abi::GetGraphNodeIdFn>(handle, "cuptiGetGraphNodeId");
+  activity.graph_id = symbol<abi::GetGraphIdFn>(handle, "cuptiGetGraphId");
   // Only for naming launches whose callback carries no symbol name; only if
   // the driver is already in the process (loading it here would start CUDA).
   if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD)) {
@@ -452,6 +512,9 @@ std::vector<CuptiCallbackInfo> cupti_launch_callbacks() {
   for (const LaunchCallback& launch : kLaunchCallbacks) {
     out.push_back(
         CuptiCallbackInfo{launch.domain, launch.cbid, launch.api, launch.cbid_name, launch.layout == Layout::kGraph});
+  }
+  for (const LaunchCallback& transfer : kTransferCallbacks) {
+    out.push_back(CuptiCallbackInfo{transfer.domain, transfer.cbid, transfer.api, transfer.cbid_name, false});
   }
   return out;
 }
@@ -492,12 +555,21 @@ std::vector<std::pair<std::string, uint64_t>> cupti_declared_abi() {
   };
 }
 
+std::vector<std::pair<std::string, uint64_t>> cupti_declared_abi_all() {
+  std::vector<std::pair<std::string, uint64_t>> out = cupti_declared_abi();
+  gpu_activity_declared_abi(&out);
+  return out;
+}
+
 CuptiStartResult cupti_start(const std::vector<std::string>& candidates) {
   std::lock_guard<std::mutex> guard(g_mutex);
   CuptiStartResult result;
   StringTable& strings = StringTable::instance();
   g_kernel_kind.store(strings.intern_utf8("kernel_launch", 13), std::memory_order_relaxed);
   g_graph_kind.store(strings.intern_utf8("graph_launch", 12), std::memory_order_relaxed);
+  g_memcpy_kind.store(strings.intern_utf8("memcpy", 6), std::memory_order_relaxed);
+  g_memset_kind.store(strings.intern_utf8("memset", 6), std::memory_order_relaxed);
+  std::call_once(g_callback_index_once, build_callback_index);
   if (g_subscriber != nullptr) {
     g_recording.store(true, std::memory_order_release);
     result.status = CuptiStartStatus::kStarted;
@@ -550,9 +622,37 @@ CuptiStartResult cupti_start(const std::vector<std::string>& candidates) {
   return result;
 }
 
+CuptiActivityStartResult cupti_activity_start(unsigned kinds) {
+  std::lock_guard<std::mutex> guard(g_mutex);
+  CuptiActivityStartResult result;
+  if (g_subscriber == nullptr) {
+    result.message = "the launch callbacks are not subscribed";
+    return result;
+  }
+  const GpuActivityStartResult started = gpu_activity_start(g_library.activity, kinds);
+  result.started = started.started;
+  result.kinds = started.kinds;
+  result.message = started.message;
+  result.clock_offset_ns = started.clock_offset_ns;
+  if (!started.started) return result;
+  // Copies and sets become events of their own, so their records have a site;
+  // graph nodes are followed so a replayed kernel has its captured launch.
+  for (const LaunchCallback& transfer : kTransferCallbacks) {
+    const unsigned needed = transfer.layout == Layout::kMemcpy ? kGpuMemcpy : kGpuMemset;
+    if ((started.kinds & needed) != 0) g_library.enable_callback(1, g_subscriber, transfer.domain, transfer.cbid);
+  }
+  if (g_library.activity.graph_node_id != nullptr) {
+    result.graph_nodes =
+        g_library.enable_callback(1, g_subscriber, abi::kDomainResource, abi::kGraphNodeCreated) == abi::kSuccess &&
+        g_library.enable_callback(1, g_subscriber, abi::kDomainResource, abi::kGraphNodeCloned) == abi::kSuccess;
+  }
+  return result;
+}
+
 void cupti_stop() {
   std::lock_guard<std::mutex> guard(g_mutex);
   g_recording.store(false, std::memory_order_release);
+  gpu_activity_stop();  // what CUPTI still holds goes into the store, for the session's last write
   if (g_subscriber != nullptr && g_library.unsubscribe != nullptr) {
     g_library.unsubscribe(g_subscriber);
   }
@@ -570,6 +670,7 @@ CuptiCounters cupti_counters() {
   counters.graph_launches = g_graph_launches.load(std::memory_order_relaxed);
   counters.nested_skipped = g_nested_skipped.load(std::memory_order_relaxed);
   counters.not_recorded = g_not_recorded.load(std::memory_order_relaxed);
+  counters.transfers = g_transfers.load(std::memory_order_relaxed);
   return counters;
 }
 

@@ -169,13 +169,27 @@ struct CuptiCounters {
   uint64_t graph_launches = 0;   // graph_launch events handed to the recorder
   uint64_t nested_skipped = 0;   // driver launches made inside a runtime launch already recorded
   uint64_t not_recorded = 0;     // launches seen while the recorder was stopped, or dropped by it
+  uint64_t transfers = 0;        // memcpy and memset events handed to the recorder
+};
+
+struct CuptiActivityStartResult {
+  bool started = false;
+  unsigned kinds = 0;        // GpuActivityKind bits CUPTI accepted
+  bool graph_nodes = false;  // graph node callbacks enabled (replayed kernels lead to their captured launches)
+  std::string message;       // why not started, or what was refused
+  int64_t clock_offset_ns = 0;
 };
 
 // Loads the first loadable library of `candidates` (paths or sonames), then
 // subscribes and enables the launch callbacks. Starting again while started
 // only resumes recording. Never throws; never ends the process.
 CuptiStartResult cupti_start(const std::vector<std::string>& candidates);
-// Stops recording and unsubscribes, so another CUPTI client may subscribe.
+// With the launch callbacks subscribed: records GPU activity of `kinds`
+// (GpuActivityKind bits, native/cupti_activity.h), memcpy/memset events when
+// those kinds are asked for, and graph nodes as they are made.
+CuptiActivityStartResult cupti_activity_start(unsigned kinds);
+// Stops recording and unsubscribes, so another CUPTI client may subscribe;
+// GPU activity still in CUPTI's buffers is flushed into the store first.
 // The library stays loaded: a callback may still be running on some thread.
 void cupti_stop();
 bool cupti_subscribed();
@@ -193,5 +207,7 @@ struct CuptiCallbackInfo {
 };
 std::vector<CuptiCallbackInfo> cupti_launch_callbacks();
 std::vector<std::pair<std::string, uint64_t>> cupti_declared_abi();
+// The same with the activity API's records and resource callbacks.
+std::vector<std::pair<std::string, uint64_t>> cupti_declared_abi_all();
 
 }  // namespace tbpipe

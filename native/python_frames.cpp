@@ -33,10 +33,15 @@ PyThreadState* current_thread_state_or_null() {
 }
 
 // The calling thread's own thread state even while it has released the GIL
-// (the "current" one is cleared then; the GIL-state slot keeps it).
+// (the "current" one is cleared then; the GIL-state slot keeps it). Before
+// 3.12 the "current" thread state is one per process: that of whichever
+// thread holds the GIL, which need not be the caller (a launch callback runs
+// while another thread holds it), so only the GIL-state slot can say.
 PyThreadState* own_thread_state() {
-  PyThreadState* state = current_thread_state_or_null();
+#if PY_VERSION_HEX >= 0x030C0000
+  PyThreadState* state = current_thread_state_or_null();  // per thread from 3.12
   if (state != nullptr) return state;
+#endif
   return PyGILState_GetThisThreadState();
 }
 
@@ -207,7 +212,14 @@ void CodeRegistry::reset_after_fork() {
 // ---------------------------------------------------------------------------
 // The walk
 
-bool thread_holds_gil() { return current_thread_state_or_null() != nullptr; }
+bool thread_holds_gil() {
+  PyThreadState* current = current_thread_state_or_null();
+#if PY_VERSION_HEX >= 0x030C0000
+  return current != nullptr;
+#else
+  return current != nullptr && current == PyGILState_GetThisThreadState();
+#endif
+}
 
 namespace {
 

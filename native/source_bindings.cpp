@@ -1,7 +1,8 @@
 // Bindings of the event sources that need native code, registered into
 // tbpipe._native by bindings.cpp through register_source_bindings():
 //
-//  - the `cuda` source: CUPTI start/stop/counters (native/cupti.cpp);
+//  - the `cuda` source: CUPTI start/stop/counters (native/cupti.cpp) and its
+//    GPU activity: start, the columnar drain, counters (native/cupti_activity.cpp);
 //  - the `torch-ops` source's dispatch entry point: torch calls it for every
 //    aten op as the `__torch_dispatch__` of tbpipe's dispatch mode. It records
 //    the op and runs it, so the mode has no Python frame and builds no Python
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "cupti.h"
+#include "cupti_activity.h"
 #include "recorder.h"
 #include "string_table.h"
 #include "unwind.h"
@@ -389,6 +391,106 @@ py::dict cupti_start_binding(const std::vector<std::string>& candidates) {
   return out;
 }
 
+template <typename T>
+py::bytes column_bytes(const std::vector<T>& values) {
+  return py::bytes(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+}
+
+struct ActivityKindName {
+  unsigned bit;
+  const char* name;
+};
+constexpr ActivityKindName kActivityKindNames[] = {
+    {kGpuKernel, "kernel"}, {kGpuMemcpy, "memcpy"}, {kGpuMemset, "memset"}, {kGpuSync, "sync"}};
+
+py::list activity_kind_names(unsigned kinds) {
+  py::list out;
+  for (const ActivityKindName& kind : kActivityKindNames) {
+    if ((kinds & kind.bit) != 0) out.append(kind.name);
+  }
+  return out;
+}
+
+py::dict cupti_activity_start_binding(const std::vector<std::string>& kinds) {
+  unsigned wanted = 0;
+  for (const std::string& name : kinds) {
+    bool known = false;
+    for (const ActivityKindName& kind : kActivityKindNames) {
+      if (name == kind.name) {
+        wanted |= kind.bit;
+        known = true;
+      }
+    }
+    if (!known) throw py::value_error("unknown GPU activity kind '" + name + "' (kernel, memcpy, memset, sync)");
+  }
+  CuptiActivityStartResult result;
+  {
+    py::gil_scoped_release release;  // CUPTI may call back into buffers on other threads meanwhile
+    result = cupti_activity_start(wanted);
+  }
+  py::dict out;
+  out["status"] = result.started ? "started" : "not_started";
+  out["kinds"] = activity_kind_names(result.kinds);
+  out["graph_nodes"] = result.graph_nodes;
+  out["message"] = result.message;
+  out["clock_offset_ns"] = result.clock_offset_ns;
+  return out;
+}
+
+py::dict activity_counters_dict(const GpuActivityCounters& c) {
+  py::dict out;
+  out["records"] = c.records;
+  out["dropped"] = c.dropped;
+  out["lost"] = c.lost;
+  out["malformed"] = c.malformed;
+  out["buffers"] = c.buffers;
+  out["graph_nodes"] = c.graph_nodes;
+  return out;
+}
+
+// Everything GPU activity recorded since the last drain, as raw little-endian
+// columns; None when activity never started in this process.
+py::object gpu_activity_drain_binding(bool flush) {
+  GpuActivityDrained d;
+  {
+    py::gil_scoped_release release;  // the flush waits for CUPTI's buffers
+    if (flush) gpu_activity_flush();
+    gpu_activity_drain(&d);
+  }
+  if (!d.active) return py::none();
+  py::dict out;
+  out["kind"] = column_bytes(d.kind);
+  out["name_id"] = column_bytes(d.name_id);
+  out["start_ns"] = column_bytes(d.start_ns);
+  out["end_ns"] = column_bytes(d.end_ns);
+  out["device"] = column_bytes(d.device);
+  out["context"] = column_bytes(d.context);
+  out["stream"] = column_bytes(d.stream);
+  out["correlation_id"] = column_bytes(d.correlation_id);
+  out["graph_id"] = column_bytes(d.graph_id);
+  out["graph_node_id"] = column_bytes(d.graph_node_id);
+  out["bytes"] = column_bytes(d.bytes);
+  out["grid_x"] = column_bytes(d.grid_x);
+  out["grid_y"] = column_bytes(d.grid_y);
+  out["grid_z"] = column_bytes(d.grid_z);
+  out["block_x"] = column_bytes(d.block_x);
+  out["block_y"] = column_bytes(d.block_y);
+  out["block_z"] = column_bytes(d.block_z);
+  out["registers"] = column_bytes(d.registers);
+  out["static_shared"] = column_bytes(d.static_shared);
+  out["dynamic_shared"] = column_bytes(d.dynamic_shared);
+  out["node_id"] = column_bytes(d.node_id);
+  out["original_node_id"] = column_bytes(d.original_node_id);
+  out["node_graph_id"] = column_bytes(d.node_graph_id);
+  out["node_correlation_id"] = column_bytes(d.node_correlation_id);
+  out["node_type"] = column_bytes(d.node_type);
+  out["node_thread_id"] = column_bytes(d.node_thread_id);
+  out["node_ts_ns"] = column_bytes(d.node_ts_ns);
+  out["counters"] = activity_counters_dict(d.counters);
+  out["clock_offset_ns"] = d.clock_offset_ns;
+  return out;
+}
+
 }  // namespace
 
 void register_source_bindings(py::module_& m) {
@@ -406,7 +508,7 @@ void register_source_bindings(py::module_& m) {
         }
         py::dict out;
         out["callbacks"] = callbacks;
-        out["declared"] = cupti_declared_abi();
+        out["declared"] = cupti_declared_abi_all();
         return out;
       },
       "(domain, cbid, api, cbid enumerator, is graph) per enabled callback, and the declared CUPTI ABI.");
@@ -417,6 +519,18 @@ void register_source_bindings(py::module_& m) {
     out["graph_launches"] = c.graph_launches;
     out["nested_skipped"] = c.nested_skipped;
     out["not_recorded"] = c.not_recorded;
+    return out;
+  });
+  m.def("_cupti_activity_start", &cupti_activity_start_binding, py::arg("kinds"),
+        "With the launch callbacks subscribed, record GPU activity of these kinds (kernel, memcpy, memset, sync); "
+        "returns {status, kinds, graph_nodes, message, clock_offset_ns}.");
+  m.def("_gpu_activity_drain", &gpu_activity_drain_binding, py::arg("flush") = true,
+        "Ask CUPTI for its completed buffers (flush=True), then move every stored activity record and graph node "
+        "out, columnar; None when GPU activity never started in this process.");
+  m.def("_gpu_activity_counters", []() {
+    py::dict out = activity_counters_dict(gpu_activity_counters());
+    out["active"] = gpu_activity_active();
+    out["transfers"] = cupti_counters().transfers;
     return out;
   });
 

@@ -8,6 +8,12 @@ capture library's background thread, one zstd Parquet file per table that had
 new rows: `events-000001.parquet`, `stacks-000001.parquet`, ... Every file is
 complete on its own (a killed process leaves all earlier files readable).
 Each file's key-value metadata names its table and the schema version.
+
+Versions: a reader of this module reads every version from
+OLDEST_READABLE_RAW_SCHEMA_VERSION to RAW_SCHEMA_VERSION. A later version only adds
+optional tables (`TABLE_SINCE` says from which version a table may appear); the
+tables of version 1 keep their columns, so a run of any readable version is
+read with the schemas below, and a table a run does not have is empty.
 """
 
 from __future__ import annotations
@@ -177,16 +183,83 @@ def code_origins_schema() -> pa.Schema:
     )
 
 
+# Values of gpu_activity.kind
+GPU_ACTIVITY_KINDS = ("kernel", "memcpy", "memset", "sync")
+
+
+def gpu_activity_schema() -> pa.Schema:
+    """One row per GPU activity record from CUPTI (source `cuda`): a kernel execution, a copy, a set or a
+    synchronization. Joined to its launch event by `correlation_id` (the event attribute of that name)."""
+    return _with_metadata(
+        "gpu_activity",
+        [
+            pa.field("kind", pa.string(), nullable=False),  # GPU_ACTIVITY_KINDS
+            # kernel: its (mangled) name; memcpy: the copy kind (HtoD, DtoH, DtoD, ...); memset: "memset";
+            # sync: the synchronization type (stream_synchronize, event_synchronize, ...)
+            pa.field("name", pa.string(), nullable=False),
+            # GPU times on the events' clock (CUPTI's clock moved by the offset measured when the source
+            # started); null when CUPTI could not time it (no device memory for timestamps, or cut by the end)
+            pa.field("gpu_start", pa.timestamp("ns", tz="UTC")),
+            pa.field("gpu_end", pa.timestamp("ns", tz="UTC")),
+            pa.field("device", pa.uint32()),  # null for a synchronization
+            pa.field("context", pa.uint32(), nullable=False),  # CUPTI's context id
+            pa.field("stream", pa.uint32(), nullable=False),  # CUPTI's stream id (= the launch's stream_id)
+            pa.field("correlation_id", pa.uint32()),  # of the API call that caused it; null when 0
+            pa.field("graph_id", pa.uint32()),  # a node of a CUDA graph launch: the graph's id, else null
+            pa.field("graph_node_id", pa.uint64()),  # ... and the node's id (gpu_graph_nodes), else null
+            pa.field("bytes", pa.uint64()),  # memcpy, memset: bytes copied or set
+            pa.field("grid_x", pa.int32()),  # kernel: grid and block dimensions
+            pa.field("grid_y", pa.int32()),
+            pa.field("grid_z", pa.int32()),
+            pa.field("block_x", pa.int32()),
+            pa.field("block_y", pa.int32()),
+            pa.field("block_z", pa.int32()),
+            pa.field("registers_per_thread", pa.int32()),  # kernel
+            pa.field("static_shared_mem", pa.int32()),  # kernel: bytes of static shared memory per block
+            pa.field("dynamic_shared_mem", pa.int32()),  # kernel: bytes of dynamic shared memory per block
+        ],
+    )
+
+
+def gpu_graph_nodes_schema() -> pa.Schema:
+    """CUDA graph nodes as CUPTI reported them made or cloned (source `cuda`): a replayed kernel's
+    `graph_node_id` leads, through the clones made when the graph was instantiated, to the node made
+    while a launch was being captured, and that launch's `correlation_id` to its event and stack."""
+    return _with_metadata(
+        "gpu_graph_nodes",
+        [
+            pa.field("ts", pa.timestamp("ns", tz="UTC"), nullable=False),
+            pa.field("thread_id", pa.int64(), nullable=False),  # the thread that made it
+            pa.field("graph_node_id", pa.uint64(), nullable=False),
+            pa.field("original_graph_node_id", pa.uint64()),  # a clone: the node it was cloned from; else null
+            pa.field("graph_id", pa.uint32()),  # the graph it belongs to (an executable graph for a clone)
+            pa.field("node_type", pa.int32(), nullable=False),  # CUgraphNodeType: 0 kernel, 1 memcpy, 2 memset, ...
+            # made during a launch (stream capture): that launch's correlation id, else null
+            pa.field("correlation_id", pa.uint32()),
+        ],
+    )
+
+
 RUN_TABLES = {
     "events": events_schema,
     "stacks": stacks_schema,
     "modules": modules_schema,
     "code": code_schema,
     "code_origins": code_origins_schema,
+    "gpu_activity": gpu_activity_schema,
+    "gpu_graph_nodes": gpu_graph_nodes_schema,
 }
 
 # The raw schema version that introduced each table: parts of it are absent from older runs.
-TABLE_SINCE = {"events": 1, "stacks": 1, "modules": 1, "code": 1, "code_origins": 2}
+TABLE_SINCE = {
+    "events": 1,
+    "stacks": 1,
+    "modules": 1,
+    "code": 1,
+    "code_origins": 2,
+    "gpu_activity": 2,
+    "gpu_graph_nodes": 2,
+}
 
 
 def readable_raw_schema_version(version: object) -> bool:

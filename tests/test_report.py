@@ -346,11 +346,15 @@ def test_html_report_in_chromium(db, tmp_path) -> None:
 
 
 def _downgrade_to_schema_2(path: Path) -> None:
-    """Turns a database into what tbpipe wrote before schema 3: schema 5's table gone, schema 4's compact
-    tables back into the wide ones, schema 3's columns and table gone, sites keyed the old way."""
+    """Turns a database into what tbpipe wrote before schema 3: schema 6's GPU tables and schema 5's table
+    gone, schema 4's compact tables back into the wide ones, schema 3's columns and table gone, sites keyed
+    the old way."""
     con = duckdb.connect(str(path))
     try:
         for statement in (
+            "DROP TABLE gpu_time_counts",
+            "DROP TABLE gpu_activity",
+            "DELETE FROM schema_versions WHERE version = 6",
             "CREATE TABLE wide_frames AS SELECT stack_id, depth, slot, chain_depth, kind, function, file, line, "
             "module, module_key, address, exact, inlined, reason FROM stack_frames ORDER BY stack_id, depth",
             "CREATE TABLE wide_events AS SELECT * FROM events ORDER BY event_id",

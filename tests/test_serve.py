@@ -654,3 +654,25 @@ def test_watch_quarantines_a_damaged_run_once(tmp_path, good_run, env) -> None:
         scans = ok(running, "/api/ingest")["watch"]["scans"]
         wait_until(lambda: ok(running, "/api/ingest")["watch"]["scans"] >= scans + 3, what="more scans")
         assert len(ok(running, "/api/ingest")["jobs"]) == 1
+
+
+def test_answers_are_kept_until_the_data_changes(upload_server, good_run, tmp_path) -> None:
+    """The read API's answers are kept per database state: the same request again is served from the
+    cache, an ingest makes every kept answer stale, and users' SQL is never kept."""
+    first = get(upload_server, "/api/runs", limit=1000, order="oldest")
+    second = get(upload_server, "/api/runs", limit=1000, order="oldest")
+    assert first.status_code == second.status_code == 200
+    assert second.headers["x-tbpipe-cache"] == "hit" and second.content == first.content
+    assert "content-security-policy" in second.headers  # the service's headers on kept answers too
+    response = upload(upload_server, tar_of(renamed_copy(good_run, tmp_path, "cached")))
+    assert response.status_code == 201, response.text
+    (run_id,) = response.json()["run_ids"]
+    after = get(upload_server, "/api/runs", limit=1000, order="oldest")
+    assert after.headers["x-tbpipe-cache"] == "miss"
+    assert run_id in {r["run_id"] for r in after.json()["runs"]}
+    assert run_id not in {r["run_id"] for r in first.json()["runs"]}
+    # Errors are not kept; neither is SQL from users (it may read the clock or draw random numbers).
+    missing = [get(upload_server, "/api/runs/no-such-run") for _ in range(2)]
+    assert [m.status_code for m in missing] == [404, 404] and missing[1].headers["x-tbpipe-cache"] == "miss"
+    draws = {query(upload_server, "SELECT random() AS r").json()["rows"][0][0] for _ in range(3)}
+    assert len(draws) == 3

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -331,9 +332,20 @@ def _cupti_include_dir() -> Path | None:
 def test_declared_cupti_abi_matches_nvidia_headers(tmp_path: Path) -> None:
     include = _cupti_include_dir()
     abi = _native._cupti_abi()
+    # Activity records are read through the prefix their versions share (CUpti_ActivityKernel9, 10, 11...
+    # append fields): check it against the newest version these headers declare, the one CUPTI fills.
+    header = (include / "cupti_activity.h").read_text(errors="replace")
+    newest = {}
+    for record in ("Kernel", "Memcpy", "Memset"):
+        versions = [int(v) for v in re.findall(rf"\}}\s*CUpti_Activity{record}(\d+)\s*;", header)]
+        newest[record] = f"CUpti_Activity{record}{max(versions)}" if versions else None
+
+    def as_in_headers(name: str) -> str:
+        return re.sub(r"CUpti_Activity(Kernel|Memcpy|Memset)\d+", lambda m: newest[m.group(1)] or m.group(0), name)
+
     lines = ["#include <cstddef>", "#include <cstdio>", "#include <cupti.h>", "int main() {"]
     for name, _ in abi["declared"]:
-        lines.append(f'  std::printf("%s=%llu\\n", "{name}", (unsigned long long)({name}));')
+        lines.append(f'  std::printf("%s=%llu\\n", "{name}", (unsigned long long)({as_in_headers(name)}));')
     for _, _, _api, enumerator, _ in abi["callbacks"]:
         lines.append(f'  std::printf("%s=%llu\\n", "{enumerator}", (unsigned long long)({enumerator}));')
     lines += ["  return 0;", "}"]
@@ -351,3 +363,43 @@ def test_declared_cupti_abi_matches_nvidia_headers(tmp_path: Path) -> None:
     declared = {name: str(value) for name, value in abi["declared"]}
     declared.update({enumerator: str(cbid) for _, cbid, _, enumerator, _ in abi["callbacks"]})
     assert {k: real[k] for k in declared} == declared
+
+
+def test_a_launch_while_another_thread_holds_the_gil_records_its_own_stack(
+    double_library: Path, tmp_path: Path
+) -> None:
+    # The callback runs on the launching thread while it has released the GIL, often the moment
+    # another thread takes it. Before 3.12 CPython's "current thread state" is the GIL holder's,
+    # whichever thread asks: the stack must still be the launching thread's own.
+    result = run_with_double(
+        double_library,
+        tmp_path,
+        """
+        import threading
+        sys.setswitchinterval(0.0001)  # the GIL changes hands as often as it can
+        stop = False
+        def spinner_busy_loop():
+            count = 0
+            while not stop:
+                count += 1
+        spinner = threading.Thread(target=spinner_busy_loop)
+        spinner.start()
+        with capture.session(os.environ["OUT"], sources=["cuda"]):
+            for c in range(20_000):
+                gemm_launch_site(c)
+        stop = True
+        spinner.join()
+    """,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    (run,) = read_runs(tmp_path / "runs")
+    code = {c["code_id"]: c["qualname"] for c in run.tables["code"].to_pylist()}
+    innermost = {
+        s["stack_id"]: code[s["python"][0]["code_id"]] if s["python"] else None
+        for s in run.tables["stacks"].to_pylist()
+    }
+    rows = run.tables["events"].select(["thread_id", "stack_id"]).to_pylist()
+    assert len(rows) == 20_000
+    assert {innermost[r["stack_id"]] for r in rows} == {"gemm_launch_site"}
+    assert {r["thread_id"] for r in rows} == {run.manifest["pid"]}

@@ -1,7 +1,8 @@
 """`tbpipe report --candidate RUN (--baseline RUN | --baseline-window N) [...]`: what changed, site by site.
 
-Exit status: 0 nothing flagged; 1 a regression flagged and --fail-on-regression given; 2 a usage or
-data problem (no such run, an empty window, a bad --accept file), said in one line.
+Exit status: 0 nothing flagged; 1 a regression flagged and --fail-on-regression given (or, with
+--fail-on-gpu-regression, a site whose GPU time grew); 2 a usage or data problem (no such run, an
+empty window, a bad --accept file), said in one line.
 """
 
 from __future__ import annotations
@@ -62,6 +63,15 @@ def register(app: typer.Typer) -> None:
             0.0, "--threshold-rel", help="Flag a count change only past this fraction of the baseline."
         ),
         threshold_abs: float = typer.Option(0.0, "--threshold-abs", help="... and past this many events."),
+        gpu_threshold_rel: float = typer.Option(
+            0.10, "--gpu-threshold-rel", help="Flag a site's GPU time only past this fraction of the baseline."
+        ),
+        gpu_threshold_abs_us: float = typer.Option(
+            0.0, "--gpu-threshold-abs-us", help="... and past this many microseconds (per marker with --per)."
+        ),
+        fail_on_gpu_regression: bool = typer.Option(
+            False, "--fail-on-gpu-regression", help="Exit with status 1 when a site's GPU time is flagged."
+        ),
         accept: Path | None = typer.Option(None, "--accept", help="TOML file of accepted changes."),
         site_of: str = typer.Option(
             "own",
@@ -81,6 +91,8 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--site-of is {' or '.join(repr(s) for s in SITE_OF)}, not {site_of!r}")
         if threshold_rel < 0 or threshold_abs < 0:
             raise UsageError("--threshold-rel and --threshold-abs must not be negative")
+        if gpu_threshold_rel < 0 or gpu_threshold_abs_us < 0:
+            raise UsageError("--gpu-threshold-rel and --gpu-threshold-abs-us must not be negative")
         labels: dict[str, str] = {}
         for pair in label or []:
             labels.update(parse_label_list(pair, "--label"))
@@ -92,6 +104,7 @@ def register(app: typer.Typer) -> None:
             kinds=tuple(kind or ()),
             per=parse_per(per),
             thresholds=Thresholds(relative=threshold_rel, absolute=threshold_abs),
+            gpu_thresholds=Thresholds(relative=gpu_threshold_rel, absolute=gpu_threshold_abs_us * 1000.0),
             group_by=group_by,
             vary=tuple(vary) if vary else ("commit",),
             site_of=site_of,
@@ -108,10 +121,11 @@ def register(app: typer.Typer) -> None:
                 out.write_text(text, encoding="utf-8")
             except OSError as error:
                 raise UsageError(f"cannot write the report to {out}: {error.strerror or error}") from None
-            print(f"tbpipe: {result.verdict()}\ntbpipe: report written to {out}", file=sys.stderr)
+            gpu = f"\ntbpipe: {result.gpu_verdict()}" if result.gpu_sites else ""
+            print(f"tbpipe: {result.verdict()}{gpu}\ntbpipe: report written to {out}", file=sys.stderr)
         else:
             sys.stdout.write(text)
-        if fail_on_regression and result.regressions:
+        if (fail_on_regression and result.regressions) or (fail_on_gpu_regression and result.gpu_regressions):
             raise typer.Exit(REGRESSION_EXIT)
 
 

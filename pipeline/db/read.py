@@ -28,20 +28,38 @@ def _native_name(function: str | None, module: str | None, address: int | None) 
 
 def stack_frames(con: Any, stack_id: int) -> list[Frame]:
     """The stack's frames, innermost first, with its combined-order problem (if any) as a last marker."""
+    frames = stacks_frames(con, [stack_id]).get(stack_id)
+    if frames is None:
+        raise NotFoundError(f"no stack {stack_id} in the database")
+    return frames
+
+
+def stacks_frames(con: Any, stack_ids: list[int]) -> dict[int, list[Frame]]:
+    """`stack_frames` of several stacks in two queries; stacks the database lacks are left out."""
+    if not stack_ids:
+        return {}
+    # The stacks' rows first, then only their frames: joined through the `stack_frames` view, a few
+    # stacks' frames cost a scan of the whole `frames` table.
+    ids = [int(i) for i in stack_ids]
+    wanted = ", ".join("?" * len(ids))
     rows = query_rows(
         con,
-        """
-        SELECT kind, function, file, line, module, address, inlined,
-               kind <> 'marker' AND coalesce(is_generated_path(CASE WHEN kind = 'python' THEN file ELSE module END), false)
-        FROM stack_frames WHERE stack_id = ? ORDER BY depth
+        f"""
+        WITH r AS (SELECT stack_id, depth, frame_id FROM stack_frame_rows WHERE stack_id IN ({wanted}))
+        SELECT r.stack_id, f.kind, f.function, f.file, f.line, f.module, f.address, f.inlined,
+               f.kind <> 'marker'
+                   AND coalesce(is_generated_path(CASE WHEN f.kind = 'python' THEN f.file ELSE f.module END), false)
+        FROM r JOIN frames f ON f.frame_id = r.frame_id AND f.frame_id IN (SELECT frame_id FROM r)
+        ORDER BY r.stack_id, r.depth
         """,
-        [stack_id],
+        ids,
     )
-    problem = query_rows(con, "SELECT problem FROM stacks WHERE stack_id = ?", [stack_id])
-    if not problem:
-        raise NotFoundError(f"no stack {stack_id} in the database")
-    frames = []
-    for kind, function, file, line, module, address, inlined, generated in rows:
+    problems = dict(query_rows(con, f"SELECT stack_id, problem FROM stacks WHERE stack_id IN ({wanted})", ids))
+    out: dict[int, list[Frame]] = {stack_id: [] for stack_id in problems}
+    for stack_id, kind, function, file, line, module, address, inlined, generated in rows:
+        frames = out.get(stack_id)
+        if frames is None:
+            continue
         if kind == "native":
             name = _native_name(function, module, address)
             frames.append(frame("native", name, file, line, module, bool(inlined), bool(generated)))
@@ -51,9 +69,10 @@ def stack_frames(con: Any, stack_id: int) -> list[Frame]:
             # An inlined Python frame: a user line that torch.compile compiled into the generated frame outside it.
             name = function or "<unknown code>"
             frames.append(frame("python", name, file, line, None, bool(inlined), bool(generated)))
-    if problem[0][0]:
-        frames.append(frame("marker", f"<{problem[0][0]}>", None, None, None))
-    return frames
+    for stack_id, problem in problems.items():
+        if problem:
+            out[stack_id].append(frame("marker", f"<{problem}>", None, None, None))
+    return out
 
 
 @dataclass
@@ -120,6 +139,52 @@ def forward_op(con: Any, event_id: int) -> ForwardOp:
             "recorded (before the session, or left out by sampling)"
         )
     return ForwardOp(node, seq, forward_event_id, name, stack_id, site)
+
+
+@dataclass
+class GpuTime:
+    """GPU time of a stack, an event or a site, by activity kind and role."""
+
+    role: str  # 'launch': GPU work launched there; 'capture': kernels of graphs captured there, replayed elsewhere
+    kind: str  # 'kernel', 'memcpy', 'memset', 'sync'
+    executions: int
+    gpu_time_ns: int
+
+
+def stack_gpu_time(con: Any, stack_id: int) -> list[GpuTime]:
+    """The GPU time a stack launched (and captured), summed over runs; empty without GPU activity."""
+    rows = query_rows(
+        con,
+        """
+        SELECT role, kind, sum(executions)::BIGINT, sum(gpu_time_ns)::BIGINT
+        FROM stack_gpu_time WHERE stack_id = ? GROUP BY role, kind ORDER BY role DESC, kind
+        """,
+        [stack_id],
+    )
+    return [GpuTime(*row) for row in rows]
+
+
+def event_gpu_time(con: Any, event_id: int) -> GpuTime | None:
+    """The GPU time of the activity an event caused (a kernel, a graph replay's kernels, a copy); None when none."""
+    rows = query_rows(con, "SELECT activities, gpu_time_ns FROM event_gpu_time WHERE event_id = ?", [event_id])
+    return GpuTime("launch", "all", rows[0][0], rows[0][1]) if rows else None
+
+
+def site_gpu_time(con: Any, site_key: str) -> list[GpuTime]:
+    """GPU time launched at a site, and captured there (graph kernels replayed elsewhere), over all runs."""
+    rows = query_rows(
+        con,
+        """
+        SELECT 'launch' AS role, kind, sum(executions)::BIGINT, sum(gpu_time_ns)::BIGINT
+        FROM gpu_time_sites WHERE site_key = ? GROUP BY kind
+        UNION ALL
+        SELECT 'capture', kind, sum(executions)::BIGINT, sum(gpu_time_ns)::BIGINT
+        FROM gpu_time_sites WHERE capture_site_key = ? GROUP BY kind
+        ORDER BY 1 DESC, 2
+        """,
+        [site_key, site_key],
+    )
+    return [GpuTime(*row) for row in rows]
 
 
 @dataclass

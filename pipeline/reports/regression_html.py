@@ -3,7 +3,8 @@
 Nothing is fetched when the file is opened (no CDN, no fonts), so it can be attached to a CI job
 and read offline. The page shows the verdict, what differs in the environment, a bar chart of the
 largest changes, the flagged sites with their combined tracebacks (Python and native frames told
-apart), a trend over the window for each flagged site, and every compared site in a filterable table.
+apart), a trend over the window for each flagged site, and every compared site in a filterable table;
+then, when the runs recorded GPU activity, the same for GPU time per site with its own verdict.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import html
 from importlib import resources
 
 from tbpipe.pipeline.reports.regression.model import RegressionReport, SiteChange, Spread
-from tbpipe.pipeline.reports.regression_markdown import _change, _number
+from tbpipe.pipeline.reports.regression_markdown import _change, _number, gpu_change, per_execution
+from tbpipe.pipeline.reports.units import format_duration
 
 BARS_SHOWN = 15
 
@@ -97,5 +99,8 @@ def render_html(report: RegressionReport) -> str:
         trend=trend,
         change_text=_change,
         number=_number,
+        gpu_change_text=gpu_change,
+        per_execution=per_execution,
+        duration=format_duration,
         unit=f" per {report.request.per[1]}" if report.request.per else "",
     )

@@ -6,7 +6,8 @@ sites as a table with each one's combined traceback folded in a `<details>` bloc
 
 from __future__ import annotations
 
-from tbpipe.pipeline.reports.regression.model import NEW, RegressionReport, SiteChange
+from tbpipe.pipeline.reports.regression.model import NEW, GpuSiteChange, RegressionReport, SiteChange
+from tbpipe.pipeline.reports.units import format_duration
 
 FRAMES_SHOWN = 40
 
@@ -31,7 +32,73 @@ def _change(site: SiteChange) -> str:
     return text
 
 
-def traceback_lines(site: SiteChange) -> list[str]:
+def gpu_change(site: GpuSiteChange) -> str:
+    """What happened to a site's GPU time, with why it counts (more executions, or slower ones)."""
+    if site.change == NEW:
+        return "new"
+    relative = site.relative
+    text = site.change + (f" ({relative:+.0%})" if relative is not None else "")
+    if site.change in ("increased", "decreased") and site.candidate_executions != site.baseline_executions:
+        text += f", runs {_number(site.baseline_executions)} -> {_number(site.candidate_executions)}"
+    elif site.z is not None and site.change != "unchanged":
+        text += f", {site.z:+.1f} s.e. per run"
+    return text
+
+
+def per_execution(site: GpuSiteChange) -> str:
+    before = format_duration(site.baseline_mean_ns) if site.baseline_mean_ns is not None else "-"
+    after = format_duration(site.candidate_mean_ns) if site.candidate_mean_ns is not None else "-"
+    return f"{before} -> {after}"
+
+
+def _gpu_section(report: RegressionReport) -> list[str]:
+    """GPU time per site: its own verdict, the slower sites and their tracebacks."""
+    if not report.gpu_sites:
+        return []
+    unit = f" per {report.request.per[1]}" if report.request.per else ""
+    thresholds = report.request.gpu_thresholds
+    out = [
+        f"**{report.gpu_verdict()}**",
+        "",
+        f"GPU time per call site: flagged past {thresholds.relative:.0%} and {format_duration(thresholds.absolute)}"
+        + (
+            ", outside the window's band"
+            if report.windowed and len(report.baseline) > 1
+            else ", with more executions or a per-execution time moved past its spread"
+        )
+        + ".",
+        "",
+    ]
+    slower = report.gpu_regressions
+    if slower:
+        out += [
+            f"| change | kind | name | site | baseline{unit} | candidate{unit} | per execution |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for site in slower:
+            where = f"`{site.where}` {site.site_function or ''}"
+            out.append(
+                f"| {_cell(gpu_change(site))} | {site.kind} | `{_cell(site.name)}` | {_cell(where)} | "
+                f"{format_duration(site.baseline_ns)} | {format_duration(site.candidate_ns)} | {per_execution(site)} |"
+            )
+        out.append("")
+        for site in slower:
+            if not site.traceback:
+                continue
+            out += [
+                "<details>",
+                f"<summary>GPU time of {_cell(site.name)} at {site.where} (site {site.site_key})</summary>",
+                "",
+                "```",
+                *traceback_lines(site),
+                "```",
+                "</details>",
+                "",
+            ]
+    return out
+
+
+def traceback_lines(site: SiteChange | GpuSiteChange) -> list[str]:
     """`file:line:function` per frame, innermost first; Python frames marked `py`, inlined and generated
     ones noted."""
     lines = []
@@ -94,9 +161,14 @@ def render_markdown(report: RegressionReport) -> str:
                 "</details>",
                 "",
             ]
-    if report.accepted:
+    out += _gpu_section(report)
+    accepted = report.accepted + [s for s in report.gpu_sites if s.accepted is not None]
+    if accepted:
         out += ["**Accepted changes** (from --accept)", ""]
-        out += [f"- `{_cell(s.name)}` at `{s.where}`: {s.accepted}" for s in report.accepted]
+        out += [
+            f"- `{_cell(s.name)}` at `{s.where}`{' (GPU time)' if isinstance(s, GpuSiteChange) else ''}: {s.accepted}"
+            for s in accepted
+        ]
         out.append("")
     if report.expired_accepts:
         out += ["**Accept entries past their date** (they no longer apply: remove or renew them)", ""]

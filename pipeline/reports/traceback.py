@@ -7,11 +7,36 @@ from typing import Any
 from rich.console import Console
 
 from tbpipe.pipeline.db import read
+from tbpipe.pipeline.reports.units import format_duration
 from tbpipe.pipeline.stacks.render import format_frames
 
 
 def _traceback(console: Console, con: Any, stack_id: int) -> None:
     console.print(format_frames(read.stack_frames(con, stack_id)), highlight=False, markup=False, soft_wrap=True)
+
+
+_NOUNS = {"kernel": "kernel", "memcpy": "copy", "memset": "set", "sync": "synchronization"}
+
+
+def gpu_time_lines(times: list[read.GpuTime]) -> list[str]:
+    """`# GPU time ...` lines: what was launched, then what was captured into graphs replayed elsewhere."""
+    lines = []
+    for role in ("launch", "capture"):
+        parts = [
+            f"{format_duration(t.gpu_time_ns)} in {t.executions:,} {_NOUNS.get(t.kind, t.kind)}"
+            f"{'s' if t.executions != 1 else ''}"
+            for t in times
+            if t.role == role
+        ]
+        if parts:
+            where = "launched here" if role == "launch" else "kernels of CUDA graphs captured here, replayed elsewhere"
+            lines.append(f"# GPU time ({where}): {', '.join(parts)}")
+    return lines
+
+
+def _print_gpu_time(console: Console, times: list[read.GpuTime]) -> None:
+    for line in gpu_time_lines(times):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def show_event(con: Any, event_id: int, console: Console) -> None:
@@ -21,6 +46,14 @@ def show_event(con: Any, event_id: int, console: Console) -> None:
     console.print(f"# run {info.run_id}, thread {thread}, at {info.ts}", highlight=False, markup=False, soft_wrap=True)
     if info.attrs:
         console.print(f"# attrs {info.attrs}", highlight=False, markup=False, soft_wrap=True)
+    gpu = read.event_gpu_time(con, event_id)
+    if gpu is not None:
+        console.print(
+            f"# GPU time {format_duration(gpu.gpu_time_ns)} in {gpu.executions:,} "
+            f"activit{'y' if gpu.executions == 1 else 'ies'} it caused",
+            highlight=False,
+            markup=False,
+        )
     if info.stack_id is None:
         console.print("# no stack was recorded for this event", highlight=False, markup=False)
         return
@@ -50,6 +83,7 @@ def show_forward_of_event(con: Any, event_id: int, console: Console) -> None:
 def show_stack(con: Any, stack_id: int, console: Console) -> None:
     frames = read.stack_frames(con, stack_id)
     console.print(f"# stack {stack_id}: {len(frames)} frames, innermost first", highlight=False, markup=False)
+    _print_gpu_time(console, read.stack_gpu_time(con, stack_id))
     console.print(format_frames(frames), highlight=False, markup=False, soft_wrap=True)
 
 
@@ -64,6 +98,7 @@ def show_site(con: Any, site_key: str, limit: int, console: Console) -> None:
         highlight=False,
         markup=False,
     )
+    _print_gpu_time(console, read.site_gpu_time(con, site_key))
     for entry in info.stacks:
         console.print()
         console.print(
@@ -72,4 +107,5 @@ def show_site(con: Any, site_key: str, limit: int, console: Console) -> None:
             markup=False,
             soft_wrap=True,
         )
+        _print_gpu_time(console, read.stack_gpu_time(con, entry.stack_id))
         _traceback(console, con, entry.stack_id)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 from starlette.requests import Request
 
+from tbpipe.pipeline.serve.cache import ResponseCache
 from tbpipe.pipeline.serve.config import ServeConfig
 from tbpipe.pipeline.serve.database import CLOSED, ServedDatabase
 from tbpipe.pipeline.serve.ingest import IngestService
@@ -87,5 +88,6 @@ def create_app(config: ServeConfig) -> FastAPI:
     errors.install(app)
     app.include_router(api.router)
     app.include_router(pages.router)
+    app.add_middleware(ResponseCache, state_key=service.database.state_key)  # inside the headers
     app.add_middleware(SecurityHeaders, loopback_only=is_loopback(config.host))
     return app

@@ -184,6 +184,7 @@ def stack(cursor: Any, stack_id: int) -> list[dict[str, Any]]:
 def site(cursor: Any, site_key: str, stacks: int) -> dict[str, Any]:
     """A call site: where it is, its heaviest stacks with their combined tracebacks, its events per run."""
     info = read.site(cursor, site_key, stacks)
+    frames = read.stacks_frames(cursor, [s.stack_id for s in info.stacks])
     return {
         "site_key": info.site_key,
         "function": info.function,
@@ -193,7 +194,12 @@ def site(cursor: Any, site_key: str, stacks: int) -> dict[str, Any]:
         "events": info.events,
         "stack_count": info.stack_count,
         "stacks": [
-            {"stack_id": s.stack_id, "events": s.events, "names": s.names, "frames": stack(cursor, s.stack_id)}
+            {
+                "stack_id": s.stack_id,
+                "events": s.events,
+                "names": s.names,
+                "frames": [_frame_json(f) for f in frames.get(s.stack_id, [])],
+            }
             for s in info.stacks
         ],
         "runs": site_history(cursor, site_key, HISTORY_LIMIT)["runs"],

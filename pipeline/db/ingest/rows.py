@@ -36,6 +36,7 @@ class PreparedRun:
     flat: FlatRun
     notes: list[str]
     replace: bool  # the database holds an earlier, incomplete load of this run
+    gpu_files: dict[str, list[Path]] = field(default_factory=dict)  # GPU activity parts, by table (ingest/gpu.py)
     run_number: int = 0  # set when the batch is loaded
     new_stacks: int = 0  # stacks this run brings into the database
     stacks_used: int = 0

@@ -32,6 +32,7 @@ from tbpipe.pipeline.db.connection import (
     query_value,
     resolve_db_path,
 )
+from tbpipe.pipeline.db.ingest import gpu as run_gpu
 from tbpipe.pipeline.db.ingest import rows as run_rows
 from tbpipe.pipeline.db.ingest.frames import resolve_frames
 from tbpipe.pipeline.db.ingest.outcomes import IngestOptions, IngestSummary, RunOutcome, UnsymbolizedGroup
@@ -164,6 +165,7 @@ class RunLoader:
         try:
             files = part_files(run_dir, manifest)
             event_files = [(path, verify_part(path, "events")) for path in files["events"]]
+            gpu_files = {table: [p for p in files[table] if verify_part(p, table) >= 0] for table in run_gpu.GPU_TABLES}
             tables = read_tables(files, ("stacks", "modules", "code", "code_origins"))
             notes += reference_problems(tables)
             if notes and manifest.get("complete") and not manifest.get("recovered"):
@@ -171,7 +173,9 @@ class RunLoader:
             flat = flatten_run(tables)
         except DamagedRunError as error:
             return RunOutcome(run_dir, "quarantined", run_id=run_id, reason=str(error))
-        return PreparedRun(run_dir, manifest, fingerprint, event_files, flat, notes, replace=existing is not None)
+        return PreparedRun(
+            run_dir, manifest, fingerprint, event_files, flat, notes, replace=existing is not None, gpu_files=gpu_files
+        )
 
     # ---------------------------------------------------------------- loading a batch
 
@@ -220,6 +224,7 @@ class RunLoader:
                 run.run_number = numbers[0][0]
                 for table in ("event_counts", "event_rows", "site_counts"):
                     con.execute(f"DELETE FROM {table} WHERE run_number = ?", [run.run_number])
+                run_gpu.delete_run(con, run.run_number)
                 for table in ("run_modules", "runs"):
                     con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run.run_id])
             else:
@@ -236,6 +241,7 @@ class RunLoader:
                     db, batch.sites.filter(pc.is_in(batch.sites["stack_id"], pa.array(batch.new_ids[part.new_order])))
                 )
             run_rows.insert_events(db, batch, index)
+            run_gpu.insert_gpu_activity(db, run.run_number, run.gpu_files)
             count_sites(db, run.run_number)
             run_rows.insert_run(db, run)
             _before_commit(run.run_id)

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from tbpipe.pipeline.db.connection import query_arrow, query_rows
 from tbpipe.pipeline.reports.regression import select
 from tbpipe.pipeline.reports.regression.accept import AcceptList
+from tbpipe.pipeline.reports.regression.gpu_time import attach_gpu_tracebacks, compare_gpu_time
 from tbpipe.pipeline.reports.regression.model import (
     DECREASED,
     INCREASED,
@@ -71,9 +72,13 @@ def compare(
     _attach_tracebacks(con, candidate, sites, request)
     expired = _apply_accepts(sites, accept, today or dt.date.today())
     sites.sort(key=_order)
+    # The second metric, GPU time per site: its own verdict, nothing above depends on it.
+    gpu_sites = compare_gpu_time(con, sets, request)
+    attach_gpu_tracebacks(con, candidate, gpu_sites, request.tracebacks, lambda ids: _frames_of(con, ids))
+    _apply_accepts(gpu_sites, accept, today or dt.date.today())
     return RegressionReport(
         request, candidate, baseline, environment(con, baseline[-1], candidate), sites, expired,
-        time.monotonic() - started,
+        time.monotonic() - started, gpu_sites,
     )  # fmt: skip
 
 
@@ -302,6 +307,15 @@ def _attach_tracebacks(con: Any, candidate: RunSet, sites: list[SiteChange], req
     finally:
         con.unregister("report_wanted")
     stack_of = {(kind, name, key): stack for kind, name, key, stack in heaviest}
+    by_stack = _frames_of(con, sorted(set(stack_of.values())))
+    for site in wanted:
+        stack = stack_of.get((site.kind, site.name, site.site_key))
+        if stack is not None:
+            site.traceback = by_stack.get(stack, [])
+
+
+def _frames_of(con: Any, stack_ids: list[int]) -> dict[int, list[Frame]]:
+    """The combined frames of each stack, innermost first."""
     frames = query_arrow(
         con,
         """
@@ -310,21 +324,18 @@ def _attach_tracebacks(con: Any, candidate: RunSet, sites: list[SiteChange], req
                    AS generated
         FROM stack_frames WHERE list_contains(?, stack_id) ORDER BY stack_id, depth
         """,
-        [sorted(set(stack_of.values()))],
+        [stack_ids],
     )
     by_stack: dict[int, list[Frame]] = {}
     for row in frames.to_pylist():
         by_stack.setdefault(row.pop("stack_id"), []).append(Frame(**row))
-    for site in wanted:
-        stack = stack_of.get((site.kind, site.name, site.site_key))
-        if stack is not None:
-            site.traceback = by_stack.get(stack, [])
+    return by_stack
 
 
 # ------------------------------------------------------------------------------------------ accepted changes
 
 
-def _apply_accepts(sites: list[SiteChange], accept: AcceptList | None, today: dt.date) -> list[str]:
+def _apply_accepts(sites: list, accept: AcceptList | None, today: dt.date) -> list[str]:
     if accept is None:
         return []
     live, expired = accept.split(today)

@@ -2,6 +2,8 @@
 
 `compare()` fills a `RegressionReport`; the JSON, Markdown and HTML renderings and the service's
 pages only read it. Counts are floats because `--per` normalises them (events per marker event).
+GPU time per site is a second metric beside the counts (`GpuSiteChange`, `gpu_sites`), with its
+own thresholds and verdict: the counts' comparison, verdict and exit status do not depend on it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ class ReportRequest:
     vary: tuple[str, ...] = ("commit",)  # labels allowed to differ between candidate and its window
     tracebacks: int = 50  # combined tracebacks fetched for the first N flagged sites
     spread: float = 3.0  # window tier: half-width of the band in robust standard deviations (1.4826 MAD)
+    # GPU time per site: flagged past both (in ns, or ns per marker with --per); a single baseline
+    # also needs the per-execution mean to move by `spread` standard errors, or the count to change.
+    gpu_thresholds: Thresholds = field(default_factory=lambda: Thresholds(relative=0.10, absolute=0.0))
     site_of: str = "own"  # one of SITE_OF
 
 
@@ -147,6 +152,73 @@ class SiteChange:
 
 
 @dataclass
+class GpuSiteChange:
+    """GPU time of one (activity kind, name, launch site): the second metric of the report."""
+
+    kind: str  # activity kind: 'kernel', 'memcpy', 'memset'
+    name: str  # kernel name, copy kind ('HtoD', ...) or 'memset'
+    site_key: str | None  # the launch site; None: launches not recorded
+    site_function: str | None
+    site_file: str | None
+    site_line: int | None
+    site_portable_file: str | None
+    launch_kind: str | None  # 'kernel_launch', 'graph_launch', 'memcpy', 'memset'
+    baseline_ns: float  # summed GPU time (per marker with --per); the window's median in a window
+    candidate_ns: float
+    baseline_executions: float
+    candidate_executions: float
+    baseline_mean_ns: float | None  # per execution
+    candidate_mean_ns: float | None
+    change: str  # one of CHANGES but 'moved'
+    z: float | None = None  # single baseline: the per-execution mean's shift in standard errors
+    flagged: bool = False
+    accepted: str | None = None
+    spread: Spread | None = None  # window: the band of the summed GPU time
+    traceback: list[Frame] | None = None
+
+    @property
+    def delta(self) -> float:
+        return self.candidate_ns - self.baseline_ns
+
+    @property
+    def relative(self) -> float | None:
+        return self.delta / self.baseline_ns if self.baseline_ns else None
+
+    @property
+    def where(self) -> str:
+        file = self.site_portable_file or self.site_file or "??"
+        return f"{file}:{self.site_line if self.site_line is not None else '?'}"
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "kind": self.kind,
+            "name": self.name,
+            "site_key": self.site_key,
+            "site_function": self.site_function,
+            "site_file": self.site_file,
+            "site_line": self.site_line,
+            "site_portable_file": self.site_portable_file,
+            "launch_kind": self.launch_kind,
+            "baseline_ns": self.baseline_ns,
+            "candidate_ns": self.candidate_ns,
+            "delta_ns": self.delta,
+            "relative": self.relative,
+            "baseline_executions": self.baseline_executions,
+            "candidate_executions": self.candidate_executions,
+            "baseline_mean_ns": self.baseline_mean_ns,
+            "candidate_mean_ns": self.candidate_mean_ns,
+            "change": self.change,
+            "z": self.z,
+            "flagged": self.flagged,
+            "accepted": self.accepted,
+            "spread": None if self.spread is None else vars(self.spread),
+        }
+        if self.traceback is not None:
+            out["traceback"] = [vars(frame) for frame in self.traceback]
+        return out
+
+
+@dataclass
 class EnvironmentDifference:
     what: str  # 'torch_version', 'label commit', 'module libtorch_cpu.so', ...
     baseline: str | None
@@ -162,6 +234,25 @@ class RegressionReport:
     sites: list[SiteChange]  # every compared (kind, name, site), flagged first, then by size of change
     expired_accepts: list[str] = field(default_factory=list)  # --accept entries past their date
     seconds: float = 0.0
+    gpu_sites: list[GpuSiteChange] = field(default_factory=list)  # GPU time per site, flagged first
+
+    @property
+    def gpu_regressions(self) -> list[GpuSiteChange]:
+        return [s for s in self.gpu_sites if s.flagged]
+
+    def gpu_verdict(self) -> str:
+        """One line on GPU time per site (the counts' verdict says nothing about it)."""
+        if not self.gpu_sites:
+            return "GPU time: not compared (no GPU activity recorded on both sides)"
+        slower = self.gpu_regressions
+        if not slower:
+            return f"GPU time: no site slower ({len(self.gpu_sites)} sites compared)"
+        new = sum(1 for s in slower if s.change == NEW)
+        return (
+            f"GPU time: {len(slower)} site{'s' if len(slower) != 1 else ''} slower"
+            + (f" ({new} new)" if new else "")
+            + f" ({len(self.gpu_sites)} sites compared)"
+        )
 
     @property
     def regressions(self) -> list[SiteChange]:
@@ -218,4 +309,16 @@ class RegressionReport:
             "regressions": [s.to_json() for s in self.regressions],
             "accepted": [s.to_json() for s in self.accepted],
             "expired_accepts": self.expired_accepts,
+            "gpu_time": {
+                "verdict": self.gpu_verdict(),
+                "ok": not self.gpu_regressions,
+                "thresholds": {
+                    "relative": request.gpu_thresholds.relative,
+                    "absolute_ns": request.gpu_thresholds.absolute,
+                },
+                "counts": {change: sum(1 for s in self.gpu_sites if s.change == change) for change in CHANGES},
+                "sites": [s.to_json() for s in self.gpu_sites],
+                "regressions": [s.to_json() for s in self.gpu_regressions],
+                "accepted": [s.to_json() for s in self.gpu_sites if s.accepted is not None],
+            },
         }

@@ -1,11 +1,15 @@
 """The window tier's statistics: how much a per-site metric varies from night to night.
 
-Written for any metric with one value per run (or group) and site, counts today and GPU time
-later, and for every site at once (one row of the matrix per site, one column per night): a band
-around the window's values, and a candidate is unusual only outside it. With few runs (or when
-most nights agree and the median absolute deviation is 0) the band is the window's own range;
-with more it is the median plus or minus `k` robust standard deviations (1.4826 x the median
-absolute deviation), which one odd night cannot widen.
+Written for any metric with one value per run (or group) and site, counts and GPU time, and for
+every site at once (one row of the matrix per site, one column per night): a band around the
+window's values, and a candidate is unusual only outside it. With few runs (or when most nights
+agree and the median absolute deviation is 0) the band is the window's own range; with more it is
+the median plus or minus `k` robust standard deviations (1.4826 x the median absolute deviation),
+which one odd night cannot widen.
+
+Against a single baseline run a duration has no night-to-night spread to measure; there the GPU
+time tier compares the per-execution durations of the two runs (`welch_z`: the shift of the mean in
+standard errors, from each site's count, sum and sum of squares).
 """
 
 from __future__ import annotations
@@ -45,3 +49,25 @@ def bands(window: np.ndarray, k: float) -> list[Spread]:
         )
         for i in range(len(values))
     ]
+
+
+def mean_and_variance(total: np.ndarray, count: np.ndarray, sum_sq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the mean and the sample variance of values known by their count, sum and sum of squares
+    (NaN where there are too few values)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = np.where(count > 0, total / np.where(count > 0, count, 1), np.nan)
+        variance = np.where(count > 1, (sum_sq - count * mean * mean) / np.where(count > 1, count - 1, 1), np.nan)
+    return mean, np.maximum(variance, 0.0)
+
+
+def welch_z(
+    mean_a: np.ndarray, var_a: np.ndarray, n_a: np.ndarray, mean_b: np.ndarray, var_b: np.ndarray, n_b: np.ndarray
+) -> np.ndarray:
+    """Welch's statistic for the difference of two means (b - a) in standard errors, per row: how far one
+    run's per-execution durations moved against their own spread. NaN where a side has fewer than two
+    values; +-inf where both spreads are 0 and the means differ."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        error = np.sqrt(var_a / np.where(n_a > 0, n_a, 1) + var_b / np.where(n_b > 0, n_b, 1))
+        z = (mean_b - mean_a) / error
+    z = np.where((error == 0) & (mean_a == mean_b), 0.0, z)
+    return np.where((n_a < 2) | (n_b < 2), np.nan, z)

@@ -1,0 +1,162 @@
+"""A run's GPU activity (raw `gpu_activity` and `gpu_graph_nodes` parts), loaded in the run's transaction
+after its events.
+
+Every activity record is joined to the event of the API call that caused it by the correlation id
+that event carries as an attribute (a kernel launch, a graph launch, a copy or a set). A kernel of a
+replayed CUDA graph carries the graph launch's correlation id, and its graph node id: the node's clone
+chain (`gpu_graph_nodes`: the executable graph's nodes are clones of the captured graph's) leads to
+the node made while a launch was being captured, and that launch's correlation id to its event (the
+capture site). Then the run's GPU time is counted per launch name, stack and capture stack
+(`gpu_time_counts`), which the views and the regression report read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from tbpipe.pipeline.db.connection import query_value
+from tbpipe.pipeline.db.ingest.tables import IngestDb, sql_text
+from tbpipe.pipeline.rawrun import read_tables
+
+GPU_TABLES = ("gpu_activity", "gpu_graph_nodes")
+# Event kinds that carry the correlation id of the CUDA API call they record.
+LAUNCH_KINDS = ("kernel_launch", "graph_launch", "memcpy", "memset")
+# Longest clone chain followed from a replayed node back to the node a capture made.
+MAX_CLONE_DEPTH = 64
+
+
+def capture_correlations(nodes: pa.Table) -> pa.Table:
+    """Per graph node id: the correlation id of the launch captured into the node it descends from
+    (itself, or the node it was cloned from, and so on), where one was recorded."""
+    if nodes.num_rows == 0:
+        return pa.table(
+            {"graph_node_id": pa.array([], pa.uint64()), "capture_correlation_id": pa.array([], pa.uint32())}
+        )
+    node = nodes["graph_node_id"].to_pylist()
+    original = nodes["original_graph_node_id"].to_pylist()
+    correlation = nodes["correlation_id"].to_pylist()
+    made_by: dict[int, int] = {}  # node -> correlation of the launch that made it
+    cloned_from: dict[int, int] = {}
+    for n, o, c in zip(node, original, correlation):
+        if o is not None:
+            cloned_from[n] = o
+        elif c is not None:
+            made_by[n] = c
+    out_nodes, out_correlations = [], []
+    for start in set(node):
+        current = start
+        for _ in range(MAX_CLONE_DEPTH):
+            if current in made_by:
+                out_nodes.append(start)
+                out_correlations.append(made_by[current])
+                break
+            if current not in cloned_from:
+                break
+            current = cloned_from[current]
+    return pa.table(
+        {
+            "graph_node_id": pa.array(out_nodes, pa.uint64()),
+            "capture_correlation_id": pa.array(out_correlations, pa.uint32()),
+        }
+    )
+
+
+def insert_gpu_activity(db: IngestDb, run_number: int, files: dict[str, list[Path]]) -> int:
+    """The run's `gpu_activity` rows and `gpu_time_counts`; returns the records loaded."""
+    activity_files = files.get("gpu_activity") or []
+    if not activity_files:
+        return 0
+    con = db.con
+    nodes = read_tables({"gpu_graph_nodes": files.get("gpu_graph_nodes") or []}, ("gpu_graph_nodes",))
+    captures = capture_correlations(nodes["gpu_graph_nodes"])
+    file_list = "[" + ", ".join(sql_text(str(path)) for path in activity_files) + "]"
+    parts = pa.table(
+        {
+            "filename": pa.array([str(path) for path in activity_files], pa.string()),
+            "part": pa.array(np.arange(len(activity_files)), pa.int32()),
+        }
+    )
+    kinds = "[" + ", ".join(sql_text(kind) for kind in LAUNCH_KINDS) + "]"
+    first = int(query_value(con, "SELECT coalesce(max(activity_id), 0) + 1 FROM gpu_activity"))
+    db.register("ingest_gpu_captures", captures)
+    db.register("ingest_gpu_parts", parts)
+    try:
+        con.execute(
+            f"""
+            CREATE OR REPLACE TEMP TABLE ingest_gpu_launches AS
+            SELECT correlation_id, min(event_id) AS event_id
+            FROM (
+                SELECT e.event_id, TRY_CAST(json_extract_string(e.attrs, '$.correlation_id') AS UINTEGER) AS correlation_id
+                FROM event_rows e JOIN event_names n USING (name_id)
+                WHERE e.run_number = {int(run_number)} AND list_contains({kinds}, n.kind) AND e.attrs IS NOT NULL
+            )
+            WHERE correlation_id IS NOT NULL
+            GROUP BY correlation_id
+            """
+        )
+        # Records in the order of the run's parts, and of their rows within a part.
+        con.execute(
+            f"""
+            INSERT INTO gpu_activity BY NAME
+            SELECT
+                {int(run_number)} AS run_number,
+                {first} + row_number() OVER (ORDER BY p.part, a.file_row_number) - 1 AS activity_id,
+                a.kind, a.name, a.gpu_start, a.gpu_end,
+                CASE WHEN a.gpu_start IS NOT NULL AND a.gpu_end IS NOT NULL AND a.gpu_end >= a.gpu_start
+                     THEN epoch_ns(a.gpu_end) - epoch_ns(a.gpu_start) END AS duration_ns,
+                a.device, a.context, a.stream, a.correlation_id,
+                l.event_id,
+                a.graph_id, a.graph_node_id,
+                cl.event_id AS capture_event_id,
+                a.bytes, a.grid_x, a.grid_y, a.grid_z, a.block_x, a.block_y, a.block_z,
+                a.registers_per_thread, a.static_shared_mem, a.dynamic_shared_mem
+            FROM read_parquet({file_list}, filename = true, file_row_number = true) a
+            JOIN ingest_gpu_parts p ON p.filename = a.filename
+            LEFT JOIN ingest_gpu_launches l ON l.correlation_id = a.correlation_id
+            LEFT JOIN ingest_gpu_captures c ON c.graph_node_id = a.graph_node_id
+            LEFT JOIN ingest_gpu_launches cl ON cl.correlation_id = c.capture_correlation_id
+            """
+        )
+        con.execute(
+            f"""
+            INSERT INTO gpu_time_counts BY NAME
+            SELECT
+                a.run_number, e.name_id, e.stack_id, ce.stack_id AS capture_stack_id, a.kind, a.name,
+                count(*) AS executions,
+                count(a.duration_ns) AS timed,
+                coalesce(sum(a.duration_ns), 0)::BIGINT AS gpu_time_ns,
+                coalesce(sum((a.duration_ns / 1000.0) ^ 2), 0) AS gpu_time_sq_us,
+                min(a.duration_ns) AS min_ns,
+                max(a.duration_ns) AS max_ns,
+                sum(a.bytes)::UBIGINT AS bytes
+            FROM gpu_activity a
+            LEFT JOIN event_rows e ON e.event_id = a.event_id
+            LEFT JOIN event_rows ce ON ce.event_id = a.capture_event_id
+            WHERE a.run_number = {int(run_number)}
+            GROUP BY a.run_number, e.name_id, e.stack_id, ce.stack_id, a.kind, a.name
+            """
+        )
+        loaded = int(query_value(con, f"SELECT count(*) FROM gpu_activity WHERE run_number = {int(run_number)}"))
+    finally:
+        _drop_quietly(con, "ingest_gpu_launches")
+        db.unregister("ingest_gpu_parts")
+        db.unregister("ingest_gpu_captures")
+    return loaded
+
+
+def _drop_quietly(con, table: str) -> None:
+    import duckdb
+
+    try:  # inside a failed transaction DuckDB refuses even this; the next run replaces the table
+        con.execute(f"DROP TABLE IF EXISTS {table}")
+    except duckdb.Error:
+        pass
+
+
+def delete_run(con, run_number: int) -> None:
+    """Removes a run's GPU rows (before it is loaded again)."""
+    for table in ("gpu_activity", "gpu_time_counts"):
+        con.execute(f"DELETE FROM {table} WHERE run_number = ?", [run_number])
