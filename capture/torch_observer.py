@@ -189,7 +189,7 @@ def load(torch: Any) -> Any:
             raise ImportError(f"no module spec for {path}")
         module = importlib.util.module_from_spec(spec)
         loader.exec_module(module)
-        if not all(hasattr(module, name) for name in ("start", "stop", "registered", "set_level")):
+        if not all(hasattr(module, name) for name in ("start", "stop", "registered", "set_level", "compiling")):
             raise ImportError("it is not the observer this tbpipe expects")
     except (ImportError, OSError) as error:
         first_line = str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -14,7 +14,9 @@ Two hooks; the first that works here is used, and the source's status line says 
    bwd_seq, fwd_thread and bwd_node on a backward node and every op inside it. A backward op
    belongs to the forward op with seq = bwd_seq and seq_thread = fwd_thread (the view
    `backward_op_sites` sites it at that op's line). No shapes: they would need every op's
-   arguments boxed.
+   arguments boxed. Left out, as the dispatch mode never sees them: ops run while a fake, proxy
+   or functionalization mode is set (tracing), and ops run while torch.compile compiles (on any
+   thread; Dynamo's compile callbacks, through tbpipe.capture.torch_compile, say when).
 2. The dispatch mode (status "recording (dispatch mode: <why the observer is not used>)"), when
    the observer cannot be built or loaded (no compiler, no torch headers) or
    TBPIPE_TORCH_OPS_HOOK=dispatch: a TorchDispatchMode whose `__torch_dispatch__` is native code

@@ -49,6 +49,11 @@ std::atomic<bool> g_enabled{false};
 // What the start callback does: 0 nothing but keep the nesting (for measuring the RecordFunction
 // machinery alone), 1 describe and record.
 std::atomic<int> g_level{1};
+// Whether torch.compile is compiling: its ops (type promotion, shape checks, tracing) are the
+// compiler's, not the program's, and are not recorded. Dynamo's compile callbacks say when, once
+// for all threads (its start and end callbacks run for the first compile to start and the last to
+// end, maybe on different threads), so ops of other threads are left out meanwhile too.
+std::atomic<bool> g_compiling{false};
 
 // ---------------------------------------------------------------------------- per thread
 
@@ -332,7 +337,8 @@ void start_op(const at::RecordFunction& fn) {
   // An async op may end on another thread: it is recorded, but nothing nests under it here.
   const bool nests = !fn.isAsync() && state.frames.size() < kMaxFrames;
   // A traced op's fake implementation runs with the fake mode popped: its ops are skipped as inside it.
-  if ((parent != nullptr && parent->traced) || tracing_on_this_thread()) {
+  if ((parent != nullptr && parent->traced) || g_compiling.load(std::memory_order_relaxed) ||
+      tracing_on_this_thread()) {
     if (nests) state.frames.push_back(Frame{&fn, nullptr, 0, -1, 0, nullptr, false, true});
     return;
   }
@@ -456,6 +462,13 @@ PyObject* set_level(PyObject*, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
+PyObject* compiling(PyObject*, PyObject* flag) {
+  const int on = PyObject_IsTrue(flag);
+  if (on < 0) return nullptr;
+  g_compiling.store(on != 0, std::memory_order_relaxed);
+  Py_RETURN_NONE;
+}
+
 PyMethodDef kMethods[] = {
     {"start", start, METH_O,
      "start(capsule): add the global RecordFunction callback (once) and enable it; it records through "
@@ -464,6 +477,9 @@ PyMethodDef kMethods[] = {
      "stop(remove): disable the callback; with remove true, also remove it from torch (not in a forked child: "
      "removing takes a lock that a thread of the parent may have held at the fork)."},
     {"registered", registered, METH_NOARGS, "registered() -> bool: whether the callback is added."},
+    {"compiling", compiling, METH_O,
+     "compiling(flag): torch.compile starts (true) or ends (false) compiling; ops in between are "
+     "not recorded (Dynamo's compile callbacks call it, through tbpipe.capture.torch_compile)."},
     {"set_level", set_level, METH_O,
      "set_level(level): 1 records every op (the default); 0 keeps the callback running but records nothing "
      "(the RecordFunction machinery's own cost, for benchmarks)."},
