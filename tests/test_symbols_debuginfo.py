@@ -461,3 +461,30 @@ def test_objcopy_zstd_support_is_reported(libs):
         pytest.skip(libs.zstd_problem)
     out = subprocess.run(["readelf", "-S", "-W", str(libs.c_zstd)], capture_output=True, text=True).stdout
     assert ".debug_info" in out
+
+
+def test_what_the_search_read_is_remembered_while_files_are_unchanged(libs, reference, tmp_path, monkeypatch):
+    """The search runs again for a module without DWARF at every ingest; what it read of each ELF file
+    (sections, build-ID, a debuglink target's CRC) comes from the store until the file changes."""
+    from tbpipe.pipeline.symbols import debuginfo
+
+    module = stripped_with_debuglink(libs, tmp_path / "lib")
+    debug_file = tmp_path / "lib" / "libtbinline.debug"
+    shutil.copy(libs.other_debug, debug_file)  # the wrong file: its CRC does not match
+    reads: list[str] = []
+    inspect, crc = debuginfo.inspect_elf, debuginfo.file_crc32
+    monkeypatch.setattr(debuginfo, "inspect_elf", lambda path: reads.append(path) or inspect(path))
+    monkeypatch.setattr(debuginfo, "file_crc32", lambda path: reads.append(f"crc {path}") or crc(path))
+
+    def status_now():
+        reads.clear()
+        return symbolizer_for(tmp_path).module_status(libs.c_build_id, str(module))
+
+    assert status_now().quality is Quality.SYMBOLS
+    assert str(module) in reads and f"crc {debug_file}" in reads
+    second = status_now()  # a new process: the store's status says symbols only, so it looks again
+    assert second.quality is Quality.SYMBOLS and any("CRC32" in place for place in second.looked_in)
+    assert reads == []
+    shutil.copy(libs.c_debug, debug_file)  # the right debug file now, at the same path
+    assert_full_dwarf(symbolizer_for(tmp_path), module, libs, reference, "debuglink")
+    assert status_now().quality is Quality.DWARF

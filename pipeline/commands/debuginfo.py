@@ -85,6 +85,7 @@ def find(
         [str(d) for d in debug_dir or ()],
         [str(r) for r in debug_root] if debug_root else None,
         index_path_for=store.debug_dir_index_path,
+        memo=store,
     )
     located = locator.locate(build_id, str(module) if module else None)
     stored = store.load_status(build_id)

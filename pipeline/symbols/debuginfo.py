@@ -16,13 +16,26 @@ a build-ID note is accepted on its CRC alone).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tbpipe.pipeline.symbols.dirindex import DebugDirIndex
-from tbpipe.pipeline.symbols.elf import ElfFacts, file_crc32, inspect_elf
+from tbpipe.pipeline.symbols.elf import (
+    ElfFacts,
+    elf_facts_from_json,
+    elf_facts_to_json,
+    file_crc32,
+    file_identity,
+    inspect_elf,
+)
 from tbpipe.pipeline.symbols.model import ElfFileError, Quality, short_build_id
+from tbpipe.pipeline.symbols.store import CRC32_MEMO, ELF_FACTS_MEMO
+
+if TYPE_CHECKING:
+    from tbpipe.pipeline.symbols.store import SymbolStore
 
 DEFAULT_DEBUG_ROOTS = ("/usr/lib/debug",)
 
@@ -86,12 +99,17 @@ class DebugInfoLocator:
         debug_roots: Sequence[str | os.PathLike] | None = None,
         index_path_for: Callable[[str], object] | None = None,
         environ: dict | None = None,
+        memo: SymbolStore | None = None,
     ):
         self.debug_dirs = [os.path.abspath(os.fspath(d)) for d in debug_dirs]
         self.debug_roots = [os.fspath(r) for r in (DEFAULT_DEBUG_ROOTS if debug_roots is None else debug_roots)]
         self._index_path_for = index_path_for
         self._environ = environ
         self._indexes: list[DebugDirIndex] | None = None
+        # What was read of each file, kept in the store while the file is unchanged: the search runs
+        # again for every module without DWARF at every ingest (better debug info may have come), and
+        # reading an ELF's sections with pyelftools costs tens of milliseconds.
+        self._memo = memo
 
     def indexes(self) -> list[DebugDirIndex]:
         """The debug-dir indexes, refreshed once per locator (files may have changed)."""
@@ -164,22 +182,21 @@ class DebugInfoLocator:
                 if candidate and candidate.quality is not Quality.NONE:
                     yield candidate
 
-    @staticmethod
     def _check(
-        path: str, via: str, build_id: str, looked: list[str], *, crc: int | None = None, label: str | None = None
+        self, path: str, via: str, build_id: str, looked: list[str], *, crc: int | None = None, label: str | None = None
     ) -> Candidate | None:
         shown = f"{label} {path}" if label else path
         if not os.path.lexists(path):
             looked.append(f"{shown}: no such file")
             return None
         try:
-            facts = inspect_elf(path)
+            facts = self._facts(path)
         except ElfFileError as error:
             looked.append(str(error) if str(error).startswith(path) else f"{shown}: {error}")
             return None
         if crc is not None:
             try:
-                actual = file_crc32(path)
+                actual = self._crc32(path, facts)
             except OSError as error:
                 looked.append(f"{shown}: unreadable ({error.strerror or error})")
                 return None
@@ -203,3 +220,28 @@ class DebugInfoLocator:
             + {Quality.DWARF: "DWARF", Quality.SYMBOLS: "symbols only", Quality.NONE: "no symbols or DWARF"}[quality]
         )
         return candidate
+
+    def _facts(self, path: str) -> ElfFacts:
+        """`inspect_elf(path)`, from the memo while the file is unchanged."""
+        identity = file_identity(path) if self._memo is not None else None
+        if identity is not None:
+            known, value = self._memo.remembered(ELF_FACTS_MEMO, path, identity)
+            if known:
+                with contextlib.suppress(TypeError, ValueError, KeyError):
+                    return elf_facts_from_json(value)
+        facts = inspect_elf(path)
+        if identity is not None and facts.identity == identity:
+            self._memo.remember(ELF_FACTS_MEMO, path, identity, elf_facts_to_json(facts))
+        return facts
+
+    def _crc32(self, path: str, facts: ElfFacts) -> int:
+        """CRC32 of the whole file (a debuglink's check), from the memo while the file is unchanged."""
+        if self._memo is None:
+            return file_crc32(path)
+        known, value = self._memo.remembered(CRC32_MEMO, path, facts.identity)
+        if known and isinstance(value, int):
+            return value
+        crc = file_crc32(path)
+        if file_identity(path) == facts.identity:
+            self._memo.remember(CRC32_MEMO, path, facts.identity, crc)
+        return crc

@@ -8,6 +8,7 @@ Everything here treats files as untrusted: a missing, truncated or corrupt file 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import struct
@@ -57,6 +58,19 @@ class ElfFacts:
     def identity(self) -> tuple[str, int, int, int, int]:
         """Changes whenever the file is replaced or rewritten."""
         return (self.path, self.size, self.mtime_ns, self.inode, self.device)
+
+
+def elf_facts_to_json(facts: ElfFacts) -> dict:
+    """`facts` as JSON values (for the store's memo)."""
+    return dataclasses.asdict(facts)
+
+
+def elf_facts_from_json(value: dict) -> ElfFacts:
+    """`elf_facts_to_json`'s inverse; TypeError/ValueError/KeyError on anything else."""
+    facts = ElfFacts(**value)
+    facts.debuglink = (str(facts.debuglink[0]), int(facts.debuglink[1])) if facts.debuglink else None
+    facts.segments = [(int(a), int(b), int(c)) for a, b, c in facts.segments]
+    return facts
 
 
 def _open_elf(path: str) -> tuple[BinaryIO, Any]:

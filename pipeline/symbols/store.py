@@ -9,6 +9,9 @@ Layout under the cache dir (TBPIPE_CACHE_DIR, else the user cache dir, else `--c
     symbols-v1/<ab>/<abcdef...>/<source>/known-*.seg  resolved addresses (ResultChunk segments)
     debug-dirs/<hash>.json                            build-ID index of one --debug-dir
     modules/<hash>.json                               build-ID of a module file, by path + identity
+    elf-facts/<hash>.json                             what the debug-info search read of an ELF file
+                                                      (build-ID, sections, debuglink), likewise
+    crc32/<hash>.json                                 CRC32 of a debuglink target, likewise
 
 `<source>` is a key over the debug file's identity, so results from a worse file are never mixed
 with results from a better one: when better debug info turns up, a new source directory is
@@ -27,6 +30,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tbpipe.capture.cache import default_cache_dir
 from tbpipe.pipeline.symbols.columns import KnownTable, ResultChunk
@@ -46,6 +50,12 @@ def _zstd():
     import zstandard
 
     return zstandard
+
+
+# Kinds of per-file memos (folders under the cache dir).
+MODULES_MEMO = "modules"
+ELF_FACTS_MEMO = "elf-facts"
+CRC32_MEMO = "crc32"
 
 
 class SymbolStore:
@@ -73,25 +83,33 @@ class SymbolStore:
     def source_dir(self, build_id: str, key: str) -> Path:
         return self.build_id_dir(build_id) / key
 
-    def _module_memo_path(self, path: str) -> Path:
+    def _memo_path(self, kind: str, path: str) -> Path:
         digest = hashlib.sha1(os.fsencode(path)).hexdigest()[:20]
-        return self.cache_dir / "modules" / f"{digest}.json"
+        return self.cache_dir / kind / f"{digest}.json"
 
-    def remembered_build_id(self, path: str, identity: tuple) -> tuple[bool, str | None]:
-        """(known, build-ID) of the module file at `path` as last read, while it is unchanged
-        (`identity` as `elf.file_identity` gives it): a warm `addr2line -e` reads no ELF."""
+    def remembered(self, kind: str, path: str, identity: tuple) -> tuple[bool, Any]:
+        """(known, value) of what was last learnt of the file at `path` under `kind`, while the file is
+        unchanged (`identity` as `elf.file_identity` gives it): warm runs read no ELF."""
         try:
-            memo = json.loads(self._module_memo_path(path).read_text())
+            memo = json.loads(self._memo_path(kind, path).read_text())
             if memo["identity"] == list(identity):
-                return True, memo["build_id"]
+                return True, memo["value"]
         except (OSError, ValueError, KeyError, TypeError):
             pass
         return False, None
 
-    def remember_build_id(self, path: str, identity: tuple, build_id: str | None) -> None:
-        data = json.dumps({"identity": list(identity), "build_id": build_id}).encode()
+    def remember(self, kind: str, path: str, identity: tuple, value: Any) -> None:
+        """Keeps `value` (JSON) about the file at `path` while it stays `identity`."""
+        data = json.dumps({"identity": list(identity), "value": value}).encode()
         with contextlib.suppress(OSError):
-            self._write_atomic(self._module_memo_path(path), data)
+            self._write_atomic(self._memo_path(kind, path), data)
+
+    def remembered_build_id(self, path: str, identity: tuple) -> tuple[bool, str | None]:
+        """(known, build-ID) of the module file at `path` as last read, while it is unchanged."""
+        return self.remembered(MODULES_MEMO, path, identity)
+
+    def remember_build_id(self, path: str, identity: tuple, build_id: str | None) -> None:
+        self.remember(MODULES_MEMO, path, identity, build_id)
 
     def debug_dir_index_path(self, directory: str) -> Path:
         digest = hashlib.sha1(os.fsencode(directory)).hexdigest()[:20]

@@ -173,7 +173,9 @@ class Symbolizer:
             from tbpipe.pipeline.symbols.debuginfo import DebugInfoLocator
 
             debug_dirs, debug_roots = self._locator_args
-            self._locator = DebugInfoLocator(debug_dirs, debug_roots, index_path_for=self.store.debug_dir_index_path)
+            self._locator = DebugInfoLocator(
+                debug_dirs, debug_roots, index_path_for=self.store.debug_dir_index_path, memo=self.store
+            )
         return self._locator
 
     # ------------------------------------------------------------------ public API
