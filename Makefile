@@ -6,12 +6,12 @@ VENV ?= .venv
 MATRIX_VERSIONS ?= 3.10 3.12 3.13
 PIP_FLAGS ?= -q --disable-pip-version-check
 
-NATIVE_SOURCES := $(wildcard native/*.cpp native/*.h native/testing/*.cpp) CMakeLists.txt pyproject.toml
+NATIVE_SOURCES := $(wildcard native/*.cpp native/*.h native/testing/*.cpp native/torch_observer/*.cpp) CMakeLists.txt pyproject.toml
 
 .PHONY: install run test lint format test-default test-matrix bench clean
 
 # C/C++ sources under clang-format (test fixtures whose line numbers the oracles read stay as written).
-CLANG_FORMAT_SOURCES := $(wildcard native/*.cpp native/*.h native/testing/*.cpp tests/cupti_double/*.c)
+CLANG_FORMAT_SOURCES := $(wildcard native/*.cpp native/*.h native/testing/*.cpp native/torch_observer/*.cpp tests/cupti_double/*.c)
 
 install: $(VENV)/.installed
 
@@ -26,6 +26,11 @@ $(VENV)/.installed: $(NATIVE_SOURCES)
 	# against the real package.
 	if $(VENV)/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then \
 		$(VENV)/bin/pip install $(PIP_FLAGS) torch==2.13.0 triton==3.9.0; fi
+	# The torch-ops source's RecordFunction observer, compiled against that torch now rather than
+	# on its first use (into $$TBPIPE_CACHE_DIR or ~/.cache/tbpipe); without it the source falls
+	# back to its slower dispatch mode.
+	if $(VENV)/bin/python -c 'import torch' 2>/dev/null; then \
+		$(VENV)/bin/python -m tbpipe.capture.torch_observer build; fi
 	touch $@
 
 run: install

@@ -1,27 +1,51 @@
-"""Overhead of the torch-ops source on a CPU training step, measured in one process.
+"""Overhead of the torch-ops source on CPU training steps, against PyTorch's profiler, in one process.
 
-    python bench/torch_overhead.py [--quick] [--rounds N] [--steps N]
+    python bench/torch_overhead.py [--quick] [--rounds N] [--block-s S] [--workloads mlp,conv,transformer] [--ways ...]
 
-The step: an MLP (Linear 256->512->256->10 with ReLU), batch 64, cross-entropy,
-SGD, one intra-op thread. Rounds of steps alternate between the source off and
-on (and on with sampling), all inside one session, so both sides share the
-process, the allocator and the caches. An "on" round ends with a flush of what
-it recorded, inside the timed region: the flush is part of the cost. The
-ratio is taken against the neighbouring "off" rounds and the median is printed.
-Time is the CPU time of the stepping thread (which also does the flush): on a
-shared 2-core machine wall time mostly measures the neighbours; wall-clock
-ratios are printed next to it.
+Three steps, one intra-op thread each:
+  mlp          Linear 256->512->256->10 with ReLU, batch 64, cross-entropy, SGD
+  conv         Conv(3->16)-ReLU-MaxPool-Conv(16->32)-ReLU-AvgPool-Linear, batch 16 of 3x32x32,
+               cross-entropy, Adam (CPU Adam runs a loop of small ops per parameter)
+  transformer  two encoder layers (d_model 64, 4 heads, feed-forward 128), batch 8 x 16 tokens,
+               a linear head, cross-entropy, AdamW
 
-Targets (issue 5): <= 1.5x with every op captured, goal <= 1.15x.
+Ways to run each step, every one measured against "off" (no hook; the session idle):
+  observer        torch-ops through the RecordFunction observer, every op recorded
+  observer@0.1    the same at --sample-rate 0.1
+  dispatch        torch-ops through the dispatch mode (the fallback)
+  profiler        torch.profiler, CPU activity, no stacks
+  profiler+stack  torch.profiler, CPU activity, with_stack=True (Python frames only)
+and, to see where the observer's cost goes per op:
+  rf-only         the observer's callback runs (RecordFunction active for every op) but records nothing
+  no-stack        events recorded with no stack (as a session with python=False, native=False)
+  python-stack    Python frames only (as native=False)
+  native-stack    native frames only (as python=False)
+
+A round times a block of steps (about --block-s of CPU time) of each way, with an off block
+before and after; the ratio of a way is its time over the mean of the off blocks around it, and
+the median over rounds is printed, with the middle half of the rounds under it. Recording ways
+run in one session for the whole run (steady state: stacks seen before are not written again)
+and end their block with a flush of what it recorded, inside the timed region (what the flusher
+does once a second); the profiler's block ends with its exit (the collection of its events).
+Time is the CPU time of the stepping thread (which also does the flush): on a shared machine wall
+time mostly measures the neighbours.
+
+Targets (issue 14): observer <= 1.15x on every step (below the profiler with stacks), observer at
+sample rate 0.1 <= 1.05x.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+
+# The profiler's Kineto logs two lines per profile on stderr otherwise.
+os.environ.setdefault("KINETO_LOG_LEVEL", "99")
 
 try:
     import torch
@@ -32,95 +56,299 @@ except ImportError:
 from tbpipe import _native, capture
 from tbpipe.capture import torch_ops
 
+TARGET_FULL = 1.15
+TARGET_SAMPLED = 1.05
 
-def make_step():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+def training_step(
+    forward: Callable[[torch.Tensor], torch.Tensor], optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> Callable[[], None]:
+    """One step: forward, cross-entropy against `y`, backward, the optimizer's update."""
     loss_fn = nn.CrossEntropyLoss()
-    x = torch.randn(64, 256)
-    y = torch.randint(0, 10, (64,))
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        loss = loss_fn(forward(x), y)
         loss.backward()
         optimizer.step()
 
     return step
 
 
-def timed_round(step, steps: int, session: capture.Session, mode: str) -> tuple[float, float]:
-    """(CPU seconds, wall seconds) per step for one round; mode is 'off', 'on' or 'sampled'."""
-    if mode != "off":
-        _native._set_overhead_limits(0.1 if mode == "sampled" else 1.0, 0)
-        torch_ops.start()
-    cpu, wall = time.thread_time(), time.perf_counter()
+def make_mlp_step() -> Callable[[], None]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    return training_step(model, optimizer, torch.randn(64, 256), torch.randint(0, 10, (64,)))
+
+
+def make_conv_step() -> Callable[[], None]:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 10),
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    return training_step(model, optimizer, torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,)))
+
+
+def make_transformer_step() -> Callable[[], None]:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.1, batch_first=True)
+    encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    head = nn.Linear(64, 32)
+    encoder.train()
+    optimizer = torch.optim.AdamW([*encoder.parameters(), *head.parameters()], lr=1e-3)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return head(encoder(x)).reshape(-1, 32)
+
+    return training_step(forward, optimizer, torch.randn(8, 16, 64), torch.randint(0, 32, (8 * 16,)))
+
+
+WORKLOADS: dict[str, tuple[str, Callable[[], Callable[[], None]]]] = {
+    "mlp": ("MLP + SGD", make_mlp_step),
+    "conv": ("conv net + Adam", make_conv_step),
+    "transformer": ("transformer + AdamW", make_transformer_step),
+}
+
+# name -> settings: the torch-ops hook (or the profiler, with or without stacks), the sample rate,
+# the stack parts gathered (python, native) and the observer's level (0: callback only)
+WAYS: dict[str, dict] = {
+    "observer": {"hook": "observer"},
+    "observer@0.1": {"hook": "observer", "sample_rate": 0.1},
+    "dispatch": {"hook": "dispatch"},
+    "profiler": {"profiler": True, "with_stack": False},
+    "profiler+stack": {"profiler": True, "with_stack": True},
+    "rf-only": {"hook": "observer", "level": 0},
+    "no-stack": {"hook": "observer", "python": False, "native": False},
+    "python-stack": {"hook": "observer", "native": False},
+    "native-stack": {"hook": "observer", "python": False},
+}
+MAIN_WAYS = ["observer", "observer@0.1", "dispatch", "profiler", "profiler+stack"]
+
+
+def timed_steps(step: Callable[[], None], steps: int) -> float:
+    cpu = time.thread_time()
     for _ in range(steps):
         step()
-    if mode != "off":
+    return time.thread_time() - cpu
+
+
+class Measured:
+    """CPU seconds per step of one way, with what it recorded."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.events = 0  # recorded + sampled out + rate limited: every op the hook saw
+        self.flush_seconds = 0.0
+
+
+def run_way(step: Callable[[], None], steps: int, way: dict, session: capture.Session) -> Measured:
+    """Times `steps` steps one way. Recording ways use the one session of the whole run (so that
+    their flush writes steady-state parts, as a long-running session does every second), with its
+    sampling and stack settings changed for the block."""
+    measured = Measured()
+    if way.get("profiler"):
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        cpu = time.thread_time()
+        with torch.profiler.profile(activities=activities, with_stack=way["with_stack"]):
+            for _ in range(steps):
+                step()
+        measured.seconds = (time.thread_time() - cpu) / steps
+        return measured
+    _native._set_overhead_limits(way.get("sample_rate", 1.0), 0)
+    _native._set_stack_parts(way.get("python", True), way.get("native", True))
+    before = _native.counters()["recorded"], _native._overhead_counters()["sampled_out"]
+    handle = torch_ops.start(way["hook"])
+    if way["hook"] == "observer" and not handle.status.startswith("recording (RecordFunction observer"):
+        sys.exit(f"bench/torch_overhead.py: the observer is not available: {handle.status}")
+    observer = torch_ops._state.observer if way["hook"] == "observer" else None
+    if observer is not None:
+        observer.set_level(way.get("level", 1))
+    try:
+        cpu = time.thread_time()
+        for _ in range(steps):
+            step()
         torch_ops.stop()
-        session.flush()  # the cost of writing what this round recorded
-    return (time.thread_time() - cpu) / steps, (time.perf_counter() - wall) / steps
+        flush_started = time.thread_time()
+        session.flush()  # the cost of writing what this block recorded
+        end = time.thread_time()
+    finally:
+        torch_ops.stop()
+        if observer is not None:
+            observer.set_level(1)
+        _native._set_overhead_limits(1.0, 0)
+        _native._set_stack_parts(True, True)
+    measured.seconds = (end - cpu) / steps
+    measured.flush_seconds = (end - flush_started) / steps
+    after = _native.counters()["recorded"], _native._overhead_counters()["sampled_out"]
+    measured.events = (after[0] - before[0]) + (after[1] - before[1])
+    return measured
+
+
+def steps_per_block(step: Callable[[], None], seconds: float) -> int:
+    """How many steps take about `seconds` of CPU time, off."""
+    elapsed = timed_steps(step, 10) / 10
+    return max(5, round(seconds / max(elapsed, 1e-6)))
+
+
+def bench_workload(name: str, rounds: int, block_s: float, ways: list[str], session: capture.Session) -> dict:
+    label, make = WORKLOADS[name]
+    torch.manual_seed(0)
+    step = make()
+    for _ in range(30):  # warm the allocator, the kernels' caches and the code paths
+        step()
+    steps = steps_per_block(step, block_s)
+    for way in ways:  # warm each way once: first stacks, interned names, the profiler's set-up
+        run_way(step, max(2, steps // 4), WAYS[way], session)
+    ratios: dict[str, list[float]] = {way: [] for way in ways}
+    times: dict[str, list[float]] = {way: [] for way in ways}
+    flush: dict[str, list[float]] = {way: [] for way in ways}
+    off_times: list[float] = []
+    events_per_step: list[float] = []
+    for round_index in range(rounds):
+        order = ways[round_index % len(ways) :] + ways[: round_index % len(ways)]  # rotate: no fixed neighbours
+        before = timed_steps(step, steps) / steps
+        off_times.append(before)
+        for way in order:
+            measured = run_way(step, steps, WAYS[way], session)
+            after = timed_steps(step, steps) / steps
+            off_times.append(after)
+            ratios[way].append(measured.seconds / ((before + after) / 2))
+            times[way].append(measured.seconds)
+            flush[way].append(measured.flush_seconds)
+            if way == "observer":
+                events_per_step.append(measured.events / steps)
+            before = after
+    return {
+        "label": label,
+        "steps": steps,
+        "off": statistics.median(off_times),
+        "ratio": {way: statistics.median(values) for way, values in ratios.items()},
+        "spread": {way: _quartiles(values) for way, values in ratios.items()},
+        "time": {way: statistics.median(values) for way, values in times.items()},
+        "flush": {way: statistics.median(values) for way, values in flush.items()},
+        "ops": statistics.median(events_per_step) if events_per_step else 0.0,
+    }
+
+
+def _span(bounds: tuple[float, float]) -> str:
+    return f"{bounds[0]:.2f}-{bounds[1]:.2f}"
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    if len(values) < 4:
+        return min(values), max(values)
+    q = statistics.quantiles(values, n=4)
+    return q[0], q[2]
+
+
+def print_results(results: dict[str, dict], ways: list[str]) -> bool:
+    main = [way for way in MAIN_WAYS if way in ways]
+    print()
+    print("CPU time ratio against off (median over rounds; under it, the middle half of the rounds):")
+    print(f"{'step':22} {'ops/step':>8} {'off ms':>8} {'us/op':>6} " + " ".join(f"{way:>14}" for way in main))
+    for result in results.values():
+        cells = " ".join(f"{result['ratio'][way]:13.3f}x" for way in main)
+        per_op = result["off"] * 1e6 / max(result["ops"], 1.0)
+        print(f"{result['label']:22} {result['ops']:8.0f} {result['off'] * 1e3:8.3f} {per_op:6.1f} {cells}")
+        spreads = " ".join(f"{_span(result['spread'][way]):>14}" for way in main)
+        print(f"{'':22} {'':8} {'':8} {'':6} {spreads}")
+    parts = ["rf-only", "no-stack", "python-stack", "native-stack", "observer"]
+    ok = True
+    if all(way in ways for way in parts):
+        print()
+        print("Where the observer's cost goes, ns per op seen (medians; each way's flush taken apart):")
+        print(f"{'step':22} {'callback':>9} {'record':>9} {'py walk':>9} {'native':>9} {'flush':>9} {'total':>9}")
+        for result in results.values():
+            ops = max(result["ops"], 1.0)
+            t, f, off = result["time"], result["flush"], result["off"]
+
+            def steps_only(way: str, t: dict = t, f: dict = f) -> float:
+                return t[way] - f[way]
+
+            def per_op(seconds: float, ops: float = ops) -> float:
+                return seconds * 1e9 / ops
+
+            print(
+                f"{result['label']:22} {per_op(steps_only('rf-only') - off):9.0f} "
+                f"{per_op(steps_only('no-stack') - steps_only('rf-only')):9.0f} "
+                f"{per_op(steps_only('python-stack') - steps_only('no-stack')):9.0f} "
+                f"{per_op(steps_only('native-stack') - steps_only('no-stack')):9.0f} "
+                f"{per_op(f['observer']):9.0f} {per_op(t['observer'] - off):9.0f}"
+            )
+        print(
+            "  callback: RecordFunction's machinery and our callback keeping the nesting, nothing recorded;\n"
+            "  record: attributes, C API, sampling draw, buffer (no stack); py walk / native: gathering that\n"
+            "  half of the stack; flush: draining and writing the block's events (the flusher's work, once a\n"
+            "  second in a session); total: everything, the observer way against off."
+        )
+    print()
+    for result in results.values():
+        ratio = result["ratio"]
+        checks = []
+        if "observer" in ratio:
+            met = ratio["observer"] <= TARGET_FULL
+            ok &= met
+            checks.append(f"observer <= {TARGET_FULL}x: {'meets' if met else 'MISSES'}")
+            if "profiler+stack" in ratio:
+                below = ratio["observer"] < ratio["profiler+stack"]
+                checks.append(f"below profiler+stack: {'yes' if below else 'NO'}")
+        if "observer@0.1" in ratio:
+            met = ratio["observer@0.1"] <= TARGET_SAMPLED
+            ok &= met
+            checks.append(f"observer@0.1 <= {TARGET_SAMPLED}x: {'meets' if met else 'MISSES'}")
+        print(f"{result['label']:22} " + "; ".join(checks))
+    return ok
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run, not a measurement)")
-    parser.add_argument("--rounds", type=int, default=None, help="round pairs (default 30, quick 4)")
-    parser.add_argument("--steps", type=int, default=None, help="steps per round (default 100, quick 20)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per step (default 9, quick 2)")
+    parser.add_argument(
+        "--block-s", type=float, default=None, help="CPU seconds of steps per timed block (default 0.5, quick 0.05)"
+    )
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
+    parser.add_argument("--ways", default=",".join(WAYS), help="comma-separated: " + ", ".join(WAYS))
     args = parser.parse_args()
-    rounds = args.rounds or (4 if args.quick else 30)
-    steps = args.steps or (20 if args.quick else 100)
+    rounds = args.rounds or (2 if args.quick else 9)
+    block_s = args.block_s or (0.05 if args.quick else 0.5)
+    workloads = [w for w in args.workloads.split(",") if w]
+    ways = [w for w in args.ways.split(",") if w]
+    for name in workloads:
+        if name not in WORKLOADS:
+            sys.exit(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
+    for way in ways:
+        if way not in WAYS:
+            sys.exit(f"unknown way {way!r} (known: {', '.join(WAYS)})")
 
     torch.set_num_threads(1)
-    step = make_step()
-    for _ in range(50):  # warm the allocator, the kernels' caches and the code paths
-        step()
-
+    print(
+        f"torch {torch.__version__}, Python {sys.version.split()[0]}, 1 thread, {rounds} rounds of a "
+        f"{block_s:g} s block per way and step, each between two off blocks"
+    )
+    results = {}
+    # One session for the whole run, flushed only by the recording blocks; "off" blocks run in it
+    # with no hook started (nothing records then).
     with tempfile.TemporaryDirectory() as out, capture.session(out, flush_interval_s=1e9) as session:
-        timed_round(step, steps, session, "on")  # warm the recorder: first stacks, interned names
-        seen_before = torch_ops.counters()["seen"]
-        times: dict[str, list[float]] = {"off": [], "on": [], "sampled": []}
-        ratios: dict[str, list[float]] = {"on": [], "sampled": [], "on wall": [], "sampled wall": []}
-        for _ in range(rounds):
-            off = timed_round(step, steps, session, "off")
-            on = timed_round(step, steps, session, "on")
-            sampled = timed_round(step, steps, session, "sampled")
-            off_after = timed_round(step, steps, session, "off")
-            for clock, suffix in ((0, ""), (1, " wall")):
-                reference = (off[clock] + off_after[clock]) / 2
-                ratios["on" + suffix].append(on[clock] / reference)
-                ratios["sampled" + suffix].append(sampled[clock] / reference)
-            times["off"] += [off[0], off_after[0]]
-            times["on"].append(on[0])
-            times["sampled"].append(sampled[0])
-        ops_per_step = (torch_ops.counters()["seen"] - seen_before) / (2 * rounds * steps)
-        counters = _native.counters()
-        overhead = _native._overhead_counters()
-
-    off_ms = statistics.median(times["off"]) * 1e3
-    on_ms = statistics.median(times["on"]) * 1e3
-    sampled_ms = statistics.median(times["sampled"]) * 1e3
-    on_ratio = statistics.median(ratios["on"])
-    print(f"torch {torch.__version__}, Python {sys.version.split()[0]}, 1 thread, {rounds} round pairs x {steps} steps")
-    print(f"ops seen per step           {ops_per_step:8.1f}")
-    print(f"step, source off            {off_ms:8.3f} ms CPU")
-    print(
-        f"step, torch-ops on          {on_ms:8.3f} ms CPU   ratio {on_ratio:.3f}x "
-        f"(wall {statistics.median(ratios['on wall']):.3f}x; medians of per-round ratios)"
-    )
-    print(
-        f"step, on, sample_rate 0.1   {sampled_ms:8.3f} ms CPU   ratio {statistics.median(ratios['sampled']):.3f}x "
-        f"(wall {statistics.median(ratios['sampled wall']):.3f}x)"
-    )
-    print(f"cost per op (every op)      {(on_ms - off_ms) * 1e3 / max(ops_per_step, 1):8.2f} us")
-    print(
-        f"events recorded {counters['recorded']}, dropped {counters['dropped']}, sampled out {overhead['sampled_out']}"
-    )
-    verdict = "meets" if on_ratio <= 1.5 else "MISSES"
-    goal = "meets" if on_ratio <= 1.15 else "misses"
-    print(f"target <= 1.5x: {verdict}; goal <= 1.15x: {goal}")
+        for name in workloads:
+            started = time.perf_counter()
+            results[name] = bench_workload(name, rounds, block_s, ways, session)
+            print(
+                f"  {WORKLOADS[name][0]}: {results[name]['steps']} steps a block, "
+                f"{time.perf_counter() - started:.0f} s",
+                flush=True,
+            )
+    ok = print_results(results, ways)
+    print("all targets met" if ok else "some targets MISSED")
 
 
 if __name__ == "__main__":

@@ -208,9 +208,7 @@ class Session:
             shutil.rmtree(self.run_dir, ignore_errors=True)  # ours, just made, nothing recorded in it
             raise
         # A source that runs but records nothing (no GPU, no CUPTI) says why in one line.
-        status = self._writer.manifest.setdefault("source_status", {})
-        for source, handle in self._source_handles:
-            status[source.name] = str(getattr(handle, "status", "recording"))
+        self._update_source_status()
         if self._follows_compile:
             try:
                 from tbpipe.capture import torch_compile
@@ -220,6 +218,13 @@ class Session:
                 compile_status = f"not following torch.compile: {type(error).__name__}: {error}"
             self._writer.manifest["torch_compile_status"] = compile_status
         write_manifest(self.run_dir, self._writer.manifest)
+
+    def _update_source_status(self) -> None:
+        """Each source's status line into the manifest; read again at every flush, since a source
+        waiting for its package's import says how it records once the import has happened."""
+        status = self._writer.manifest.setdefault("source_status", {})
+        for source, handle in self._source_handles:
+            status[source.name] = str(getattr(handle, "status", "recording"))
 
     def close(self, timeout: float | None = None) -> None:
         """Stop recording, write what is left and mark the run complete.
@@ -288,6 +293,7 @@ class Session:
         totals = self._writer.manifest["counters"]
         totals["events_sampled_out"] = overhead["sampled_out"]
         totals["events_rate_limited"] = overhead["rate_limited"]
+        self._update_source_status()
         self._writer.write(drained, counters, gpu, self._compile_parts())
 
     def _compile_parts(self) -> dict[str, Any]:

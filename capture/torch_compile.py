@@ -199,8 +199,17 @@ def counters() -> dict[str, int]:
     return dict(_state.calls)
 
 
+def _tell_torch_ops_observer(compiling: bool) -> None:
+    """The torch-ops observer leaves out the ops run while torch.compile compiles (type promotion, shape
+    checks, tracing: the compiler's); the dispatch mode never sees them."""
+    observer = sys.modules.get("_tbpipe_torch_observer")
+    if observer is not None:
+        observer.compiling(compiling)
+
+
 def _on_compile_start(args: Any) -> None:
     _state.calls["compile_callbacks"] += 1
+    _tell_torch_ops_observer(True)
     try:
         _state.started[(_trigger_name(args), getattr(args, "compile_id", None))] = time.perf_counter()
     except Exception:
@@ -209,6 +218,7 @@ def _on_compile_start(args: Any) -> None:
 
 def _on_compile_end(args: Any) -> None:
     _state.calls["compile_callbacks"] += 1
+    _tell_torch_ops_observer(False)
     try:
         trigger = _trigger_name(args)
         compile_id = getattr(args, "compile_id", None)

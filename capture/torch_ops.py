@@ -1,57 +1,65 @@
 """The `torch-ops` source: an `op` event for every aten op PyTorch executes.
 
-How. A TorchDispatchMode whose `__torch_dispatch__` is native code
-(`tbpipe._native._torch_op_dispatch`): torch calls it for every op that reaches
-the Python dispatch key, forward and backward; it records the event with the
-calling thread's combined stack, then runs the op. The mode has no Python frame
-and builds no Python object per op (shapes, dtype and device become JSON text
-in C++). PyTorch offers Python no RecordFunction observer (only the profiler,
-the execution-trace observer and an empty test observer), and a C++ observer
-would need an extension compiled against torch's headers, so a dispatch mode
-is the cheapest hook that sees every op without one.
+Two hooks; the first that works here is used, and the source's status line says which:
 
-Event: kind `op`, name in the profiler's convention (`aten::addmm`), attributes
-  shapes   one entry per positional argument: sizes of a tensor, a list of sizes
-           for a tensor list, null otherwise
-  dtype, device   of the first tensor argument
-  seq      on the forward op that created autograd node number `seq` on its
-           thread (the first op to see the thread's sequence counter move)
-  bwd_seq, bwd_node   on ops run by the backward of that node
-A backward op is sited at its forward op by joining its `bwd_seq` to the `seq`
-of the forward op. On the CPU, backward runs on the thread that called
-`backward()`, whose stack already ends at that line; CUDA backward runs on an
-autograd worker thread with no Python frames, and the join is the only link.
-PyTorch does not expose a node's forward thread to Python: the forward op is
-the one with that `seq` on whichever thread ran the forward (usually one).
+1. The RecordFunction observer (status "recording (RecordFunction observer)"): a global
+   RecordFunction callback, the mechanism PyTorch's own profiler uses, compiled against the
+   installed torch's headers and cached per torch build (tbpipe.capture.torch_observer; built at
+   `make install`, else on first use). Its C++ callback records through tbpipe._native's C API:
+   no Python runs per op. It sees every thread (those started before the session too), every op as
+   called with the ops it calls nested inside (`aten::linear` containing `aten::t` and
+   `aten::addmm`), autograd's backward nodes (`AddmmBackward0`, scope "backward") and user scopes
+   (`record_function`, scope "user"), exactly the entries of the profiler's CPU activity. Attributes
+   (see native/torch_observer/observer.cpp): id, depth, parent; seq and seq_thread on forward ops;
+   bwd_seq, fwd_thread and bwd_node on a backward node and every op inside it. A backward op
+   belongs to the forward op with seq = bwd_seq and seq_thread = fwd_thread (the view
+   `backward_op_sites` sites it at that op's line). No shapes: they would need every op's
+   arguments boxed. Left out, as the dispatch mode never sees them: ops run while a fake, proxy
+   or functionalization mode is set (tracing), and ops run while torch.compile compiles (on any
+   thread; Dynamo's compile callbacks, through tbpipe.capture.torch_compile, say when).
+2. The dispatch mode (status "recording (dispatch mode: <why the observer is not used>)"), when
+   the observer cannot be built or loaded (no compiler, no torch headers) or
+   TBPIPE_TORCH_OPS_HOOK=dispatch: a TorchDispatchMode whose `__torch_dispatch__` is native code
+   (`tbpipe._native._torch_op_dispatch`) that records the event, then runs the op. Attributes:
+     shapes   one entry per positional argument: sizes of a tensor, a list of sizes for a tensor
+              list, null otherwise
+     dtype, device   of the first tensor argument
+     seq      on the forward op that created autograd node number `seq` on its thread (the first op
+              to see the thread's sequence counter move)
+     bwd_seq, bwd_node   on ops run by the backward of that node
+   It misses what the observer sees: CompositeImplicitAutograd ops are seen decomposed (no
+   `aten::linear`, only `aten::t` + `aten::addmm`); ops called by another op's kernel (the mode
+   is off while an op runs); ops inside an eager higher-order operator (one event named
+   `higher_order::<name>`); threads already running when the source started (later threads get
+   the mode through threading's trace hook); ops dispatched with Python dispatch disabled. It
+   costs a Python dispatch per op (about 1.5x to 2x on small CPU training steps).
 
-What it misses, compared with the profiler:
-  - CompositeImplicitAutograd ops are seen decomposed: `aten::linear` shows as
-    `aten::t` + `aten::addmm` (decomposition happens above the mode).
-  - ops called by another op's kernel (the profiler's nested `aten::copy_`,
-    `aten::as_strided`, ...): the mode is off while an op runs, so only the
-    outermost op is seen; likewise ops inside an eager higher-order operator
-    (torch.cond, flex_attention) are one event named `higher_order::<name>`.
-  - threads that were already running when the source started; threads started
-    later get the mode through threading's trace hook, autograd workers inherit it.
-  - regions compiled by torch.compile (Inductor's fused kernels are not aten
-    ops; the mode ignores compile internals): use the `cuda`/`triton` sources.
-  - ops dispatched with Python dispatch disabled (`torch._C._DisableTorchDispatch`).
+Neither sees inside regions compiled by torch.compile (Inductor's fused kernels are not aten ops):
+use the `cuda`/`triton` sources there. On the CPU, backward runs on the thread that called
+`backward()`, whose stack ends at that line; CUDA backward runs on an autograd worker thread with
+no Python frames: the sequence-number link to the forward op is what sites it.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from tbpipe import _native
 from tbpipe.capture import after_import
 
+HOOK_ENV = "TBPIPE_TORCH_OPS_HOOK"
+HOOKS = ("observer", "dispatch")
 
-@dataclass
+
 class TorchOpsHandle:
-    status: str
+    """What start() returns. `status` may change once: when the program's `import torch` finishes."""
+
+    @property
+    def status(self) -> str:
+        return _state.status
 
 
 class _State:
@@ -60,6 +68,12 @@ class _State:
         self.thread_trace: Any = None  # our threading.settrace hook while installed
         self.previous_thread_trace: Any = None
         self.lock = threading.RLock()
+        self.requested = "observer"  # the hook start() asked for
+        self.hook: str | None = None  # the hook in use while attached
+        self.observer: Any = None  # the observer module once loaded
+        self.observer_pid = 0  # the process that added the observer's callback
+        self.from_import = False  # attached by the program's `import torch`, not at start()
+        self.status = "not started"
 
 
 _state = _State()
@@ -70,26 +84,77 @@ def _after_fork_in_child() -> None:
     # A parent thread that held the lock at fork time does not exist in the
     # child; waiting for it would hang the child's session start.
     _state.lock = _torch.lock = threading.RLock()
+    # The observer's callback came along, registered: it stays so, but does nothing until the
+    # child's own session (if any) starts the source again (removing it would take torch's lock).
+    if _state.observer is not None:
+        _state.observer.stop(False)
 
 
-def start() -> TorchOpsHandle:
+def start(hook: str | None = None) -> TorchOpsHandle:
+    """Starts recording ops with `hook` ("observer" or "dispatch"; default: $TBPIPE_TORCH_OPS_HOOK,
+    else the observer), falling back to the dispatch mode when the observer is unavailable."""
+    requested = hook or os.environ.get(HOOK_ENV, "").strip() or "observer"
+    if requested not in HOOKS:
+        from tbpipe.capture.errors import SourceError
+
+        origin = "hook" if hook else HOOK_ENV
+        raise SourceError(f"{origin} must be one of {', '.join(HOOKS)}, not {requested!r}")
     with _state.lock:
-        status = _torch.start()
-        _native._torch_ops_enable(True)
-        return TorchOpsHandle(status)
+        _state.requested = requested
+        _state.from_import = after_import.fully_imported("torch") is None
+        status = _torch.start()  # attaches now, or once the program's `import torch` finishes
+        if _state.hook is None:
+            _state.status = status
+        return TorchOpsHandle()
 
 
 def stop(handle: TorchOpsHandle | None = None) -> None:
     with _state.lock:
-        _native._torch_ops_enable(False)
         _torch.cancel()
+        if _state.observer is not None:
+            # In a forked child the callback stays registered, disabled (see the observer's stop()).
+            _state.observer.stop(os.getpid() == _state.observer_pid)
+        _native._torch_ops_enable(False)
         _remove_thread_trace()
         _pop_if_on_top()
+        _state.hook = None
 
 
 def counters() -> dict[str, int]:
-    """Ops seen and recorded by the fast path since the process started."""
+    """Ops seen and recorded by the dispatch mode's fast path since the process started."""
     return dict(_native._torch_ops_counters())
+
+
+def _attach(torch: Any) -> None:
+    if _state.requested == "observer":
+        try:
+            _start_observer(torch)
+            _set_status("RecordFunction observer")
+            return
+        except Exception as error:  # ObserverUnavailable, or the callback could not be added
+            reason = str(error)
+            print(f"tbpipe: torch-ops: using the dispatch mode (slower): {reason}", file=sys.stderr)
+    else:
+        from_env = os.environ.get(HOOK_ENV, "").strip() == "dispatch"
+        reason = f"{HOOK_ENV}=dispatch" if from_env else "requested by the caller"
+    _attach_dispatch_mode(torch)
+    _set_status(f"dispatch mode: {reason}")
+
+
+def _set_status(how: str) -> None:
+    suffix = ", from `import torch` on" if _state.from_import else ""
+    _state.status = f"recording ({how}{suffix})"
+
+
+def _start_observer(torch: Any) -> None:
+    from tbpipe.capture import torch_observer
+
+    observer = torch_observer.load(torch)
+    if not observer.registered():
+        _state.observer_pid = os.getpid()
+    observer.start(_native._C_API)
+    _state.observer = observer
+    _state.hook = "observer"
 
 
 # -- the dispatch mode --------------------------------------------------------
@@ -139,7 +204,7 @@ def _make_mode_class(base: type) -> type:
     return TbpipeOpEvents
 
 
-def _attach(torch: Any) -> None:
+def _attach_dispatch_mode(torch: Any) -> None:
     if _state.mode is None:
         from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -150,6 +215,8 @@ def _attach(torch: Any) -> None:
         _state.mode = _make_mode_class(TorchDispatchMode)()
     _push_on_this_thread()
     _install_thread_trace()
+    _native._torch_ops_enable(True)
+    _state.hook = "dispatch"
 
 
 def _mode_stack() -> list[Any]:
@@ -189,6 +256,25 @@ def _current_thread_trace() -> Any:
     return threading.gettrace() if hasattr(threading, "gettrace") else getattr(threading, "_trace_hook", None)
 
 
+class _PopModeAtThreadEnd:
+    """Kept in a thread-local slot of a thread the mode was pushed on: when the thread ends, Python
+    drops it on that thread, with the GIL, and the mode leaves the thread's dispatch-mode stack.
+
+    Otherwise the stack's reference to the mode is dropped later, by a C++ thread-exit destructor
+    that needs the GIL; if the interpreter is finalizing by then (the program's main thread
+    returned), taking the GIL ends the thread by unwinding through that destructor, and the
+    process aborts ("terminate called without an active exception")."""
+
+    def __del__(self) -> None:
+        try:
+            _pop_if_on_top()
+        except Exception:
+            pass
+
+
+_thread_end = threading.local()
+
+
 def _install_thread_trace() -> None:
     if _state.thread_trace is not None:
         return
@@ -199,7 +285,9 @@ def _install_thread_trace() -> None:
         # the thread back to whichever tracer was installed before (usually none).
         sys.settrace(previous)
         try:
-            _push_on_this_thread()
+            if not threading.current_thread().name.startswith("tbpipe-"):  # our flusher runs no ops
+                _push_on_this_thread()
+                _thread_end.pop_mode = _PopModeAtThreadEnd()
         except Exception:
             pass
         return previous(frame, event, arg) if previous is not None else None

@@ -26,6 +26,8 @@ from tbpipe.schemas import raw
 # dictionary-encoded by Parquet, timestamps delta-encoded.
 _PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 3, "write_page_checksum": True}
 _EVENTS_ENCODING = {"ts": "DELTA_BINARY_PACKED", "thread_id": "DELTA_BINARY_PACKED"}
+# Attributes are often unique per event (an op's id): a dictionary would only be built to be dropped.
+_NOT_DICTIONARY = {"attrs"}
 
 
 def _column(raw_bytes: bytes, arrow_type: pa.DataType) -> pa.Array:
@@ -35,6 +37,23 @@ def _column(raw_bytes: bytes, arrow_type: pa.DataType) -> pa.Array:
 
 def _zero_to_null(values: pa.Array) -> pa.Array:
     return pc.if_else(pc.equal(values, pa.scalar(0, values.type)), pa.scalar(None, values.type), values)
+
+
+def _attrs_column(drained: dict[str, Any], count: int) -> pa.Array:
+    """The events' attributes as JSON text, null where an event has none.
+
+    Native sources hand over their JSON as one buffer with offsets, laid out as Arrow's (large)
+    string column already; only record()'s dicts from Python are serialized one by one.
+    """
+    offsets = pa.py_buffer(drained["attr_offsets"])
+    texts = pa.LargeStringArray.from_buffers(count, offsets, pa.py_buffer(drained["attr_text"])).cast(pa.string())
+    objects = drained["attr_objects"]
+    if objects:
+        mask = np.zeros(count, dtype=bool)
+        mask[[event for event, _ in objects]] = True
+        serialized = pa.array([json.dumps(a, default=str, sort_keys=True) for _, a in objects], pa.string())
+        texts = pc.replace_with_mask(texts, pa.array(mask), serialized)
+    return pc.if_else(pc.equal(pc.binary_length(texts), 0), pa.scalar(None, pa.string()), texts)
 
 
 def _list_offsets(ends: pa.Array) -> pa.Array:
@@ -102,7 +121,9 @@ class RunWriter:
         pq.write_table(
             table,
             temporary,
-            use_dictionary=[c for c in table.column_names if not encoding or c not in encoding],
+            use_dictionary=[
+                c for c in table.column_names if c not in _NOT_DICTIONARY and (not encoding or c not in encoding)
+            ],
             column_encoding=encoding,
             **_PARQUET_OPTIONS,
         )
@@ -185,17 +206,6 @@ class RunWriter:
     def _events(self, drained: dict[str, Any]) -> pa.Table:
         schema = raw.events_schema()
         ts = _column(drained["ts_ns"], pa.int64()).view(schema.field("ts").type)
-        attrs_index = _column(drained["attrs_index"], pa.int32())
-        attrs = drained["attrs"]
-        if attrs:
-            # Native sources hand over JSON text already; record() hands over dicts.
-            texts = pa.array(
-                [a if isinstance(a, str) else json.dumps(a, default=str, sort_keys=True) for a in attrs],
-                pa.string(),
-            )
-            attrs_column = texts.take(pc.if_else(pc.less(attrs_index, 0), None, attrs_index))
-        else:
-            attrs_column = pa.nulls(len(attrs_index), pa.string())
         return pa.Table.from_arrays(
             [
                 ts,
@@ -203,7 +213,7 @@ class RunWriter:
                 self._strings_for(_column(drained["kind_id"], pa.uint32())),
                 self._strings_for(_column(drained["name_id"], pa.uint32())),
                 _zero_to_null(_column(drained["stack_id"], pa.uint64())),
-                attrs_column,
+                _attrs_column(drained, len(ts)),
             ],
             schema=schema,
         )

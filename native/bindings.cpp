@@ -74,10 +74,13 @@ py::dict drain() {
   out["stack_id"] = as_bytes(drained.stack_id);
   out["kind_id"] = as_bytes(drained.kind_id);
   out["name_id"] = as_bytes(drained.name_id);
-  out["attrs_index"] = as_bytes(drained.attrs_index);
-  py::list attrs;
-  for (PyObject* object : drained.attrs) attrs.append(py::reinterpret_steal<py::object>(object));
-  out["attrs"] = attrs;
+  out["attr_text"] = py::bytes(drained.attr_text);
+  out["attr_offsets"] = as_bytes(drained.attr_offsets);
+  py::list objects;
+  for (const auto& [event, object] : drained.attr_objects) {
+    objects.append(py::make_tuple(event, py::reinterpret_steal<py::object>(object)));
+  }
+  out["attr_objects"] = objects;
   out["stack_ids"] = as_bytes(drained.stack_ids);
   out["stack_status"] = as_bytes(drained.stack_status);
   out["stack_thread"] = as_bytes(drained.stack_thread);
@@ -174,9 +177,23 @@ UnwindOptions options_for_native_caller() {
 
 void capi_record(const char* kind, size_t kind_len, const char* name, size_t name_len, const char* attrs_json,
                  size_t attrs_len) {
+  Recorder& recorder = Recorder::instance();
+  if (!recorder.active()) return;
   StringTable& strings = StringTable::instance();
-  Recorder::instance().record_native(strings.intern_utf8(kind, kind_len), strings.intern_utf8(name, name_len),
-                                     attrs_json, attrs_len, options_for_native_caller());
+  recorder.record_native(strings.intern_utf8(kind, kind_len), strings.intern_utf8(name, name_len), attrs_json,
+                         attrs_len, options_for_native_caller());
+}
+
+int capi_active() { return Recorder::instance().active() ? 1 : 0; }
+
+uint32_t capi_intern(const char* text, size_t len) { return StringTable::instance().intern_utf8(text, len); }
+
+void capi_record_interned(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_len) {
+  Recorder& recorder = Recorder::instance();
+  if (!recorder.active()) return;
+  UnwindOptions options = options_for_native_caller();
+  options.skip_caller_module = true;  // the source's own callback frames say nothing about the event
+  recorder.record_native(kind_id, name_id, attrs_json, attrs_len, options);
 }
 
 void* capi_gather(int python, int native) {
@@ -201,8 +218,27 @@ PyObject* capi_traceback_object(void* handle) {
 
 void capi_free_traceback(void* handle) { delete static_cast<RawTraceback*>(handle); }
 
-const TbpipeCApi kCApi = {TBPIPE_CAPI_VERSION, sizeof(TbpipeCApi),    capi_record,
-                          capi_gather,         capi_traceback_object, capi_free_traceback};
+void capi_record_scoped(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_len, const void* scope,
+                        uint32_t flags) {
+  Recorder& recorder = Recorder::instance();
+  if (!recorder.active()) return;
+  UnwindOptions options = options_for_native_caller();
+  options.skip_caller_module = true;
+  recorder.record_native_scoped(kind_id, name_id, attrs_json, attrs_len, options, scope,
+                                (flags & TBPIPE_RECORD_SAMPLED) != 0);
+}
+
+int capi_sample() {
+  Recorder& recorder = Recorder::instance();
+  return recorder.active() && recorder.sample_next() ? 1 : 0;
+}
+
+// Always, active or not: a scope opened while recording may end after the session stopped.
+void capi_end_scope(const void* scope) { Recorder::instance().end_scope(scope); }
+
+const TbpipeCApi kCApi = {TBPIPE_CAPI_VERSION,   sizeof(TbpipeCApi),  capi_record,    capi_gather,
+                          capi_traceback_object, capi_free_traceback, capi_active,    capi_intern,
+                          capi_record_interned,  capi_record_scoped,  capi_end_scope, capi_sample};
 
 }  // namespace
 }  // namespace tbpipe

@@ -39,7 +39,44 @@ typedef struct TbpipeCApi {
 
   // Frees a handle that will not become an object.
   void (*free_traceback)(void* traceback);
+
+  // Fields below were added after the first release: a caller reads one only when `size` covers it
+  // (TBPIPE_CAPI_HAS(api, field)).
+
+  // Whether a session is recording (any thread, no GIL): a source can skip describing an event
+  // nobody will keep. `record` checks it too.
+  int (*active)(void);
+
+  // The id of a kind or name text, for `record_interned` (any thread, no GIL). An id stays valid for
+  // the life of the process, forked children included, so a source looks each text up once.
+  uint32_t (*intern)(const char* text, size_t len);
+
+  // `record` with interned kind and name: a busy source saves two lookups under a shared lock per
+  // event. The stack leaves out the innermost frames of the calling module (the source's own
+  // callback), as it leaves out tbpipe's.
+  void (*record_interned)(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_len);
+
+  // `record_interned` for an event that opens a scope on the calling thread, such as an op that
+  // will end on it: `scope` is an address in a stack frame of this thread that stays alive until
+  // `end_scope(scope)` (the op's RecordFunction object, a local of its caller). Events that open
+  // scopes inside it take the outer part of their stack from this one's instead of walking it
+  // again: the same stacks, gathered for less. Every scope opened must be ended on the same
+  // thread, innermost first (ending an outer one ends those left open inside it). A NULL scope
+  // opens none (an op that may end on another thread).
+  void (*record_scoped)(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_len, const void* scope,
+                        uint32_t flags);
+  void (*end_scope)(const void* scope);
+
+  // The session's sample-rate draw for the calling thread's next event (1: keep it; 0: it is left
+  // out, and counted so). A source that draws first describes only the events it keeps, and
+  // records them with TBPIPE_RECORD_SAMPLED so that they are not drawn again.
+  int (*sample)(void);
 } TbpipeCApi;
+
+#define TBPIPE_RECORD_SAMPLED 1u  // `record_scoped` flag: drawn with `sample()` already, and kept
+
+// Whether the table `api` points to has `field` (filled by a tbpipe at least as new as the field).
+#define TBPIPE_CAPI_HAS(api, field) ((api)->size >= offsetof(TbpipeCApi, field) + sizeof(((TbpipeCApi*)0)->field))
 
 #ifdef __cplusplus
 }

@@ -13,11 +13,26 @@ RawStack& thread_scratch_stack() {
 }
 
 void gather_stack(RawStack* stack, bool python, bool native, const UnwindOptions& options) {
+  gather_stack_spliced(stack, python, native, options, nullptr, nullptr, nullptr);
+}
+
+void gather_stack_spliced(RawStack* stack, bool python, bool native, const UnwindOptions& options,
+                          NativeFrameState* states, const void** python_top, const StackSplice* splice) {
   stack->status = 0;
   stack->native_count = 0;
   stack->python_count = 0;
+  if (python_top != nullptr) *python_top = nullptr;
+  // An earlier stack's halves are usable only if it has them and its anchor is on this stack.
+  const bool live = splice != nullptr && address_on_this_stack(splice->anchor);
   if (native) {
-    stack->native_count = unwind_native(stack->native, kMaxNativeFrames, options);
+    NativeSplice native_splice;
+    const bool splice_native = live && !(splice->stack->status & kStackNoNative) && splice->native_states != nullptr;
+    if (splice_native) {
+      native_splice = NativeSplice{splice->stack->native, splice->native_states, splice->stack->native_count,
+                                   reinterpret_cast<uintptr_t>(splice->anchor)};
+    }
+    stack->native_count = unwind_native_spliced(stack->native, states, kMaxNativeFrames, options,
+                                                splice_native ? &native_splice : nullptr);
     if (stack->native_count > 0 && (stack->native[stack->native_count - 1].flags & kFrameMarker)) {
       stack->status |= kStackNativeTruncated;
     }
@@ -26,7 +41,14 @@ void gather_stack(RawStack* stack, bool python, bool native, const UnwindOptions
   }
   if (python) {
     bool truncated = false;
-    stack->python_count = walk_python_frames(stack->python, kMaxPythonFrames, &truncated);
+    PythonSplice python_splice;
+    const bool splice_python = live && !(splice->stack->status & kStackNoPython) && splice->python_top != nullptr;
+    if (splice_python) {
+      python_splice = PythonSplice{splice->python_top, splice->stack->python, splice->stack->python_count,
+                                   (splice->stack->status & kStackPythonTruncated) != 0};
+    }
+    stack->python_count = walk_python_frames_spliced(stack->python, kMaxPythonFrames, &truncated,
+                                                     splice_python ? &python_splice : nullptr, python_top);
     if (truncated) stack->status |= kStackPythonTruncated;
   } else {
     stack->status |= kStackNoPython;

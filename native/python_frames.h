@@ -57,6 +57,20 @@ class CodeRegistry {
 // Returns the number written; sets *truncated when kMaxPythonFrames was hit.
 size_t walk_python_frames(PythonFrame* out, size_t max, bool* truncated);
 
+// An earlier walk of this thread whose frames are all still running: `top` is the first frame it
+// wrote (an interpreter frame's address), suspended in a call that has not returned since.
+struct PythonSplice {
+  const void* top;
+  const PythonFrame* frames;
+  size_t count;
+  bool truncated;
+};
+
+// The same, taking the frames from `splice` (when not null) once the walk reaches its top frame,
+// and setting *first to the address of the first frame written (null when none).
+size_t walk_python_frames_spliced(PythonFrame* out, size_t max, bool* truncated, const PythonSplice* splice,
+                                  const void** first);
+
 // True when the calling thread holds the GIL (its thread state is current).
 bool thread_holds_gil();
 

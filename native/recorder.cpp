@@ -5,6 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 
@@ -180,6 +181,12 @@ void append(std::vector<T>& to, const std::vector<T>& from) {
   to.insert(to.end(), from.begin(), from.end());
 }
 
+// Room for `size` elements, growing geometrically (drains append one thread's buffer at a time).
+template <typename T>
+void grow_to(std::vector<T>& values, size_t size) {
+  if (values.capacity() < size) values.reserve(std::max(size, values.capacity() * 2));
+}
+
 }  // namespace
 
 // What one thread has recorded since the last drain.
@@ -220,6 +227,57 @@ struct BufferData {
   }
 };
 
+// The scopes open on one thread (record_native_scoped): for each, the stack its event gathered,
+// kept where it was gathered (one slot per nesting level, reused), for the events inside it.
+class OpenScopes {
+ public:
+  static constexpr size_t kMaxDepth = 64;  // deeper scopes are recorded without a slot
+
+  struct Level {
+    const void* scope = nullptr;
+    bool has_stack = false;  // false: sampled out, or past the depth cap
+    const void* python_top = nullptr;
+    std::unique_ptr<RawStack> stack;
+    std::unique_ptr<NativeFrameState[]> states;
+  };
+
+  // The slot for a new scope, pushed; null past the depth cap (the scope is then not tracked).
+  Level* open(const void* scope) {
+    if (depth_ == kMaxDepth) return nullptr;
+    if (levels_.size() == depth_) levels_.emplace_back();
+    Level& level = levels_[depth_++];
+    if (!level.stack) {
+      level.stack.reset(new RawStack());
+      level.states.reset(new NativeFrameState[kMaxNativeFrames]);
+    }
+    level.scope = scope;
+    level.has_stack = false;
+    level.python_top = nullptr;
+    return &level;
+  }
+
+  // The innermost open scope below `level` whose stack a gather can splice onto, or null.
+  const Level* source_below(const Level* level) const {
+    for (size_t i = static_cast<size_t>(level - levels_.data()); i > 0; --i) {
+      if (levels_[i - 1].has_stack) return &levels_[i - 1];
+    }
+    return nullptr;
+  }
+
+  void close(const void* scope) {
+    for (size_t i = depth_; i > 0; --i) {
+      if (levels_[i - 1].scope == scope) {
+        depth_ = i - 1;
+        return;
+      }
+    }
+  }
+
+ private:
+  std::vector<Level> levels_;
+  size_t depth_ = 0;
+};
+
 struct Recorder::ThreadBuffer {
   std::atomic_flag busy = ATOMIC_FLAG_INIT;
   int64_t thread_id = 0;
@@ -234,6 +292,7 @@ struct Recorder::ThreadBuffer {
   uint64_t random_state = 0;
   uint32_t windows_generation = 0;
   std::unique_ptr<StackWindows> windows;  // created on the first limited event
+  OpenScopes scopes;                      // owner thread only
   // The producer appends to `front`; a drain swaps it with `back` under the
   // spin flag (O(1)) and copies `back` out afterwards, so the producer never
   // waits for a copy and keeps reusing the vectors' capacity.
@@ -313,10 +372,9 @@ bool Recorder::insert_seen(uint64_t stack_id) { return impl_->seen.insert(stack_
 void Recorder::start(bool python, bool native, uint64_t max_buffered_events) {
   Drained discarded;
   drain(&discarded);
-  for (PyObject* attrs : discarded.attrs) Py_XDECREF(attrs);
+  for (const auto& [event, attrs] : discarded.attr_objects) Py_XDECREF(attrs);
   impl_->seen.reset();
-  want_python_ = python;
-  want_native_ = native;
+  set_stack_parts(python, native);
   max_buffered_events_ = max_buffered_events;
   {
     std::lock_guard<std::mutex> guard(impl_->mutex);
@@ -336,6 +394,11 @@ void Recorder::start(bool python, bool native, uint64_t max_buffered_events) {
 
 void Recorder::stop() { active_.store(false, std::memory_order_release); }
 
+void Recorder::set_stack_parts(bool python, bool native) {
+  want_python_.store(python, std::memory_order_relaxed);
+  want_native_.store(native, std::memory_order_relaxed);
+}
+
 void Recorder::set_overhead_limits(const OverheadLimits& limits) {
   uint64_t threshold = UINT64_MAX;
   if (limits.sample_rate < 1.0) {
@@ -348,35 +411,71 @@ void Recorder::set_overhead_limits(const OverheadLimits& limits) {
 }
 
 bool Recorder::record(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const UnwindOptions& options) {
-  return record_event(kind_id, name_id, attrs, nullptr, 0, options);
+  return record_event(kind_id, name_id, attrs, nullptr, 0, options, nullptr, false);
 }
 
 bool Recorder::record_native(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
                              const UnwindOptions& options) {
-  return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options);
+  return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options, nullptr, false);
 }
 
-bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json,
-                            size_t attrs_json_size, const UnwindOptions& options) {
-  ThreadBuffer* buffer = this_thread_buffer();
+bool Recorder::record_native_scoped(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
+                                    const UnwindOptions& options, const void* scope, bool sampled) {
+  return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options, scope, sampled);
+}
+
+void Recorder::end_scope(const void* scope) {
+  ThreadSlot& slot = this_thread_slot;
+  // A thread that never recorded (or only before a fork) has nothing open.
+  if (slot.buffer == nullptr || slot.generation != impl_->fork_generation.load(std::memory_order_relaxed)) return;
+  slot.buffer->scopes.close(scope);
+}
+
+bool Recorder::sample(ThreadBuffer* buffer) {
   const uint64_t threshold = sample_threshold_.load(std::memory_order_relaxed);
-  if (threshold != UINT64_MAX) {
-    // xorshift64*: a few cycles, and per thread, so no shared state.
-    uint64_t x = buffer->random_state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    buffer->random_state = x;
-    if (x * 0x2545F4914F6CDD1DULL >= threshold) {
-      buffer->sampled_out.store(buffer->sampled_out.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-      Py_XDECREF(attrs);
-      return false;
-    }
+  if (threshold == UINT64_MAX) return true;
+  // xorshift64*: a few cycles, and per thread, so no shared state.
+  uint64_t x = buffer->random_state;
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  buffer->random_state = x;
+  if (x * 0x2545F4914F6CDD1DULL < threshold) return true;
+  buffer->sampled_out.store(buffer->sampled_out.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  return false;
+}
+
+bool Recorder::sample_next() { return sample(this_thread_buffer()); }
+
+bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json,
+                            size_t attrs_json_size, const UnwindOptions& options, const void* scope, bool sampled) {
+  ThreadBuffer* buffer = this_thread_buffer();
+  if (!sampled && !sample(buffer)) {
+    Py_XDECREF(attrs);
+    return false;
   }
-  RawStack& stack = thread_scratch_stack();
+  OpenScopes::Level* level = scope != nullptr ? buffer->scopes.open(scope) : nullptr;
+  RawStack& stack = level != nullptr ? *level->stack : thread_scratch_stack();
   uint64_t stack_id = 0;
-  if (want_python_ || want_native_) {
-    gather_stack(&stack, want_python_, want_native_, options);
+  const bool python = want_python_.load(std::memory_order_relaxed);
+  const bool native = want_native_.load(std::memory_order_relaxed);
+  if (python || native) {
+    if (level == nullptr) {
+      gather_stack(&stack, python, native, options);
+    } else {
+      // Inside an open scope, the outer frames are that scope's: splice onto its stack.
+      const OpenScopes::Level* source =
+          splicing_.load(std::memory_order_relaxed) ? buffer->scopes.source_below(level) : nullptr;
+      StackSplice splice;
+      if (source != nullptr) {
+        splice = StackSplice{source->stack.get(), source->states.get(), source->python_top, source->scope};
+      }
+      gather_stack_spliced(&stack, python, native, options, level->states.get(), &level->python_top,
+                           source != nullptr ? &splice : nullptr);
+      // Only a scope in a frame of this stack says which frames stay unchanged inside it (an op
+      // object on the heap, such as a Python `record_function`'s, says nothing).
+      level->has_stack = address_on_this_stack(scope);
+    }
     stack_id = hash_stack(stack);
   }
   const uint32_t per_stack_limit = max_per_stack_per_s_.load(std::memory_order_relaxed);
@@ -455,20 +554,31 @@ void Recorder::drain(Drained* out) {
       std::swap(buffer->front, buffer->back);
     }
     BufferData& data = buffer->back;
-    const int32_t attrs_base = static_cast<int32_t>(out->attrs.size());
+    // JSON texts are copied into one buffer, no object per event: a busy source records hundreds
+    // of thousands of events per flush.
+    out->attr_text.reserve(out->attr_text.size() + data.attr_text.size());
+    const size_t events = out->ts_ns.size() + data.events.size();
+    grow_to(out->ts_ns, events);
+    grow_to(out->thread_id, events);
+    grow_to(out->stack_id, events);
+    grow_to(out->kind_id, events);
+    grow_to(out->name_id, events);
+    grow_to(out->attr_offsets, events + 1);
     for (const EventRecord& event : data.events) {
       out->ts_ns.push_back(event.ts_ns);
       out->thread_id.push_back(buffer->thread_id);
       out->stack_id.push_back(event.stack_id);
       out->kind_id.push_back(event.kind_id);
       out->name_id.push_back(event.name_id);
-      out->attrs_index.push_back(event.attrs_index < 0 ? -1 : attrs_base + event.attrs_index);
-    }
-    for (const BufferData::Attr& attr : data.attrs) {
-      // JSON text becomes a str here, where the GIL is held.
-      out->attrs.push_back(attr.object != nullptr ? attr.object
-                                                  : PyUnicode_FromStringAndSize(data.attr_text.data() + attr.text_begin,
-                                                                                attr.text_end - attr.text_begin));
+      if (event.attrs_index >= 0) {
+        const BufferData::Attr& attr = data.attrs[static_cast<size_t>(event.attrs_index)];
+        if (attr.object != nullptr) {
+          out->attr_objects.emplace_back(static_cast<int64_t>(out->ts_ns.size() - 1), attr.object);
+        } else {
+          out->attr_text.append(data.attr_text, attr.text_begin, attr.text_end - attr.text_begin);
+        }
+      }
+      out->attr_offsets.push_back(static_cast<int64_t>(out->attr_text.size()));
     }
     const uint32_t native_base = static_cast<uint32_t>(out->native_module.size());
     const uint32_t python_base = static_cast<uint32_t>(out->python_code.size());

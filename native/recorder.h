@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "frames.h"
@@ -34,8 +35,13 @@ struct Drained {
   std::vector<int64_t> ts_ns, thread_id;
   std::vector<uint64_t> stack_id;
   std::vector<uint32_t> kind_id, name_id;
-  std::vector<int32_t> attrs_index;  // into `attrs`, -1 when none
-  std::vector<PyObject*> attrs;      // new references: dicts, or str holding JSON
+  // Attributes as Arrow lays out a string column: event i's JSON text is
+  // attr_text[attr_offsets[i]:attr_offsets[i + 1]], empty when it has none or
+  // when it has a dict (record() from Python), listed in attr_objects as
+  // (event index, new reference) for the writer to serialize.
+  std::string attr_text;
+  std::vector<int64_t> attr_offsets{0};
+  std::vector<std::pair<int64_t, PyObject*>> attr_objects;
   // stacks, flattened: stack i owns native[native_ends[i-1]:native_ends[i]]
   std::vector<uint64_t> stack_ids;
   std::vector<uint32_t> stack_status;
@@ -79,6 +85,9 @@ class Recorder {
   void stop();
   // Takes effect for events recorded after the call; start() keeps them.
   void set_overhead_limits(const OverheadLimits& limits);
+  // Which halves of the stack events recorded from now on get, without starting afresh (benchmarks
+  // compare them inside one session; a session sets them in start()).
+  void set_stack_parts(bool python, bool native);
 
   // Records one event on the calling thread. `attrs` is a new reference (or
   // null) that the buffer takes over. Returns false when dropped.
@@ -87,6 +96,22 @@ class Recorder {
   // come as a JSON object's text (or null / size 0 for none).
   bool record_native(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
                      const UnwindOptions& options);
+  // record_native for an event that opens a scope on the calling thread (an op that starts and will
+  // end on it): `scope` is an address in a stack frame of this thread that lives until
+  // end_scope(scope), such as the op's RecordFunction. Until then, events of this thread that
+  // open scopes inside it take the outer part of their stack from this event's instead of walking
+  // it (the frames there are the same running ones). Scopes nest; the stacks are what full
+  // gathers give.
+  // `sampled`: the caller already drew with sample_next() and the event is kept.
+  bool record_native_scoped(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
+                            const UnwindOptions& options, const void* scope, bool sampled);
+  // The sample-rate draw for the calling thread's next event, counted as sampled out when it is
+  // left out: a busy source asks first and describes only the events that will be kept.
+  bool sample_next();
+  // Closes `scope` (and any scope left open inside it); unknown scopes are ignored.
+  void end_scope(const void* scope);
+  // Whether scoped events splice their stacks (on by default; tests compare both ways).
+  void set_splicing(bool enabled) { splicing_.store(enabled, std::memory_order_relaxed); }
 
   // Moves everything buffered out of every thread's buffer (the GIL must be
   // held: attribute objects change hands).
@@ -101,12 +126,14 @@ class Recorder {
   Recorder();
   ThreadBuffer* this_thread_buffer();
   bool record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json, size_t attrs_json_size,
-                    const UnwindOptions& options);
+                    const UnwindOptions& options, const void* scope, bool sampled);
+  bool sample(ThreadBuffer* buffer);
   bool insert_seen(uint64_t stack_id);
 
   std::atomic<bool> active_{false};
-  bool want_python_ = true;
-  bool want_native_ = true;
+  std::atomic<bool> want_python_{true};
+  std::atomic<bool> want_native_{true};
+  std::atomic<bool> splicing_{true};
   uint64_t max_buffered_events_ = 1u << 22;
   // sample_rate as a threshold on a 64-bit random draw; UINT64_MAX = keep all.
   std::atomic<uint64_t> sample_threshold_{UINT64_MAX};

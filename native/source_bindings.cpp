@@ -562,6 +562,17 @@ void register_source_bindings(py::module_& m) {
       },
       py::arg("sample_rate") = 1.0, py::arg("max_per_stack_per_s") = 0,
       "Sampling rate and per-stack rate limit for events recorded from now on.");
+  m.def(
+      "_set_splicing", [](bool enabled) { Recorder::instance().set_splicing(enabled); }, py::arg("enabled"),
+      "Whether events that open scopes (the torch-ops observer's) take the outer part of their stack from the "
+      "enclosing scope's event (on by default): tests compare the stacks both ways.");
+  m.def("_spliced_walks", &spliced_walks_on_this_thread,
+        "How many native walks of the calling thread took their outer frames from an enclosing scope's stack.");
+  m.def(
+      "_set_stack_parts", [](bool python, bool native) { Recorder::instance().set_stack_parts(python, native); },
+      py::arg("python") = true, py::arg("native") = true,
+      "Which halves of the stack events recorded from now on get (the session's python/native settings), "
+      "changed inside a session: for benchmarks that compare them.");
   m.def("_overhead_counters", []() {
     RecorderCounters c = Recorder::instance().counters();
     py::dict out;

@@ -50,6 +50,7 @@ struct ThreadState {
   bool initialized;
 };
 thread_local ThreadState t_state;
+thread_local uint64_t t_spliced_walks = 0;
 
 pthread_key_t g_cache_key;
 std::once_flag g_cache_key_once;
@@ -162,28 +163,37 @@ const CacheEntry* cache_fill(ThreadState& ts, uintptr_t key, bool* refreshed, Ca
 // slot is kept for a marker so that a truncated walk always says so.
 class FrameSink {
  public:
-  FrameSink(NativeFrame* out, size_t max, const UnwindOptions& opt)
+  FrameSink(NativeFrame* out, NativeFrameState* states, size_t max, const UnwindOptions& opt)
       : out_(out),
+        states_(states),
         cap_(max < kMaxNativeFrames ? max : kMaxNativeFrames),
         skip_until_eval_(opt.skip_until_eval),
         skipping_own_(opt.skip_own_module),
+        skip_caller_(opt.skip_caller_module),
         own_(opt.skip_own_module ? own_module_index() : -1) {}
 
   // False once the buffer is full (a kDepthLimit marker has been written).
-  bool frame(uintptr_t pc, int32_t module, uint32_t flags) {
+  bool frame(uintptr_t pc, int32_t module, uint32_t flags, const NativeFrameState& state) {
     if (skipping_own_) {
       if (module == own_ && own_ >= 0) return true;
       skipping_own_ = false;
+      if (skip_caller_ && module != own_) caller_ = module;
+    }
+    if (caller_ >= 0) {
+      if (module == caller_ && !(flags & kFrameEvalLoop)) return true;
+      caller_ = -1;
     }
     if (n_ + 1 >= cap_) {
       marker(StopReason::kDepthLimit);
       return false;
     }
+    if (states_ != nullptr) states_[n_] = state;
     out_[n_++] = NativeFrame{pc, module, flags};
     if (skip_until_eval_ && (flags & kFrameEvalLoop)) {
       // Drop the interpreter's call machinery written so far; only now do we
       // know that an eval-loop frame exists to keep instead.
       out_[0] = out_[n_ - 1];
+      if (states_ != nullptr) states_[0] = states_[n_ - 1];
       n_ = 1;
       skip_until_eval_ = false;
     }
@@ -191,7 +201,30 @@ class FrameSink {
   }
 
   void marker(StopReason reason) {
-    if (n_ < cap_) out_[n_++] = NativeFrame{static_cast<uintptr_t>(reason), -1, kFrameMarker};
+    if (n_ < cap_) {
+      if (states_ != nullptr) states_[n_] = NativeFrameState{0, 0, 0};
+      out_[n_++] = NativeFrame{static_cast<uintptr_t>(reason), -1, kFrameMarker};
+    }
+  }
+
+  // Whether the skip options are done with (a splice copies frames as they are).
+  bool skipping() const { return skipping_own_ || caller_ >= 0 || skip_until_eval_; }
+
+  // Copies frames [from, count) of an earlier walk, markers included, as far as they fit.
+  void copy_from(const NativeSplice& splice, size_t from) {
+    for (size_t i = from; i < splice.count; ++i) {
+      const NativeFrame& f = splice.frames[i];
+      if (f.flags & kFrameMarker) {
+        marker(static_cast<StopReason>(f.pc));
+        return;
+      }
+      if (n_ + 1 >= cap_) {
+        marker(StopReason::kDepthLimit);
+        return;
+      }
+      if (states_ != nullptr) states_[n_] = splice.states[i];
+      out_[n_++] = f;
+    }
   }
 
   bool room_for_frame_and_marker() const { return n_ + 2 <= cap_; }
@@ -199,11 +232,14 @@ class FrameSink {
 
  private:
   NativeFrame* out_;
+  NativeFrameState* states_;
   size_t cap_;
   size_t n_ = 0;
   bool skip_until_eval_;
   bool skipping_own_;
+  bool skip_caller_;
   int32_t own_;
+  int32_t caller_ = -1;  // module being skipped after our own (skip_caller_module)
 };
 
 // Stack reads allowed in [lo, hi): lo is the walk's starting rsp, below which
@@ -219,6 +255,39 @@ struct StackBounds {
     return true;
   }
 };
+
+// The splice usable for a walk of this thread, or null: its anchor must lie on this stack.
+const NativeSplice* usable_splice(const NativeSplice* splice, const ThreadState& ts) {
+  if (splice == nullptr || splice->count == 0 || splice->anchor < ts.stack_lo || splice->anchor >= ts.stack_hi) {
+    return nullptr;
+  }
+  return splice;
+}
+
+// Index of the earlier walk's frame in exactly this state, or -1. Only frames above the anchor
+// qualify: they belong to functions that have not returned since, so their saved registers and
+// return addresses, all the walk reads from there on, are what the earlier walk read.
+ptrdiff_t splice_point(const NativeSplice& splice, uintptr_t pc, const NativeFrameState& state, uint32_t flags) {
+  if (state.sp <= splice.anchor) return -1;
+  size_t lo = 0, hi = splice.count;  // states' sp increase outward (markers, last, have sp 0)
+  while (hi > lo && splice.frames[hi - 1].flags & kFrameMarker) --hi;
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (splice.states[mid].sp < state.sp) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  if (lo >= splice.count) return -1;
+  const NativeFrameState& old = splice.states[lo];
+  const NativeFrame& frame = splice.frames[lo];
+  if (old.sp != state.sp || old.bp != state.bp || old.bp_valid != state.bp_valid || frame.pc != pc ||
+      (frame.flags & (kFrameExactPc | kFrameByFramePointer)) != (flags & (kFrameExactPc | kFrameByFramePointer))) {
+    return -1;
+  }
+  return static_cast<ptrdiff_t>(lo);
+}
 
 // Common prologue of a walk: thread setup, cache generation, stack check.
 // Returns false when the walk cannot start (a marker has been written).
@@ -240,16 +309,18 @@ bool begin_walk(ThreadState& ts, FrameSink& sink, uintptr_t sp, StackBounds* bou
 
 #if defined(__x86_64__)
 
-__attribute__((noinline)) size_t walk_x86_64(NativeFrame* out, size_t max, const UnwindOptions& options, uintptr_t pc,
+__attribute__((noinline)) size_t walk_x86_64(NativeFrame* out, NativeFrameState* states, size_t max,
+                                             const UnwindOptions& options, const NativeSplice* splice_in, uintptr_t pc,
                                              uintptr_t sp, uintptr_t bp) {
   using cfi::CfaRule;
   using cfi::RaRule;
   using cfi::RbpRule;
   ThreadState& ts = t_state;
-  FrameSink sink(out, max, options);
+  FrameSink sink(out, states, max, options);
   StackBounds stack;
   if (!begin_walk(ts, sink, sp, &stack)) return sink.count();
   CacheEntry* const cache = ts.cache;
+  const NativeSplice* splice = usable_splice(splice_in, ts);
 
   bool exact = true;  // the first PC is where unwind_native is executing
   bool bp_valid = true;
@@ -262,17 +333,26 @@ __attribute__((noinline)) size_t walk_x86_64(NativeFrame* out, size_t max, const
       sink.marker(StopReason::kDepthLimit);
       break;
     }
+    const NativeFrameState state{sp, bp, bp_valid};
+    if (splice != nullptr && !sink.skipping()) {
+      const ptrdiff_t from = splice_point(*splice, pc, state, next_flags);
+      if (from >= 0) {
+        sink.copy_from(*splice, static_cast<size_t>(from));
+        ++t_spliced_walks;
+        break;
+      }
+    }
     const uintptr_t key = exact ? pc : pc - 1;
     const CacheEntry* e = cache_probe(cache, key);
     if (__builtin_expect(e == nullptr, 0)) {
       e = cache_fill(ts, key, &refreshed, &scratch);
       if (!e) {
-        if (sink.room_for_frame_and_marker()) sink.frame(pc, -1, next_flags);
+        if (sink.room_for_frame_and_marker()) sink.frame(pc, -1, next_flags, state);
         sink.marker(StopReason::kUnknownPc);
         break;
       }
     }
-    if (!sink.frame(pc, e->module, next_flags | e->frame_flags)) break;
+    if (!sink.frame(pc, e->module, next_flags | e->frame_flags, state)) break;
     const cfi::Recipe r = e->recipe;
     next_flags = 0;
 
@@ -427,13 +507,15 @@ inline uintptr_t strip_pac(uintptr_t lr) {
   return x30;
 }
 
-__attribute__((noinline)) size_t walk_aarch64(NativeFrame* out, size_t max, const UnwindOptions& options, uintptr_t pc,
+__attribute__((noinline)) size_t walk_aarch64(NativeFrame* out, NativeFrameState* states, size_t max,
+                                              const UnwindOptions& options, const NativeSplice* splice_in, uintptr_t pc,
                                               uintptr_t sp, uintptr_t fp) {
   ThreadState& ts = t_state;
-  FrameSink sink(out, max, options);
+  FrameSink sink(out, states, max, options);
   StackBounds stack;
   if (!begin_walk(ts, sink, sp, &stack)) return sink.count();
   CacheEntry* const cache = ts.cache;
+  const NativeSplice* splice = usable_splice(splice_in, ts);
 
   bool exact = true;
   bool refreshed = false;
@@ -444,17 +526,26 @@ __attribute__((noinline)) size_t walk_aarch64(NativeFrame* out, size_t max, cons
       sink.marker(StopReason::kDepthLimit);
       break;
     }
+    const NativeFrameState state{sp, fp, 1};
+    if (splice != nullptr && !sink.skipping()) {
+      const ptrdiff_t from = splice_point(*splice, pc, state, next_flags);
+      if (from >= 0) {
+        sink.copy_from(*splice, static_cast<size_t>(from));
+        ++t_spliced_walks;
+        break;
+      }
+    }
     const uintptr_t key = exact ? pc : pc - 1;
     const CacheEntry* e = cache_probe(cache, key);
     if (!e) {
       e = cache_fill(ts, key, &refreshed, &scratch);
       if (!e) {
-        if (sink.room_for_frame_and_marker()) sink.frame(pc, -1, next_flags);
+        if (sink.room_for_frame_and_marker()) sink.frame(pc, -1, next_flags, state);
         sink.marker(StopReason::kUnknownPc);
         break;
       }
     }
-    if (!sink.frame(pc, e->module, next_flags | e->frame_flags)) break;
+    if (!sink.frame(pc, e->module, next_flags | e->frame_flags, state)) break;
     if (fp == 0) break;  // outermost: the entry code clears x29
     // Frame record: [fp] = caller's fp, [fp + 8] = return address.
     uintptr_t next_fp, lr;
@@ -482,9 +573,29 @@ __attribute__((noinline)) size_t walk_aarch64(NativeFrame* out, size_t max, cons
 }  // namespace
 #endif  // x86-64 or aarch64
 
+#if defined(__x86_64__) || defined(__aarch64__)
+
+bool address_on_this_stack(const void* address) {
+  ThreadState& ts = t_state;
+  if (!ts.initialized) init_thread(ts);
+  const uintptr_t value = reinterpret_cast<uintptr_t>(address);
+  return value >= ts.stack_lo && value < ts.stack_hi;
+}
+
+uint64_t spliced_walks_on_this_thread() { return t_spliced_walks; }
+
+#else
+
+bool address_on_this_stack(const void*) { return false; }
+
+uint64_t spliced_walks_on_this_thread() { return 0; }
+
+#endif
+
 #if defined(__x86_64__)
 
-__attribute__((noinline)) size_t unwind_native(NativeFrame* out, size_t max, const UnwindOptions& options) {
+__attribute__((noinline)) size_t unwind_native_spliced(NativeFrame* out, NativeFrameState* states, size_t max,
+                                                       const UnwindOptions& options, const NativeSplice* splice) {
   if (!out || max == 0) return 0;
   uintptr_t pc, sp, bp;
   // One asm block, so the three values describe the same instruction and the
@@ -494,15 +605,22 @@ __attribute__((noinline)) size_t unwind_native(NativeFrame* out, size_t max, con
       "movq %%rsp, %1\n\t"
       "movq %%rbp, %2"
       : "=r"(pc), "=r"(sp), "=r"(bp));
-  size_t n = walk_x86_64(out, max, options, pc, sp, bp);
+  size_t n = walk_x86_64(out, states, max, options, splice, pc, sp, bp);
   // Not a tail call: the walk reads this frame, which must stay in place.
   asm volatile("" : "+r"(n));
   return n;
 }
 
+__attribute__((noinline)) size_t unwind_native(NativeFrame* out, size_t max, const UnwindOptions& options) {
+  size_t n = unwind_native_spliced(out, nullptr, max, options, nullptr);
+  asm volatile("" : "+r"(n));  // not a tail call: callers count on this frame (skip_own_module)
+  return n;
+}
+
 #elif defined(__aarch64__)
 
-__attribute__((noinline)) size_t unwind_native(NativeFrame* out, size_t max, const UnwindOptions& options) {
+__attribute__((noinline)) size_t unwind_native_spliced(NativeFrame* out, NativeFrameState* states, size_t max,
+                                                       const UnwindOptions& options, const NativeSplice* splice) {
   if (!out || max == 0) return 0;
   uintptr_t pc, sp;
   asm volatile(
@@ -512,8 +630,14 @@ __attribute__((noinline)) size_t unwind_native(NativeFrame* out, size_t max, con
   // Taking the frame address makes GCC/Clang build this function's frame
   // record, [fp] = caller's fp, [fp + 8] = return address into the caller.
   const uintptr_t fp = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
-  size_t n = walk_aarch64(out, max, options, pc, sp, fp);
+  size_t n = walk_aarch64(out, states, max, options, splice, pc, sp, fp);
   // Not a tail call: the walk reads this frame record, which must stay in place.
+  asm volatile("" : "+r"(n));
+  return n;
+}
+
+__attribute__((noinline)) size_t unwind_native(NativeFrame* out, size_t max, const UnwindOptions& options) {
+  size_t n = unwind_native_spliced(out, nullptr, max, options, nullptr);
   asm volatile("" : "+r"(n));
   return n;
 }
@@ -524,6 +648,13 @@ size_t unwind_native(NativeFrame* out, size_t max, const UnwindOptions&) {
   if (!out || max == 0) return 0;
   out[0] = NativeFrame{static_cast<uintptr_t>(StopReason::kNotSupported), -1, kFrameMarker};
   return 1;
+}
+
+size_t unwind_native_spliced(NativeFrame* out, NativeFrameState* states, size_t max, const UnwindOptions& options,
+                             const NativeSplice*) {
+  size_t n = unwind_native(out, max, options);
+  if (states != nullptr && n > 0) states[0] = NativeFrameState{0, 0, 0};
+  return n;
 }
 
 #endif

@@ -12,7 +12,7 @@ import pytest
 from conftest import run_python
 from support.runs import read_runs
 
-from tbpipe import capture
+from tbpipe import _native, capture
 from tbpipe.capture import SessionError, SourceError
 from tbpipe.schemas import raw
 
@@ -171,7 +171,7 @@ def test_sigkilled_process_keeps_flushed_events(tmp_path: Path) -> None:
     out_dir = tmp_path / "runs"
     code = f"""
 import os, signal, time
-from tbpipe import capture
+from tbpipe import _native, capture
 s = capture.session({str(out_dir)!r}, flush_interval_s=0.2).start()
 for i in range(500):
     capture.record("user", "before", i=i)
@@ -192,7 +192,7 @@ def test_fork_child_continues_into_its_own_run(tmp_path: Path) -> None:
     out_dir = tmp_path / "runs"
     code = f"""
 import os
-from tbpipe import capture
+from tbpipe import _native, capture
 with capture.session({str(out_dir)!r}, flush_interval_s=0.1) as s:
     capture.record("user", "parent-before")
     pid = os.fork()
@@ -220,7 +220,7 @@ def test_fork_child_can_stop_recording(tmp_path: Path) -> None:
     out_dir = tmp_path / "runs"
     code = f"""
 import os
-from tbpipe import capture
+from tbpipe import _native, capture
 with capture.session({str(out_dir)!r}, on_fork="stop"):
     pid = os.fork()
     if pid == 0:
@@ -255,6 +255,64 @@ def test_native_record_path_without_gil(out_dir: Path) -> None:
     code = {c["code_id"]: c["qualname"] for c in run.tables["code"].to_pylist()}
     first = stacks[rows[0]["stack_id"]]
     assert code[first["python"][0]["code_id"]].endswith("launch_site")
+
+
+def test_dict_and_json_attributes_mixed_in_one_flush(out_dir: Path) -> None:
+    from tbpipe import _native_test
+
+    with capture.session(out_dir, flush_interval_s=3600):
+        capture.record("user", "dict", step=1, tag="a")
+        _native_test.record_with_gil_released("kernel_launch", "json", '{"grid": [1, 2, 3]}')
+        capture.record("user", "none")
+        _native_test.record_interned_with_gil_released("op", "json-interned", '{"id": 7, "name": "\\u00e9"}')
+        capture.record("user", "dict-again", value=None)
+        _native_test.record_with_gil_released("kernel_launch", "no-json", "")
+    (run,) = read_runs(out_dir)
+    rows = run.tables["events"].select(["name", "attrs"]).to_pylist()
+    assert [(r["name"], json.loads(r["attrs"]) if r["attrs"] else None) for r in rows] == [
+        ("dict", {"step": 1, "tag": "a"}),
+        ("json", {"grid": [1, 2, 3]}),
+        ("none", None),
+        ("json-interned", {"id": 7, "name": "\u00e9"}),
+        ("dict-again", {"value": None}),
+        ("no-json", None),
+    ]
+
+
+def test_native_record_interned_path_and_no_session(out_dir: Path) -> None:
+    from tbpipe import _native_test
+
+    # Without a session both C API record paths are no-ops, as capi.h promises.
+    assert not _native_test.capi_active()
+    _native_test.record_with_gil_released("kernel_launch", "before", "")
+    _native_test.record_interned_with_gil_released("op", "before", "")
+    with capture.session(out_dir):
+        assert _native_test.capi_active()
+        for _ in range(2):
+            _native_test.record_interned_with_gil_released("op", "aten::mm", '{"id": 1}')
+        _native_test.record_interned_with_gil_released("op", "aten::add", "")
+    assert not _native_test.capi_active()
+    recorded = _native.counters()["recorded"]
+    _native_test.record_with_gil_released("kernel_launch", "after", "")
+    _native_test.record_interned_with_gil_released("op", "after", "")
+    assert _native.counters()["recorded"] == recorded  # nothing buffered for nobody
+    (run,) = read_runs(out_dir)
+    rows = run.tables["events"].drop_columns(["ts"]).to_pylist()
+    assert [(r["kind"], r["name"], r["attrs"]) for r in rows] == [
+        ("op", "aten::mm", '{"id": 1}'),
+        ("op", "aten::mm", '{"id": 1}'),
+        ("op", "aten::add", None),
+    ]
+    # The caller's own frames (the test extension's) are left out, as tbpipe's are; the ones of
+    # the module that called it (libpython, running this test) are kept.
+    modules = {m["module_index"]: m["path"] for m in run.tables["modules"].to_pylist()}
+    stacks = {s["stack_id"]: s for s in run.tables["stacks"].to_pylist()}
+    innermost = stacks[rows[0]["stack_id"]]["native"][0]
+    assert Path(modules[innermost["module"]]).name != Path(_native_test.__file__).name
+    assert all(
+        Path(modules[f["module"]]).name != Path(_native_test.__file__).name
+        for f in stacks[rows[0]["stack_id"]]["native"][:3]
+    )
 
 
 def test_full_buffer_drops_events_but_never_their_stacks(out_dir: Path) -> None:

@@ -1,12 +1,16 @@
-"""The torch-ops source on real PyTorch (CPU): every aten op, forward and backward, sited at the user's lines.
+"""The torch-ops source's dispatch mode on real PyTorch (CPU): every aten op, forward and backward, sited
+at the user's lines.
 
-PyTorch is only installable for some Python versions on these machines (torch 2.13
-CPU for CPython 3.11); elsewhere these tests skip with that reason.
+The dispatch mode is the fallback when the RecordFunction observer cannot be built; these tests
+ask for it with TBPIPE_TORCH_OPS_HOOK=dispatch (the observer's tests are in
+test_sources_torch_observer.py). PyTorch is only installable for some Python versions on these
+machines (torch 2.13 CPU for CPython 3.11); elsewhere these tests skip with that reason.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -35,6 +39,15 @@ loss.backward()
 print("trained", flush=True)
 """
 MODEL_LINE = SCRIPT.splitlines().index("out = model(x)") + 1
+DISPATCH = {"TBPIPE_TORCH_OPS_HOOK": "dispatch"}
+DISPATCH_STATUS = "recording (dispatch mode: TBPIPE_TORCH_OPS_HOOK=dispatch)"
+
+
+@pytest.fixture(autouse=True)
+def dispatch_hook(monkeypatch) -> None:
+    monkeypatch.setenv("TBPIPE_TORCH_OPS_HOOK", "dispatch")
+
+
 BACKWARD_LINE = SCRIPT.splitlines().index("loss.backward()") + 1
 
 
@@ -81,6 +94,7 @@ def captured_script(tmp_path_factory) -> tuple[Path, Path]:
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, **DISPATCH},
     )
     assert result.returncode == 0, result.stderr
     assert "trained" in result.stdout
@@ -91,7 +105,9 @@ def test_addmm_and_backward_mm_are_sited_at_the_user_lines(captured_script) -> N
     script, out = captured_script
     (run,) = read_runs(out)
     assert run.complete
-    assert run.manifest["source_status"] == {"torch-ops": "recording (from `import torch` on)"}
+    assert run.manifest["source_status"] == {
+        "torch-ops": "recording (dispatch mode: TBPIPE_TORCH_OPS_HOOK=dispatch, from `import torch` on)"
+    }
     ops = events_of(run, "op")
     addmm = [e for e in ops if e["name"] == "aten::addmm"]
     mm = [e for e in ops if e["name"] == "aten::mm"]
@@ -240,3 +256,43 @@ def test_sampling_keeps_a_share_of_the_ops(out_dir: Path) -> None:
     recorded, sampled_out = counters["events_recorded"], counters["events_sampled_out"]
     assert recorded + sampled_out == 800
     assert 120 <= recorded <= 290, recorded  # 200 expected; binomial sd ~12
+
+
+LATE_THREAD = """
+import sys, threading, time
+import torch
+from tbpipe import capture
+done = threading.Event()
+def work():
+    torch.ones(3).mul(2)
+    done.set()
+    time.sleep(0.2)  # still running when the main thread is done: it ends while Python shuts down
+session = capture.session(sys.argv[1], sources=["torch-ops"]).start()
+threading.Thread(target=work).start()
+done.wait(60)
+session.close()
+"""
+
+
+def test_threads_that_end_while_python_shuts_down_do_not_abort_the_process(tmp_path: Path) -> None:
+    # The mode pushed on a thread (the program's, or tbpipe's flusher) used to leave its stack in a
+    # C++ thread-exit destructor that needs the GIL: during shutdown that aborted some of the runs
+    # ("terminate called without an active exception").
+    script = tmp_path / "late_thread.py"
+    script.write_text(LATE_THREAD)
+    runs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / f"runs{i}")],
+            cwd=tmp_path,
+            env={**os.environ, **DISPATCH},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(6)
+    ]
+    outcomes = [(run.wait(timeout=300), run.stderr.read()) for run in runs]
+    assert all(code == 0 for code, _ in outcomes), outcomes
+    (run,) = read_runs(tmp_path / "runs0")
+    assert run.manifest["source_status"] == {"torch-ops": DISPATCH_STATUS}
+    assert [e["name"] for e in events_of(run, "op")] == ["aten::ones", "aten::mul"]

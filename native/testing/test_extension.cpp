@@ -138,6 +138,21 @@ void register_session_hooks(py::module_& m) {
       "Record an event through tbpipe._native's C API with the GIL released, as native sources do.");
 
   m.def(
+      "record_interned_with_gil_released",
+      [](const std::string& kind, const std::string& name, const std::string& attrs_json) {
+        // The path of a busy native source (the torch-ops observer): texts interned once, then ids.
+        const TbpipeCApi& api = capi();
+        if (!TBPIPE_CAPI_HAS(&api, record_interned)) throw std::runtime_error("the C API has no record_interned");
+        py::gil_scoped_release released;
+        const uint32_t kind_id = api.intern(kind.data(), kind.size());
+        const uint32_t name_id = api.intern(name.data(), name.size());
+        api.record_interned(kind_id, name_id, attrs_json.data(), attrs_json.size());
+      },
+      py::arg("kind"), py::arg("name"), py::arg("attrs_json") = "",
+      "Record an event through the C API's intern + record_interned with the GIL released.");
+  m.def("capi_active", []() { return capi().active() != 0; }, "The C API's answer to whether a session is recording.");
+
+  m.def(
       "gather_with_gil_released",
       [](bool python, bool native) {
         // What a C callback that released the GIL sees (CUPTI, a C++ extension).

@@ -73,14 +73,23 @@ def register(app: typer.Typer) -> None:
             False, "--fail-on-gpu-regression", help="Exit with status 1 when a site's GPU time is flagged."
         ),
         accept: Path | None = typer.Option(None, "--accept", help="TOML file of accepted changes."),
+        site_of: str = typer.Option(
+            "own",
+            "--site-of",
+            help="Where work done in autograd's backward counts: 'own' (its own stack's site) or 'forward' (the site "
+            "of the forward op that made its node; view `backward_op_sites`).",
+        ),
         db: Path | None = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
         lake: Path | None = typer.Option(None, "--lake", help="Read a Parquet lake folder instead of a database file."),
     ) -> None:
         """Compare a run (or group) with a baseline run or window, call site by call site."""
         from tbpipe.pipeline.db import open_database
         from tbpipe.pipeline.reports.regression import ReportRequest, Thresholds, compare, load_accept_file
+        from tbpipe.pipeline.reports.regression.model import SITE_OF
         from tbpipe.pipeline.reports.regression.select import parse_label_list
 
+        if site_of not in SITE_OF:
+            raise UsageError(f"--site-of is {' or '.join(repr(s) for s in SITE_OF)}, not {site_of!r}")
         if threshold_rel < 0 or threshold_abs < 0:
             raise UsageError("--threshold-rel and --threshold-abs must not be negative")
         if gpu_threshold_rel < 0 or gpu_threshold_abs_us < 0:
@@ -99,6 +108,7 @@ def register(app: typer.Typer) -> None:
             gpu_thresholds=Thresholds(relative=gpu_threshold_rel, absolute=gpu_threshold_abs_us * 1000.0),
             group_by=group_by,
             vary=tuple(vary) if vary else ("commit",),
+            site_of=site_of,
         )
         accepted = load_accept_file(accept) if accept is not None else None
         if lake is not None:

@@ -1,4 +1,5 @@
-"""`tbpipe show [--db PATH] --event ID | --stack ID | --site KEY`: a combined traceback, one frame a line."""
+"""`tbpipe show [--db PATH] --event ID [--site-of forward] | --stack ID | --site KEY`: a combined traceback,
+one frame a line."""
 
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ def register(app: typer.Typer) -> None:
         stack: int | None = typer.Option(None, "--stack", help="A stack id (`stacks.stack_id`)."),
         site: str | None = typer.Option(None, "--site", help="A call-site key (`call_sites.site_key`)."),
         limit: int = typer.Option(3, "--limit", help="With --site: how many of its stacks to print, heaviest first."),
+        site_of: str = typer.Option(
+            "own",
+            "--site-of",
+            help="With --event: 'own' (its own stack) or 'forward' (a backward op's, or a launch in one: the stack of "
+            "the forward op that made its autograd node; view `backward_op_sites`).",
+        ),
         db: Path | None = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
     ) -> None:
         """Print the combined Python + native traceback of an event, a stack or a call site (innermost first)."""
@@ -28,10 +35,16 @@ def register(app: typer.Typer) -> None:
         ]
         if len(chosen) != 1:
             raise UsageError("give exactly one of --event ID, --stack ID or --site KEY")
+        if site_of not in ("own", "forward"):
+            raise UsageError(f"--site-of is 'own' or 'forward', not {site_of!r}")
+        if site_of == "forward" and event is None:
+            raise UsageError("--site-of forward goes with --event ID")
         console = Console(soft_wrap=True)
         con = open_database(db, read_only=True)
         try:
-            if event is not None:
+            if event is not None and site_of == "forward":
+                traceback.show_forward_of_event(con, event, console)
+            elif event is not None:
                 traceback.show_event(con, event, console)
             elif stack is not None:
                 traceback.show_stack(con, stack, console)

@@ -105,6 +105,43 @@ def event(con: Any, event_id: int) -> EventInfo:
 
 
 @dataclass
+class ForwardOp:
+    """The forward op a backward event is sited at (`backward_op_sites`)."""
+
+    bwd_node: str | None
+    bwd_seq: int
+    event_id: int
+    name: str
+    stack_id: int | None
+    site: str  # file:line:function of its call site
+
+
+def forward_op(con: Any, event_id: int) -> ForwardOp:
+    """The forward op of a backward op or of a kernel launched by one, or NotFoundError saying why not."""
+    rows = query_rows(
+        con,
+        """
+        SELECT bwd_node, bwd_seq, forward_event_id, forward_name, forward_stack_id,
+               coalesce(forward_site_file, '??') || ':' || coalesce(CAST(forward_site_line AS VARCHAR), '?') || ':'
+               || coalesce(forward_site_function, '??')
+        FROM backward_op_sites WHERE event_id = ?
+        """,
+        [event_id],
+    )
+    if not rows:
+        raise NotFoundError(
+            f"event {event_id} did not run in autograd's backward (no `bwd_seq` from the torch-ops source)"
+        )
+    node, seq, forward_event_id, name, stack_id, site = rows[0]
+    if forward_event_id is None:
+        raise NotFoundError(
+            f"event {event_id} ran in the backward of {node} (sequence number {seq}), whose forward op was not "
+            "recorded (before the session, or left out by sampling)"
+        )
+    return ForwardOp(node, seq, forward_event_id, name, stack_id, site)
+
+
+@dataclass
 class GpuTime:
     """GPU time of a stack, an event or a site, by activity kind and role."""
 

@@ -124,7 +124,10 @@ def render_markdown(report: RegressionReport) -> str:
     baseline = ", ".join(s.name for s in report.baseline)
     out.append(f"Candidate `{report.candidate.name}` ({len(report.candidate.run_ids)} runs); baseline: {baseline}.")
     counts = ", ".join(f"{report.count(c)} {c}" for c in ("new", "increased", "decreased", "removed", "moved"))
-    out += [f"Sites compared: {len(report.sites)} ({counts}).", ""]
+    out.append(f"Sites compared: {len(report.sites)} ({counts}).")
+    if report.request.site_of == "forward":
+        out.append("Work in autograd's backward is counted at the site of the forward op that made its node.")
+    out.append("")
     if report.environment:
         out += ["**Environment differences**", "", "| what | baseline | candidate |", "|---|---|---|"]
         out += [

@@ -61,6 +61,25 @@ def show_event(con: Any, event_id: int, console: Console) -> None:
     _traceback(console, con, info.stack_id)
 
 
+def show_forward_of_event(con: Any, event_id: int, console: Console) -> None:
+    """A backward event sited at its forward op: the event, then the forward op's traceback."""
+    info = read.event(con, event_id)
+    forward = read.forward_op(con, event_id)
+    console.print(f"# event {info.event_id}: {info.kind} {info.name}", highlight=False, markup=False, soft_wrap=True)
+    console.print(
+        f"# ran in the backward of {forward.bwd_node} (sequence number {forward.bwd_seq}); sited at its forward op, "
+        f"event {forward.event_id} {forward.name}, at {forward.site}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    if forward.stack_id is None:
+        console.print("# no stack was recorded for the forward op", highlight=False, markup=False)
+        return
+    console.print(f"# stack {forward.stack_id} (the forward op's)", highlight=False, markup=False)
+    _traceback(console, con, forward.stack_id)
+
+
 def show_stack(con: Any, stack_id: int, console: Console) -> None:
     frames = read.stack_frames(con, stack_id)
     console.print(f"# stack {stack_id}: {len(frames)} frames, innermost first", highlight=False, markup=False)

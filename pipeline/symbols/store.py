@@ -32,23 +32,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tbpipe.capture.cache import default_cache_dir
 from tbpipe.pipeline.symbols.columns import KnownTable, ResultChunk
 from tbpipe.pipeline.symbols.model import ModuleStatus, SymbolsError
 
 STORE_VERSION = "symbols-v1"
 _COMPACT_AFTER_SEGMENTS = 16
-
-
-def default_cache_dir() -> Path:
-    """TBPIPE_CACHE_DIR, else the platform's user cache dir + /tbpipe."""
-    configured = os.environ.get("TBPIPE_CACHE_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    if os.uname().sysname == "Darwin":
-        return Path.home() / "Library" / "Caches" / "tbpipe"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg and os.path.isabs(os.path.expanduser(xdg)) else Path.home() / ".cache"
-    return base / "tbpipe"
 
 
 def source_key(debug_file: str | None, identity: tuple | list | None, quality: str, symcache_version: int) -> str:

@@ -65,9 +65,11 @@ def compare(
                 "compare different runs"
             )
     sets = [*baseline, candidate]
+    if request.site_of not in _COUNTS:
+        raise SelectionError(f"site_of is {' or '.join(map(repr, _COUNTS))}, not {request.site_of!r}")
     values = _site_values(con, sets, request)
     sites = _classify(values, sets, request)
-    _attach_tracebacks(con, candidate, sites, request.tracebacks)
+    _attach_tracebacks(con, candidate, sites, request)
     expired = _apply_accepts(sites, accept, today or dt.date.today())
     sites.sort(key=_order)
     # The second metric, GPU time per site: its own verdict, nothing above depends on it.
@@ -85,6 +87,10 @@ def _order(site: SiteChange) -> tuple:
 
 
 # ------------------------------------------------------------------------------------------ values
+
+
+# What the counts are read from, by `ReportRequest.site_of`: (events per stack, events per site).
+_COUNTS = {"own": ("event_counts", "site_counts"), "forward": ("event_counts_at_forward", "site_counts_at_forward")}
 
 
 def _site_values(con: Any, sets: list[RunSet], request: ReportRequest) -> pa.Table:
@@ -111,7 +117,7 @@ def _site_values(con: Any, sets: list[RunSet], request: ReportRequest) -> pa.Tab
             SELECT s.set_index, c.kind, c.name, t.site_key, sum(p.events)::DOUBLE AS events,
                    any_value(t.function) AS site_function, any_value(t.portable_file) AS site_portable_file,
                    arg_max(p.site_file, p.events) AS site_file, arg_max(p.site_line, p.events) AS site_line
-            FROM site_counts p
+            FROM {_COUNTS[request.site_of][1]} p
             JOIN runs r USING (run_number)
             JOIN report_sets s ON s.run_id = r.run_id
             JOIN event_names c USING (name_id)
@@ -269,9 +275,9 @@ def _exact_changes(b: np.ndarray, c: np.ndarray, request: ReportRequest) -> np.n
 # ------------------------------------------------------------------------------------------ tracebacks
 
 
-def _attach_tracebacks(con: Any, candidate: RunSet, sites: list[SiteChange], limit: int) -> None:
-    """The heaviest stack of each of the first `limit` flagged sites, as combined frames."""
-    wanted = [s for s in sites if s.flagged and s.site_key is not None][: max(limit, 0)]
+def _attach_tracebacks(con: Any, candidate: RunSet, sites: list[SiteChange], request: ReportRequest) -> None:
+    """The heaviest stack of each of the first `request.tracebacks` flagged sites, as combined frames."""
+    wanted = [s for s in sites if s.flagged and s.site_key is not None][: max(request.tracebacks, 0)]
     if not wanted:
         return
     keys = pa.table(
@@ -285,9 +291,9 @@ def _attach_tracebacks(con: Any, candidate: RunSet, sites: list[SiteChange], lim
     try:
         heaviest = query_rows(
             con,
-            """
+            f"""
             SELECT n.kind, n.name, t.site_key, arg_max(c.stack_id, c.events) AS stack_id
-            FROM event_counts c
+            FROM {_COUNTS[request.site_of][0]} c
             JOIN runs r USING (run_number)
             JOIN event_names n USING (name_id)
             JOIN stack_sites ss USING (stack_id)

@@ -18,6 +18,9 @@ NEW, REMOVED, INCREASED, DECREASED, MOVED, UNCHANGED = "new", "removed", "increa
 CHANGES = (NEW, REMOVED, INCREASED, DECREASED, MOVED, UNCHANGED)
 # The changes that make a regression: more work, or work from a new place.
 REGRESSING = (NEW, INCREASED)
+# Where work done in autograd's backward is counted: at its own stack's site (where backward() ran,
+# for CPU backward), or at the site of the forward op that made its node (view `backward_op_sites`).
+SITE_OF = ("own", "forward")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class ReportRequest:
     # GPU time per site: flagged past both (in ns, or ns per marker with --per); a single baseline
     # also needs the per-execution mean to move by `spread` standard errors, or the count to change.
     gpu_thresholds: Thresholds = field(default_factory=lambda: Thresholds(relative=0.10, absolute=0.0))
+    site_of: str = "own"  # one of SITE_OF
 
 
 @dataclass
@@ -298,6 +302,7 @@ class RegressionReport:
             "thresholds": {"relative": request.thresholds.relative, "absolute": request.thresholds.absolute},
             "per": None if request.per is None else {"kind": request.per[0], "name": request.per[1]},
             "group_by": request.group_by,
+            "site_of": request.site_of,
             "environment": [vars(e) for e in self.environment],
             "counts": {change: self.count(change) for change in CHANGES},
             "sites": [s.to_json() for s in self.sites],

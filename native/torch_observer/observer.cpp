@@ -1,0 +1,503 @@
+// The torch-ops source's RecordFunction observer: the extension `_tbpipe_torch_observer`, compiled on
+// the user's machine against the installed torch's headers (tbpipe.capture.torch_observer builds and
+// caches it per torch version) and loaded once the program has imported torch.
+//
+// PyTorch's profiler hooks ops the same way: a global RecordFunction callback runs on every thread,
+// for every op as it is called (composite ops and the ops they call, nested), for autograd's backward
+// nodes and for user scopes (`record_function`). The start callback records an `op` event through
+// tbpipe._native's C API (capi.h): the recorder gathers the calling thread's combined stack and
+// applies sampling and the per-stack limit. Nothing here touches Python objects on the hot path: the
+// attributes are JSON text written into a stack buffer, names are interned once per thread.
+//
+// Attributes of an event (absent when they do not apply):
+//   id          this op's number on its thread (with the event's thread, unique in the run)
+//   depth       how many observed ops enclose it on its thread (0: called from outside any op)
+//   parent      id of the innermost enclosing op
+//   seq         autograd sequence number of a forward op dispatched through autograd: the backward
+//               node it creates (if any) gets the same number
+//   seq_thread  RecordFunction's number for the thread that ran the forward op (pairs with seq)
+//   bwd_seq, fwd_thread, bwd_node   on a backward node's event and every op inside it: the node's
+//               sequence number, the number of the thread that ran its forward op, its name
+//   scope       for what is not a plain op: "backward" (an autograd node), "user" (record_function),
+//               "torchscript", ...
+#include <ATen/record_function.h>
+#include <Python.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "capi.h"
+
+namespace {
+
+// ---------------------------------------------------------------------------- state shared by all threads
+
+const TbpipeCApi* g_api = nullptr;  // set before the callback is added, never cleared
+at::CallbackHandle g_handle = 0;    // 0 while no callback is registered (changed with the GIL held)
+uint32_t g_kind_op = 0;             // interned "op"
+// Whether the start callback does anything (cleared by stop(); a forked child that must not touch
+// torch's callback lock stops this way without removing the callback).
+std::atomic<bool> g_enabled{false};
+// What the start callback does: 0 nothing but keep the nesting (for measuring the RecordFunction
+// machinery alone), 1 describe and record.
+std::atomic<int> g_level{1};
+// Whether torch.compile is compiling: its ops (type promotion, shape checks, tracing) are the
+// compiler's, not the program's, and are not recorded. Dynamo's compile callbacks say when, once
+// for all threads (its start and end callbacks run for the first compile to start and the last to
+// end, maybe on different threads), so ops of other threads are left out meanwhile too.
+std::atomic<bool> g_compiling{false};
+
+// ---------------------------------------------------------------------------- per thread
+
+// One observed op in progress on this thread.
+struct Frame {
+  const at::RecordFunction* fn;  // identifies the op when it ends
+  const char* name;              // owned by the RecordFunction (alive while the op runs)
+  uint64_t id;
+  int64_t bwd_seq;       // -1 outside a backward node
+  uint64_t fwd_thread;   // with bwd_seq
+  const char* bwd_node;  // with bwd_seq: the node's name, owned by its RecordFunction (alive while nested)
+  bool scoped;           // its event opened a scope in the recorder (end_scope when it ends)
+  bool traced;           // run on fake tensors (tracing, not work): neither it nor anything inside is recorded
+};
+
+struct TextHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view text) const noexcept { return std::hash<std::string_view>{}(text); }
+};
+
+// The last names seen at each address, with their text inline (one cache line each): an op's
+// name is its schema's, at the same address every call. The text is compared too, because names
+// built per call (backward nodes, user scopes) can come at an address another name had before.
+class RecentNames {
+ public:
+  static constexpr size_t kTextBytes = 48;
+
+  // The id of `name` if this address last held this text, else 0.
+  uint32_t find(const char* name) const {
+    const Line& line = lines_[slot(name)];
+    if (line.address != name) return 0;
+    const size_t length = strnlen(name, kTextBytes);
+    if (length != line.length || std::memcmp(line.text, name, length) != 0) return 0;
+    return line.id;
+  }
+
+  void remember(const char* name, uint32_t id) {
+    const size_t length = strnlen(name, kTextBytes);
+    if (length == kTextBytes) return;  // too long to keep inline: the map has it
+    Line& line = lines_[slot(name)];
+    line.address = name;
+    line.id = id;
+    line.length = static_cast<uint32_t>(length);
+    std::memcpy(line.text, name, length);
+  }
+
+ private:
+  struct alignas(64) Line {
+    const char* address = nullptr;
+    uint32_t id = 0;
+    uint32_t length = 0;
+    char text[kTextBytes];
+  };
+  static constexpr size_t kLines = 256;
+  static size_t slot(const char* name) {
+    const uint64_t key = reinterpret_cast<uintptr_t>(name);
+    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ULL) >> 56);  // top 8 bits: kLines == 256
+  }
+  Line lines_[kLines];
+};
+
+struct ThreadState {
+  std::vector<Frame> frames;
+  uint64_t next_id = 1;
+  RecentNames recent;
+  // Op names to string-table ids, by text (behind `recent`).
+  std::unordered_map<std::string, uint32_t, TextHash, std::equal_to<>> names;
+
+  ThreadState() { frames.reserve(64); }
+};
+
+// Names that are new on every call ("ProfilerStep#17") would grow the map without bound.
+constexpr size_t kMaxNamesPerThread = 4096;
+// Deeper nesting than this is recorded with its depth but not kept as a parent.
+constexpr size_t kMaxFrames = 1024;
+
+ThreadState& thread_state() {
+  thread_local ThreadState state;
+  return state;
+}
+
+uint32_t name_id(ThreadState& state, const char* name) {
+  if (name == nullptr) name = "";
+  if (const uint32_t id = state.recent.find(name)) return id;
+  const std::string_view text(name);
+  uint32_t id;
+  auto hit = state.names.find(text);
+  if (hit != state.names.end()) {
+    id = hit->second;
+  } else {
+    id = g_api->intern(text.data(), text.size());
+    if (state.names.size() >= kMaxNamesPerThread) state.names.clear();
+    state.names.emplace(std::string(text), id);
+  }
+  state.recent.remember(name, id);
+  return id;
+}
+
+// ---------------------------------------------------------------------------- attributes as JSON text
+
+// A fixed buffer: an event's attributes fit in a few dozen bytes; a name too long for what is left is
+// cut (at a UTF-8 character boundary) rather than allocated for.
+class JsonWriter {
+ public:
+  void key(const char* name) {
+    put(first_ ? '{' : ',');
+    first_ = false;
+    put('"');
+    while (*name != '\0') put(*name++);
+    put('"');
+    put(':');
+  }
+  void value(uint64_t number) {
+    char digits[20];
+    int count = 0;
+    do {
+      digits[count++] = static_cast<char>('0' + number % 10);
+      number /= 10;
+    } while (number != 0);
+    while (count > 0) put(digits[--count]);
+  }
+  void value(int64_t number) {
+    if (number < 0) {
+      put('-');
+      value(static_cast<uint64_t>(0) - static_cast<uint64_t>(number));
+    } else {
+      value(static_cast<uint64_t>(number));
+    }
+  }
+  // A JSON string; cut (at a character boundary) where it would leave no room for what follows, and
+  // with '?' for bytes that are not UTF-8.
+  void string(const char* text) {
+    static const char kHex[] = "0123456789abcdef";
+    put('"');
+    const unsigned char* c = reinterpret_cast<const unsigned char*>(text);
+    while (*c != 0) {
+      size_t length = 1;  // of the UTF-8 sequence starting here
+      if (*c >= 0xF0) {
+        length = 4;
+      } else if (*c >= 0xE0) {
+        length = 3;
+      } else if (*c >= 0xC0) {
+        length = 2;
+      }
+      bool valid = *c < 0x80 || (*c >= 0xC0 && *c < 0xF8);
+      for (size_t i = 1; valid && i < length; ++i) valid = (c[i] & 0xC0) == 0x80;  // stops at the NUL too
+      if (!valid) length = 1;
+      const bool escaped = *c == '"' || *c == '\\';
+      const size_t written = !valid ? 1 : escaped ? 2 : *c < 0x20 ? 6 : length;
+      if (size_ + written > kTextRoom) break;
+      if (!valid) {
+        put('?');
+      } else if (escaped) {
+        put('\\');
+        put(static_cast<char>(*c));
+      } else if (*c < 0x20) {
+        put('\\');
+        put('u');
+        put('0');
+        put('0');
+        put(kHex[*c >> 4]);
+        put(kHex[*c & 15]);
+      } else {
+        for (size_t i = 0; i < length; ++i) put(static_cast<char>(c[i]));
+      }
+      c += length;
+    }
+    put('"');
+  }
+  // The text, or empty when nothing was written.
+  std::string_view finish() {
+    if (first_) return {};
+    put('}');
+    return std::string_view(buffer_, size_);
+  }
+
+ private:
+  static constexpr size_t kSize = 512;
+  static constexpr size_t kTextRoom = kSize - 64;  // numbers and the closing brace always fit after a text
+  void put(char c) {
+    if (size_ < kSize) buffer_[size_++] = c;
+  }
+  char buffer_[kSize];
+  size_t size_ = 0;
+  bool first_ = true;
+};
+
+const char* scope_name(at::RecordScope scope) {
+  switch (scope) {
+    case at::RecordScope::FUNCTION:
+      return nullptr;
+    case at::RecordScope::BACKWARD_FUNCTION:
+      return "backward";
+    case at::RecordScope::TORCHSCRIPT_FUNCTION:
+      return "torchscript";
+    case at::RecordScope::KERNEL_FUNCTION_DTYPE:
+      return "kernel_dtype";
+    case at::RecordScope::CUSTOM_CLASS:
+      return "custom_class";
+    case at::RecordScope::BUILD_FEATURE:
+      return "build_feature";
+    case at::RecordScope::LITE_INTERPRETER:
+      return "lite_interpreter";
+    case at::RecordScope::USER_SCOPE:
+      return "user";
+    case at::RecordScope::STATIC_RUNTIME_OP:
+      return "static_runtime_op";
+    case at::RecordScope::STATIC_RUNTIME_MODEL:
+      return "static_runtime_model";
+    default:
+      return "other";
+  }
+}
+
+// ---------------------------------------------------------------------------- the callbacks
+
+void record_op(ThreadState& state, const at::RecordFunction& fn, const char* name, const Frame& frame,
+               const Frame* parent, at::RecordScope scope, bool scoped) {
+  JsonWriter attrs;
+  attrs.key("id");
+  attrs.value(frame.id);
+  attrs.key("depth");
+  attrs.value(static_cast<uint64_t>(state.frames.size()));
+  if (parent != nullptr) {
+    attrs.key("parent");
+    attrs.value(parent->id);
+  }
+  const int64_t seq = fn.seqNr();
+  if (scope == at::RecordScope::FUNCTION && seq >= 0) {
+    attrs.key("seq");
+    attrs.value(seq);
+    attrs.key("seq_thread");
+    attrs.value(static_cast<uint64_t>(fn.threadId()));
+  }
+  if (frame.bwd_seq >= 0) {
+    attrs.key("bwd_seq");
+    attrs.value(frame.bwd_seq);
+    attrs.key("fwd_thread");
+    attrs.value(frame.fwd_thread);
+    if (frame.bwd_node != nullptr) {
+      attrs.key("bwd_node");
+      attrs.string(frame.bwd_node);
+    }
+  }
+  if (const char* scope_text = scope_name(scope)) {
+    attrs.key("scope");
+    attrs.string(scope_text);
+  }
+  const std::string_view text = attrs.finish();
+  // A nesting op runs on this thread until its end callback: the ops inside it reuse the outer part
+  // of this event's stack. Drawn by sample() already.
+  g_api->record_scoped(g_kind_op, name_id(state, name), text.data(), text.size(), scoped ? &fn : nullptr,
+                       TBPIPE_RECORD_SAMPLED);
+}
+
+// The autograd engine's range around one node: the node's own range, then the checks and sums of
+// its outputs (`aten::sum` reducing a broadcast gradient, `aten::add` accumulating one).
+constexpr std::string_view kEngineEvaluate = "autograd::engine::evaluate_function: ";
+
+bool is_engine_evaluate(const char* name) {
+  return name != nullptr && std::strncmp(name, kEngineEvaluate.data(), kEngineEvaluate.size()) == 0;
+}
+
+// Whether ops dispatched on this thread now only trace: torch.compile, torch.export and make_fx run
+// a model's ops on fake tensors (FakeTensorMode), or record them (proxy and functionalization
+// modes), to build a graph. The dispatch mode is never called then (`ignore_compile_internals`);
+// the observer would see those ops at the line that triggered the compile.
+bool tracing_on_this_thread() {
+  using c10::impl::TorchDispatchModeKey;
+  using c10::impl::TorchDispatchModeTLS;
+  if (!TorchDispatchModeTLS::any_modes_set(/*skip_infra_modes=*/false)) return false;
+  return TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FAKE).has_value() ||
+         TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::PROXY).has_value() ||
+         TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FUNCTIONAL).has_value();
+}
+
+void start_op(const at::RecordFunction& fn) {
+  if (!g_enabled.load(std::memory_order_relaxed)) return;
+  ThreadState& state = thread_state();
+  Frame* parent = state.frames.empty() ? nullptr : &state.frames.back();
+  // An async op may end on another thread: it is recorded, but nothing nests under it here.
+  const bool nests = !fn.isAsync() && state.frames.size() < kMaxFrames;
+  // A traced op's fake implementation runs with the fake mode popped: its ops are skipped as inside it.
+  if ((parent != nullptr && parent->traced) || g_compiling.load(std::memory_order_relaxed) ||
+      tracing_on_this_thread()) {
+    if (nests) state.frames.push_back(Frame{&fn, nullptr, 0, -1, 0, nullptr, false, true});
+    return;
+  }
+  const at::RecordScope scope = fn.scope();
+  const char* name = fn.name();
+  Frame frame{&fn, name, state.next_id++, -1, 0, nullptr, false, false};
+  if (parent != nullptr) {
+    frame.bwd_seq = parent->bwd_seq;
+    frame.fwd_thread = parent->fwd_thread;
+    frame.bwd_node = parent->bwd_node;
+  }
+  // An autograd node's RecordFunction carries its sequence number and its forward op's thread; the ops
+  // its backward calls inherit both, and so do the ops the engine runs on its outputs afterwards
+  // (their range encloses the node's; it was recorded before the node was known).
+  if (scope == at::RecordScope::BACKWARD_FUNCTION && fn.seqNr() >= 0) {
+    frame.bwd_seq = fn.seqNr();
+    frame.fwd_thread = fn.forwardThreadId();
+    frame.bwd_node = name;
+    if (parent != nullptr && parent->bwd_seq < 0 && is_engine_evaluate(parent->name)) {
+      parent->bwd_seq = frame.bwd_seq;
+      parent->fwd_thread = frame.fwd_thread;
+      parent->bwd_node = parent->name + kEngineEvaluate.size();  // the node's name, in text the parent owns
+    }
+  }
+  // The session's sample rate is drawn first: an op left out costs no description.
+  if (g_level.load(std::memory_order_relaxed) > 0 && g_api->sample() != 0) {
+    frame.scoped = nests;
+    record_op(state, fn, name, frame, parent, scope, nests);
+  }
+  if (nests) state.frames.push_back(frame);
+}
+
+void end_op(const at::RecordFunction& fn) {
+  std::vector<Frame>& frames = thread_state().frames;
+  // Normally the innermost; an op that never reached our end callback (one started before the
+  // callback was added ends without it) is dropped with whatever it left above it.
+  for (size_t i = frames.size(); i > 0; --i) {
+    if (frames[i - 1].fn == &fn) {
+      if (frames[i - 1].scoped) g_api->end_scope(&fn);  // and any left open inside it
+      frames.resize(i - 1);
+      return;
+    }
+  }
+}
+
+// RecordFunction catches what a callback throws and logs it per op; nothing may escape here either
+// way, and a failure to describe an op must never fail it.
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  try {
+    start_op(fn);
+  } catch (...) {
+  }
+  return nullptr;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  try {
+    end_op(fn);
+  } catch (...) {
+  }
+}
+
+// ---------------------------------------------------------------------------- Python functions
+
+const TbpipeCApi* api_from(PyObject* capsule) {
+  auto* api = static_cast<const TbpipeCApi*>(PyCapsule_GetPointer(capsule, TBPIPE_CAPI_CAPSULE));
+  if (api == nullptr) return nullptr;
+  if (api->abi_version != TBPIPE_CAPI_VERSION || !TBPIPE_CAPI_HAS(api, sample)) {
+    PyErr_Format(PyExc_RuntimeError,
+                 "tbpipe._native's C API (version %u, %u bytes) is not the one this observer was built for "
+                 "(version %u)",
+                 api->abi_version, api->size, TBPIPE_CAPI_VERSION);
+    return nullptr;
+  }
+  return api;
+}
+
+PyObject* start(PyObject*, PyObject* capsule) {
+  const TbpipeCApi* api = api_from(capsule);
+  if (api == nullptr) return nullptr;
+  if (g_handle == 0) {
+    g_api = api;
+    g_kind_op = api->intern("op", 2);
+    try {
+      // Every scope, as the profiler's CPU activity sees them; no inputs (they would box every op's
+      // arguments), no ids (ours are per thread and need no shared counter).
+      g_handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end).needsInputs(false).needsIds(false));
+    } catch (const std::exception& error) {
+      PyErr_Format(PyExc_RuntimeError, "at::addGlobalCallback failed: %s", error.what());
+      return nullptr;
+    }
+  }
+  g_enabled.store(true, std::memory_order_relaxed);
+  Py_RETURN_NONE;
+}
+
+PyObject* stop(PyObject*, PyObject* remove) {
+  g_enabled.store(false, std::memory_order_relaxed);
+  if (g_handle == 0 || !PyObject_IsTrue(remove)) Py_RETURN_NONE;
+  const at::CallbackHandle handle = g_handle;
+  g_handle = 0;
+  try {
+    at::removeCallback(handle);
+  } catch (const std::exception& error) {
+    PyErr_Format(PyExc_RuntimeError, "at::removeCallback failed: %s", error.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* registered(PyObject*, PyObject*) { return PyBool_FromLong(g_handle != 0); }
+
+PyObject* set_level(PyObject*, PyObject* arg) {
+  const long level = PyLong_AsLong(arg);
+  if (level == -1 && PyErr_Occurred()) return nullptr;
+  if (level < 0 || level > 1) {
+    PyErr_SetString(PyExc_ValueError, "level must be 0 (keep the nesting only) or 1 (record)");
+    return nullptr;
+  }
+  g_level.store(static_cast<int>(level), std::memory_order_relaxed);
+  Py_RETURN_NONE;
+}
+
+PyObject* compiling(PyObject*, PyObject* flag) {
+  const int on = PyObject_IsTrue(flag);
+  if (on < 0) return nullptr;
+  g_compiling.store(on != 0, std::memory_order_relaxed);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef kMethods[] = {
+    {"start", start, METH_O,
+     "start(capsule): add the global RecordFunction callback (once) and enable it; it records through "
+     "tbpipe._native's C API capsule."},
+    {"stop", stop, METH_O,
+     "stop(remove): disable the callback; with remove true, also remove it from torch (not in a forked child: "
+     "removing takes a lock that a thread of the parent may have held at the fork)."},
+    {"registered", registered, METH_NOARGS, "registered() -> bool: whether the callback is added."},
+    {"compiling", compiling, METH_O,
+     "compiling(flag): torch.compile starts (true) or ends (false) compiling; ops in between are "
+     "not recorded (Dynamo's compile callbacks call it, through tbpipe.capture.torch_compile)."},
+    {"set_level", set_level, METH_O,
+     "set_level(level): 1 records every op (the default); 0 keeps the callback running but records nothing "
+     "(the RecordFunction machinery's own cost, for benchmarks)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyModuleDef kModule = {
+    PyModuleDef_HEAD_INIT,
+    "_tbpipe_torch_observer",
+    "tbpipe's RecordFunction observer for the torch-ops source (built against the installed torch).",
+    -1,
+    kMethods,
+    nullptr,
+    nullptr,
+    nullptr,
+    nullptr,
+};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__tbpipe_torch_observer() { return PyModule_Create(&kModule); }
