@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tbpipe.pipeline.db.connection import query_value
 from tbpipe.pipeline.db.ingest.tables import IngestDb, sql_text
@@ -64,6 +65,20 @@ def capture_correlations(nodes: pa.Table) -> pa.Table:
     )
 
 
+def activity_rows(paths: list[Path]) -> pa.Table:
+    """The records of a run's `gpu_activity` parts, numbered from 1 in the order of the parts and of their
+    rows, with each one's duration in nanoseconds: taken here, because the database keeps times to the
+    microsecond, and the difference of two rounded times is off by up to a microsecond per kernel."""
+    table = read_tables({"gpu_activity": list(paths)}, ("gpu_activity",))["gpu_activity"]
+    start = pc.cast(table["gpu_start"], pa.int64())
+    end = pc.cast(table["gpu_end"], pa.int64())
+    duration = pc.subtract(end, start)
+    duration = pc.if_else(pc.greater_equal(duration, 0), duration, pa.scalar(None, pa.int64()))
+    return table.append_column("duration_ns", duration).append_column(
+        "record", pa.array(np.arange(1, table.num_rows + 1), pa.int64())
+    )
+
+
 def insert_gpu_activity(db: IngestDb, run_number: int, files: dict[str, list[Path]]) -> int:
     """The run's `gpu_activity` rows and `gpu_time_counts`; returns the records loaded."""
     activity_files = files.get("gpu_activity") or []
@@ -72,17 +87,11 @@ def insert_gpu_activity(db: IngestDb, run_number: int, files: dict[str, list[Pat
     con = db.con
     nodes = read_tables({"gpu_graph_nodes": files.get("gpu_graph_nodes") or []}, ("gpu_graph_nodes",))
     captures = capture_correlations(nodes["gpu_graph_nodes"])
-    file_list = "[" + ", ".join(sql_text(str(path)) for path in activity_files) + "]"
-    parts = pa.table(
-        {
-            "filename": pa.array([str(path) for path in activity_files], pa.string()),
-            "part": pa.array(np.arange(len(activity_files)), pa.int32()),
-        }
-    )
+    records = activity_rows(activity_files)
     kinds = "[" + ", ".join(sql_text(kind) for kind in LAUNCH_KINDS) + "]"
     first = int(query_value(con, "SELECT coalesce(max(activity_id), 0) + 1 FROM gpu_activity"))
     db.register("ingest_gpu_captures", captures)
-    db.register("ingest_gpu_parts", parts)
+    db.register("ingest_gpu_records", records)
     try:
         con.execute(
             f"""
@@ -103,18 +112,15 @@ def insert_gpu_activity(db: IngestDb, run_number: int, files: dict[str, list[Pat
             INSERT INTO gpu_activity BY NAME
             SELECT
                 {int(run_number)} AS run_number,
-                {first} + row_number() OVER (ORDER BY p.part, a.file_row_number) - 1 AS activity_id,
-                a.kind, a.name, a.gpu_start, a.gpu_end,
-                CASE WHEN a.gpu_start IS NOT NULL AND a.gpu_end IS NOT NULL AND a.gpu_end >= a.gpu_start
-                     THEN epoch_ns(a.gpu_end) - epoch_ns(a.gpu_start) END AS duration_ns,
+                {first} + a.record - 1 AS activity_id,
+                a.kind, a.name, a.gpu_start, a.gpu_end, a.duration_ns,
                 a.device, a.context, a.stream, a.correlation_id,
                 l.event_id,
                 a.graph_id, a.graph_node_id,
                 cl.event_id AS capture_event_id,
                 a.bytes, a.grid_x, a.grid_y, a.grid_z, a.block_x, a.block_y, a.block_z,
                 a.registers_per_thread, a.static_shared_mem, a.dynamic_shared_mem
-            FROM read_parquet({file_list}, filename = true, file_row_number = true) a
-            JOIN ingest_gpu_parts p ON p.filename = a.filename
+            FROM ingest_gpu_records a
             LEFT JOIN ingest_gpu_launches l ON l.correlation_id = a.correlation_id
             LEFT JOIN ingest_gpu_captures c ON c.graph_node_id = a.graph_node_id
             LEFT JOIN ingest_gpu_launches cl ON cl.correlation_id = c.capture_correlation_id
@@ -142,7 +148,7 @@ def insert_gpu_activity(db: IngestDb, run_number: int, files: dict[str, list[Pat
         loaded = int(query_value(con, f"SELECT count(*) FROM gpu_activity WHERE run_number = {int(run_number)}"))
     finally:
         _drop_quietly(con, "ingest_gpu_launches")
-        db.unregister("ingest_gpu_parts")
+        db.unregister("ingest_gpu_records")
         db.unregister("ingest_gpu_captures")
     return loaded
 
