@@ -373,7 +373,7 @@ def test_query_and_report_read_the_lake(db, spark_lake) -> None:
 
 def test_spark_sql_translation_is_spark_sql() -> None:
     """Every packaged view translates, and no DuckDB-only spelling is left in the Spark text."""
-    from tbpipe.pipeline.lake.sparksql import spark_views
+    from tbpipe.pipeline.lake.sparksql import duckdb_only_views, spark_views
 
     views = dict(spark_views())
     assert {"call_sites", "kernel_launch_sites", "stack_tracebacks", "events", "stack_frames"} <= set(views)
@@ -381,6 +381,11 @@ def test_spark_sql_translation_is_spark_sql() -> None:
     for duckdb_only in ("ARG_MAX", "STRING_AGG", "REGEXP_MATCHES", "STARTS_WITH(", "frame_text(", "::"):
         assert duckdb_only not in text, duckdb_only
     assert "REGEXP_EXTRACT((module), '[^/]*$', 0)" in views["stack_tracebacks"]
+    # The backward-op views need an ASOF join, which Spark SQL lacks: left out with why, with the views
+    # that read them; DuckDB over the lake has them all.
+    skipped = duckdb_only_views()
+    assert skipped["backward_events"].startswith("an ASOF join")
+    assert {"backward_call_sites", "site_counts_at_forward"} <= set(skipped) and not set(skipped) & set(views)
 
 
 def test_compaction_keeps_the_rows(spark_lake, spark, tmp_path) -> None:

@@ -38,8 +38,10 @@ def register(app: typer.Typer) -> None:
     def views() -> None:
         """Print the packaged views in Spark SQL (CREATE TEMP VIEW statements over the lake's tables)."""
         try:
-            from tbpipe.pipeline.lake.sparksql import spark_views
+            from tbpipe.pipeline.lake.sparksql import duckdb_only_views, spark_views
         except ImportError as error:
             raise UsageError(f"translating views needs sqlglot: pip install 'tbpipe[spark]' ({error})") from None
         for name, sql in spark_views():
             print(f"CREATE OR REPLACE TEMP VIEW {name} AS\n{sql};\n")
+        for name, why in duckdb_only_views().items():
+            print(f"-- {name}: not on Spark ({why}); DuckDB over the lake reads it (tbpipe query --lake)")

@@ -6,6 +6,7 @@ parameters replaced by the call's arguments), the few DuckDB functions that Spar
 behaves differently are rewritten (`FUNCTION_MAP`), and sqlglot writes the result as Spark SQL.
 
     spark_views()                   # [(name, Spark SQL)] in dependency order
+    duckdb_only_views()             # {name: why}: the views Spark SQL cannot express (ASOF joins)
     register_lake(spark, lake)      # temp views over the lake's files, then the translated views
 
 A table macro read by a view (`python_files_from(0)`) is expanded the same way, into a subquery
@@ -188,14 +189,40 @@ def _expand(tree: Any, macros: dict[str, Macro]) -> Any:
     return tree.transform(replace)
 
 
+def _duckdb_only(tree: Any, skipped: dict[str, str]) -> str | None:
+    """Why a view cannot run on Spark, or None: an ASOF join (Spark has none), or a view it reads that
+    cannot run there."""
+    import sqlglot.expressions as exp
+
+    if any(str(join.args.get("method") or "").upper() == "ASOF" for join in tree.find_all(exp.Join)):
+        return "an ASOF join (Spark SQL has none)"
+    for table in tree.find_all(exp.Table):
+        if table.name in skipped:
+            return f"it reads {table.name}"
+    return None
+
+
 def spark_views() -> list[tuple[str, str]]:
-    """Every packaged view as (name, Spark SQL SELECT), in the order they can be created."""
+    """Every packaged view Spark can run, as (name, Spark SQL SELECT), in the order they can be created."""
+    return _translated()[0]
+
+
+def duckdb_only_views() -> dict[str, str]:
+    """The packaged views Spark SQL cannot express, each with why (DuckDB over the lake reads them all)."""
+    return _translated()[1]
+
+
+def _translated() -> tuple[list[tuple[str, str]], dict[str, str]]:
     macros, views = _macros_and_views()
-    out = []
+    out, skipped = [], {}
     for name, sql in views:
         tree = _map_functions(_expand(_parse(sql), macros))
+        reason = _duckdb_only(tree, skipped)
+        if reason is not None:
+            skipped[name] = reason
+            continue
         out.append((name, tree.sql(dialect="spark")))
-    return out
+    return out, skipped
 
 
 def register_lake(spark: Any, lake: Path, views: list[str] | None = None) -> list[str]:
