@@ -93,6 +93,11 @@ def record_amortized_us(events: int, depth: int) -> float:
     import tbpipe.capture.sessions  # noqa: F401 - loaded on first use (pyarrow): not part of the timing
 
     with tempfile.TemporaryDirectory() as out:
+        # One session first, untimed: the first write imports what pyarrow loads lazily (pandas too,
+        # when it is installed: pyarrow looks for it on the first array made from a Python list), a
+        # one-time cost of the process, not of its events.
+        with capture.session(out):
+            capture.record("kernel_launch", "warm-up")
 
         def work() -> float:
             start = time.perf_counter()
