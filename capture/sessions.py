@@ -385,10 +385,29 @@ def session(
     return Session(out_dir, labels, sources, **options)
 
 
+# The writer held across a fork by `_before_fork` (released on both sides after it).
+_held_for_fork: list[RunWriter] = []
+_FORK_WAIT_S = 5.0
+
+
+def _before_fork() -> None:
+    session = _active
+    writer = session._writer if session is not None and not session._closed else None
+    if writer is not None and writer.hold_for_fork(_FORK_WAIT_S):
+        _held_for_fork.append(writer)
+
+
+def _after_fork_in_parent() -> None:
+    while _held_for_fork:
+        _held_for_fork.pop().release_after_fork()
+
+
 def _after_fork_in_child() -> None:
     # Only the forking thread exists now. The native recorder already stopped
     # itself and dropped the parent's buffers (they belong to the parent's
-    # run). Locks a parent thread may have held are remade, never waited on.
+    # run). Locks a parent thread may have held are remade, never waited on;
+    # the writer lock this thread took before the fork is given back.
+    _after_fork_in_parent()
     global _active, _active_lock
     parent = _active
     _active = None
@@ -469,5 +488,5 @@ def _close_before_os_exit() -> None:
     os._exit = _exit
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 atexit.register(_close_at_exit)

@@ -76,6 +76,15 @@ class RunWriter:
         self._written_modules: set[int] = set()
         self._lock = threading.Lock()  # one flush at a time (flusher thread vs. close)
 
+    def hold_for_fork(self, timeout_s: float) -> bool:
+        """Waits for a write in progress and keeps the next from starting, until `release_after_fork`:
+        a write may import modules (pyarrow loads pandas, when installed, on first use), and a child
+        forked while another thread holds an import lock deadlocks on its first import of that module."""
+        return self._lock.acquire(timeout=timeout_s)
+
+    def release_after_fork(self) -> None:
+        self._lock.release()
+
     def write(
         self,
         drained: dict[str, Any],
