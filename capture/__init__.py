@@ -12,10 +12,11 @@ the writer) load on first use.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tbpipe import _native
 from tbpipe.capture.errors import CaptureError, LaunchError, SessionError, SourceError
+from tbpipe.capture.lazy import lazy_names
 
 __version__ = "0.1.0"  # the package's version, read by the build (pyproject.toml) from here
 
@@ -32,15 +33,7 @@ if TYPE_CHECKING:
     from tbpipe.capture.sessions import Session, active_session, session
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 
 __all__ = [

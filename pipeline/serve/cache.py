@@ -35,15 +35,6 @@ class _Answer:
     body: bytes
 
 
-@dataclass
-class _Stats:
-    hits: int = 0
-    misses: int = 0
-    waits: int = 0  # requests that waited for the same answer being computed
-    kept: int = 0
-    dropped: int = 0  # answers not kept: errors, too large
-
-
 class ResponseCache:
     """ASGI middleware over the app; `state_key()` names the data readers see now, or None."""
 
@@ -54,7 +45,6 @@ class ResponseCache:
         self._bytes = 0
         self._state: tuple | None = None
         self._inflight: dict[tuple, asyncio.Event] = {}
-        self.stats = _Stats()
 
     def _cacheable(self, scope: Scope) -> bool:
         if scope["type"] != "http" or scope["method"] != "GET":
@@ -77,17 +67,14 @@ class ResponseCache:
             answer = self._answers.get(key)
             if answer is not None:
                 self._answers.move_to_end(key)
-                self.stats.hits += 1
                 await _replay(answer, send)
                 return
             pending = self._inflight.get(key)
             if pending is None:
                 break
-            self.stats.waits += 1
             await pending.wait()  # then kept (served above) or not kept (computed here below)
             if key not in self._answers:
                 break
-        self.stats.misses += 1
         done = self._inflight[key] = asyncio.Event()
         try:
             answer = await self._compute(scope, receive, send)
@@ -117,14 +104,12 @@ class ResponseCache:
 
         await self.app(scope, receive, recording_send)
         if start is None or start["status"] != 200 or not keep:
-            self.stats.dropped += 1
             return None
         return _Answer(start["status"], list(start.get("headers", [])), b"".join(chunks))
 
     def _keep(self, key: tuple, answer: _Answer) -> None:
         self._answers[key] = answer
         self._bytes += len(answer.body)
-        self.stats.kept += 1
         while self._bytes > MAX_TOTAL_BYTES and self._answers:
             _key, oldest = self._answers.popitem(last=False)
             self._bytes -= len(oldest.body)

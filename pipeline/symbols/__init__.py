@@ -14,8 +14,9 @@ imports a submodule such as `symbols.elf` without paying for all the others.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tbpipe.capture.lazy import lazy_names
 
 _EXPORTS = {
     "arrow_schema": "columns",
@@ -40,17 +41,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_names(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:

@@ -93,6 +93,11 @@ class Frame:
     generated: bool = False  # a frame of code torch.compile or Triton generated (never a site)
 
 
+def where(portable_file: str | None, file: str | None, line: int | None) -> str:
+    """`file:line` of a site as people read it (the portable file when there is one)."""
+    return f"{portable_file or file or '??'}:{line if line is not None else '?'}"
+
+
 @dataclass
 class SiteChange:
     kind: str
@@ -122,9 +127,7 @@ class SiteChange:
 
     @property
     def where(self) -> str:
-        """`file:line` as people read it (the portable file when there is one)."""
-        file = self.site_portable_file or self.site_file or "??"
-        return f"{file}:{self.site_line if self.site_line is not None else '?'}"
+        return where(self.site_portable_file, self.site_file, self.site_line)
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -186,8 +189,7 @@ class GpuSiteChange:
 
     @property
     def where(self) -> str:
-        file = self.site_portable_file or self.site_file or "??"
-        return f"{file}:{self.site_line if self.site_line is not None else '?'}"
+        return where(self.site_portable_file, self.site_file, self.site_line)
 
     def to_json(self) -> dict[str, Any]:
         out = {
