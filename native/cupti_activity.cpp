@@ -150,6 +150,19 @@ bool read_record(const uint8_t* record, size_t available, Record* out) {
   return true;
 }
 
+// The fields kernel, copy and set records share: when and where it ran, and what caused it.
+template <typename Record>
+void copy_placement(const Record& r, Row* row) {
+  row->start = r.start;
+  row->end = r.end;
+  row->device = r.device_id;
+  row->context = r.context_id;
+  row->stream = r.stream_id;
+  row->correlation_id = r.correlation_id;
+  row->graph_id = r.graph_id;
+  row->graph_node_id = r.graph_node_id;
+}
+
 // Reads one record into `row`; false when it is not one this source stores.
 bool read_row(const uint8_t* record, size_t available, int32_t kind, Row* out) {
   Row& row = *out;
@@ -160,14 +173,7 @@ bool read_row(const uint8_t* record, size_t available, int32_t kind, Row* out) {
       if (!read_record(record, available, &r)) return false;
       row.kind = kGpuKernel;
       row.kernel_name = r.name;
-      row.start = r.start;
-      row.end = r.end;
-      row.device = r.device_id;
-      row.context = r.context_id;
-      row.stream = r.stream_id;
-      row.correlation_id = r.correlation_id;
-      row.graph_id = r.graph_id;
-      row.graph_node_id = r.graph_node_id;
+      copy_placement(r, &row);
       row.grid[0] = r.grid_x;
       row.grid[1] = r.grid_y;
       row.grid[2] = r.grid_z;
@@ -184,14 +190,7 @@ bool read_row(const uint8_t* record, size_t available, int32_t kind, Row* out) {
       if (!read_record(record, available, &r)) return false;
       row.kind = kGpuMemcpy;
       row.name_id = g_copy_kind_ids[r.copy_kind < sizeof(kCopyKinds) / sizeof(kCopyKinds[0]) ? r.copy_kind : 0];
-      row.start = r.start;
-      row.end = r.end;
-      row.device = r.device_id;
-      row.context = r.context_id;
-      row.stream = r.stream_id;
-      row.correlation_id = r.correlation_id;
-      row.graph_id = r.graph_id;
-      row.graph_node_id = r.graph_node_id;
+      copy_placement(r, &row);
       row.bytes = r.bytes;
       break;
     }
@@ -200,14 +199,7 @@ bool read_row(const uint8_t* record, size_t available, int32_t kind, Row* out) {
       if (!read_record(record, available, &r)) return false;
       row.kind = kGpuMemset;
       row.name_id = g_memset_id;
-      row.start = r.start;
-      row.end = r.end;
-      row.device = r.device_id;
-      row.context = r.context_id;
-      row.stream = r.stream_id;
-      row.correlation_id = r.correlation_id;
-      row.graph_id = r.graph_id;
-      row.graph_node_id = r.graph_node_id;
+      copy_placement(r, &row);
       row.bytes = r.bytes;
       break;
     }
