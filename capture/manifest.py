@@ -98,18 +98,26 @@ def initial_manifest(
     }
 
 
-def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
-    manifest["updated_at"] = _utc_now()
+def write_manifest(run_dir: Path, manifest: dict[str, Any], unless_same_as: str | None = None) -> str:
+    """Writes the manifest (whole or not at all: under a hidden name, then renamed) and returns what
+    it says apart from its time stamp. Given the previous return value, a manifest that says nothing
+    new is not rewritten: a process idle for hours keeps its run folder still (fewer writes, and a
+    kill finds no write in progress)."""
     manifest["torch_version"] = manifest.get("torch_version") or _torch_version()
     manifest["cuda_version"] = manifest.get("cuda_version") or _cuda_version()
     # sys.path grows after start-up (the script's folder comes after sitecustomize, programs add
     # their own): keep every root seen, in the order first seen.
     roots = manifest.setdefault("sys_path", [])
     roots.extend(root for root in _import_roots() if root not in roots)
+    content = json.dumps({k: v for k, v in manifest.items() if k != "updated_at"}, sort_keys=True)
+    if content == unless_same_as:
+        return content
+    manifest["updated_at"] = _utc_now()
     target = run_dir / MANIFEST_FILE
     temporary = run_dir / f".{MANIFEST_FILE}.{os.getpid()}.tmp"
     temporary.write_text(json.dumps(manifest, indent=2, sort_keys=True))
     os.replace(temporary, target)
+    return content
 
 
 def mark_closed(manifest: dict[str, Any]) -> None:

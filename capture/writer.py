@@ -75,6 +75,7 @@ class RunWriter:
         self._written_codes: set[int] = set()
         self._written_modules: set[int] = set()
         self._lock = threading.Lock()  # one flush at a time (flusher thread vs. close)
+        self._manifest_written: str | None = None  # what the manifest on disk says (write_manifest)
 
     def hold_for_fork(self, timeout_s: float) -> bool:
         """Waits for a write in progress and keeps the next from starting, until `release_after_fork`:
@@ -121,7 +122,7 @@ class RunWriter:
             if gpu is not None:
                 self._gpu_counters(gpu, tables["gpu_activity"].num_rows)
             self.manifest["threads"].update(_thread_names())
-            write_manifest(self.run_dir, self.manifest)
+            self._manifest_written = write_manifest(self.run_dir, self.manifest, self._manifest_written)
 
     def _write_parquet(self, table: pa.Table, file_name: str) -> None:
         # Written under a hidden name and renamed, so a file that exists is whole.

@@ -181,6 +181,7 @@ def test_spark_call_sites_equal_duckdb_ingest(db, spark_lake, spark) -> None:
     assert spark_rows(spark, CALL_SITES) == expected  # Spark SQL over the lake
 
 
+@pytest.mark.default_interpreter_only
 def test_views_equal_on_both_engines(db, spark_lake, spark) -> None:
     from tbpipe.pipeline.lake.sparksql import register_lake
 
@@ -219,6 +220,7 @@ def test_sharded_symbolization_equals_serial(db, spark_lake) -> None:
     )
 
 
+@pytest.mark.default_interpreter_only
 def test_generated_code_sited_alike_on_both_engines(generated, spark, symbol_cache, tmp_path) -> None:  # noqa: F811
     """A run whose manifest names a folder of generated code and whose code_origins map its lines to
     a user line: the lake keeps the folder, places the origins and sites nothing in generated code,
@@ -256,6 +258,7 @@ GPU_VIEWS = {
 }
 
 
+@pytest.mark.default_interpreter_only
 def test_gpu_time_carried_by_export_and_noted_by_the_spark_ingest(workload, spark, symbol_cache, tmp_path) -> None:  # noqa: F811
     """GPU activity: `tbpipe lake export` carries it (the GPU-time views answer over the lake as over
     the database, from DuckDB and from Spark SQL); the Spark ingest loads the run without it and says so."""
@@ -355,6 +358,7 @@ def test_export_equals_spark_lake(db, exported, spark_lake, spark) -> None:
     assert spark_rows(spark, CALL_SITES) == sorted_rows(duckdb_rows(db[0], CALL_SITES))
 
 
+@pytest.mark.default_interpreter_only
 def test_query_and_report_read_the_lake(db, spark_lake) -> None:
     sql = "SELECT kind, name, site_key, sum(events) AS n FROM call_sites GROUP BY ALL ORDER BY ALL"
     from_db = tbpipe("query", "--db", str(db[0]), "--format", "json", sql)
@@ -388,6 +392,7 @@ def test_spark_sql_translation_is_spark_sql() -> None:
     assert {"backward_call_sites", "site_counts_at_forward"} <= set(skipped) and not set(skipped) & set(views)
 
 
+@pytest.mark.default_interpreter_only
 def test_compaction_keeps_the_rows(spark_lake, spark, tmp_path) -> None:
     from tbpipe.pipeline.lake.spark_ingest import SparkIngestOptions, _Job
 
@@ -415,6 +420,7 @@ def test_compaction_keeps_the_rows(spark_lake, spark, tmp_path) -> None:
         assert sorted_rows(lake_rows(lake, f"SELECT * FROM {table}")) == expected, table
 
 
+@pytest.mark.default_interpreter_only
 def test_grown_incomplete_run_replaces_its_partition(nights, symbol_cache, spark, tmp_path) -> None:
     """An incomplete run whose files grew is loaded again: its partition replaced, never added to."""
     from tbpipe.pipeline.lake.spark_ingest import SparkIngestOptions, ingest_runs_spark

@@ -188,6 +188,26 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert not list(run.path.glob(".*.tmp")), "no half-written file is left visible"
 
 
+def test_an_idle_session_leaves_its_run_folder_untouched(out_dir: Path) -> None:
+    import time
+
+    def folder_state(run_dir: Path) -> dict[str, int]:
+        return {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()}
+
+    with capture.session(out_dir, flush_interval_s=0.05) as s:
+        capture.record("user", "first")
+        time.sleep(0.4)  # the event flushed, then several flushes with nothing new
+        settled = folder_state(s.run_dir)
+        time.sleep(0.4)
+        assert folder_state(s.run_dir) == settled, "flushes with nothing new rewrote the run folder"
+        capture.record("user", "second")
+        time.sleep(0.4)
+        grown = folder_state(s.run_dir)
+        assert grown["manifest.json"] != settled["manifest.json"] and len(grown) > len(settled)
+    (run,) = read_runs(out_dir)
+    assert run.complete and run.tables["events"].num_rows == 2
+
+
 def test_fork_child_continues_into_its_own_run(tmp_path: Path) -> None:
     out_dir = tmp_path / "runs"
     code = f"""
