@@ -656,6 +656,22 @@ def test_watch_quarantines_a_damaged_run_once(tmp_path, good_run, env) -> None:
         assert len(ok(running, "/api/ingest")["jobs"]) == 1
 
 
+def test_many_requests_at_once_for_an_answer_not_kept(upload_server) -> None:
+    """Requests waiting on one computation whose answer is not kept (a 404) each get their own answer."""
+    import asyncio
+
+    import httpx
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=upload_server.url, timeout=60) as client:
+            return await asyncio.gather(*(client.get("/api/runs/no-such-run/sites") for _ in range(40)))
+
+    responses = asyncio.run(burst())
+    assert [r.status_code for r in responses] == [404] * 40
+    assert all("no run" in r.json()["error"] for r in responses)
+    assert "Traceback" not in upload_server.output()
+
+
 def test_answers_are_kept_until_the_data_changes(upload_server, good_run, tmp_path) -> None:
     """The read API's answers are kept per database state: the same request again is served from the
     cache, an ingest makes every kept answer stale, and users' SQL is never kept."""

@@ -34,27 +34,53 @@ def stack_frames(con: Any, stack_id: int) -> list[Frame]:
     return frames
 
 
+def lookup(con: Any, table: str, columns: str, key: str, values: list) -> list[tuple]:
+    """`columns` of the rows of `table` whose `key` is one of `values`, as a plain filter: DuckDB
+    reads a few rows through the key's index only for a query that does nothing else (joined or
+    aggregated, the same filter scans the table). Small results are then joined in Python."""
+    if not values:
+        return []
+    return query_rows(con, f"SELECT {columns} FROM {table} WHERE {key} IN ({', '.join('?' * len(values))})", values)
+
+
+def event_names(con: Any, name_ids: set[int]) -> dict[int, tuple[str, str]]:
+    """{name_id: (kind, name)}."""
+    rows = lookup(con, "event_names", "name_id, kind, name", "name_id", sorted(name_ids))
+    return {name_id: (kind, name) for name_id, kind, name in rows}
+
+
+def _frames_by_id(con: Any, frame_ids: set[int]) -> dict[int, tuple]:
+    """{frame_id: (kind, function, file, line, module, address, inlined, generated)}."""
+    if not frame_ids:
+        return {}
+    rows = lookup(
+        con, "frames", "frame_id, kind, function, file, line, module, address, inlined", "frame_id", sorted(frame_ids)
+    )
+
+    # Whether each is generated code, asked of its path apart: the macro's subquery would turn the
+    # lookup above into a scan.
+    def path(kind: str, file: str | None, module: str | None) -> str:
+        return (file if kind == "python" else module) or ""
+
+    paths = sorted({path(row[1], row[3], row[5]) for row in rows})
+    generated = dict(
+        query_rows(con, "SELECT p, coalesce(is_generated_path(p), false) FROM unnest(?::VARCHAR[]) AS t(p)", [paths])
+    )
+    rows = [(*row, row[1] != "marker" and generated[path(row[1], row[3], row[5])]) for row in rows]
+    return {row[0]: row[1:] for row in rows}
+
+
 def stacks_frames(con: Any, stack_ids: list[int]) -> dict[int, list[Frame]]:
-    """`stack_frames` of several stacks in two queries; stacks the database lacks are left out."""
+    """`stack_frames` of several stacks, read together; stacks the database lacks are left out."""
     if not stack_ids:
         return {}
-    # The stacks' rows first, then only their frames: joined through the `stack_frames` view, a few
-    # stacks' frames cost a scan of the whole `frames` table.
+    # The stacks' rows through their index (sql/migrations/007), then only their frames: joined in
+    # one query, the rows of every stack are read.
     ids = [int(i) for i in stack_ids]
-    wanted = ", ".join("?" * len(ids))
-    rows = query_rows(
-        con,
-        f"""
-        WITH r AS (SELECT stack_id, depth, frame_id FROM stack_frame_rows WHERE stack_id IN ({wanted}))
-        SELECT r.stack_id, f.kind, f.function, f.file, f.line, f.module, f.address, f.inlined,
-               f.kind <> 'marker'
-                   AND coalesce(is_generated_path(CASE WHEN f.kind = 'python' THEN f.file ELSE f.module END), false)
-        FROM r JOIN frames f ON f.frame_id = r.frame_id AND f.frame_id IN (SELECT frame_id FROM r)
-        ORDER BY r.stack_id, r.depth
-        """,
-        ids,
-    )
-    problems = dict(query_rows(con, f"SELECT stack_id, problem FROM stacks WHERE stack_id IN ({wanted})", ids))
+    placed = sorted(lookup(con, "stack_frame_rows", "stack_id, depth, frame_id", "stack_id", ids))
+    frames_by_id = _frames_by_id(con, {frame_id for _, _, frame_id in placed})
+    rows = [(stack_id, *frames_by_id[frame_id]) for stack_id, _depth, frame_id in placed]
+    problems = dict(lookup(con, "stacks", "stack_id, problem", "stack_id", ids))
     out: dict[int, list[Frame]] = {stack_id: [] for stack_id in problems}
     for stack_id, kind, function, file, line, module, address, inlined, generated in rows:
         frames = out.get(stack_id)
@@ -206,45 +232,45 @@ class SiteInfo:
     stack_count: int
 
 
+def _site_row(con: Any, site_key: str, columns: str) -> tuple:
+    rows = query_rows(con, f"SELECT {columns} FROM sites WHERE site_key = ?", [site_key])
+    if not rows:
+        raise NotFoundError(f"no call site with key {site_key!r} in the database (keys are in `call_sites.site_key`)")
+    return rows[0]
+
+
+def site_id(con: Any, site_key: str) -> int:
+    """The site's row number, by its key; NotFoundError when no site has that key."""
+    return _site_row(con, site_key, "site_id")[0]
+
+
 def site(con: Any, site_key: str, limit: int) -> SiteInfo:
     """A call site by its key: where it is, how many events, and its heaviest stacks."""
-    heads = query_rows(
-        con,
-        """
-        SELECT t.function, t.file, t.line, bool_or(s.site_is_user), count(*)
-        FROM sites t JOIN stack_sites s USING (site_id)
-        WHERE t.site_key = ?
-        GROUP BY ALL
-        """,
-        [site_key],
-    )
-    if not heads:
-        raise NotFoundError(f"no call site with key {site_key!r} in the database (keys are in `call_sites.site_key`)")
-    function, file, line, is_user, stack_count = heads[0]
-    stacks = query_rows(
-        con,
-        """
-        SELECT c.stack_id, sum(c.events)::BIGINT AS events, list(DISTINCT n.name ORDER BY n.name) AS names
-        FROM event_counts c
-        JOIN event_names n USING (name_id)
-        JOIN stack_sites s USING (stack_id)
-        JOIN sites t USING (site_id)
-        WHERE t.site_key = ?
-        GROUP BY c.stack_id
-        ORDER BY events DESC, c.stack_id
-        """,
-        [site_key],
-    )
-    total = sum(row[1] for row in stacks)
+    # Step by step, each a lookup by key or id through an index (sql/migrations/007): joined in one
+    # query, the same answer scans the event counts of every stack.
+    number, function, file, line = _site_row(con, site_key, "site_id, function, file, line")
+    members = query_rows(con, "SELECT stack_id, site_is_user FROM stack_sites WHERE site_id = ?", [number])
+    events: dict[int, int] = {}
+    names: dict[int, set[int]] = {}
+    stack_ids = [stack_id for stack_id, _ in members]
+    for stack_id, name_id, count in lookup(con, "event_counts", "stack_id, name_id, events", "stack_id", stack_ids):
+        events[stack_id] = events.get(stack_id, 0) + count
+        names.setdefault(stack_id, set()).add(name_id)
+    heaviest = sorted(events, key=lambda stack_id: (-events[stack_id], stack_id))[:limit]
+    texts = event_names(con, set().union(*(names[stack_id] for stack_id in heaviest)))
+    total = sum(events.values())
     return SiteInfo(
         site_key,
         function,
         file,
         line,
-        bool(is_user),
+        any(is_user for _, is_user in members),
         total,
-        [SiteStack(stack_id, events, list(names)) for stack_id, events, names in stacks[:limit]],
-        stack_count,
+        [
+            SiteStack(stack_id, events[stack_id], sorted({texts[name_id][1] for name_id in names[stack_id]}))
+            for stack_id in heaviest
+        ],
+        len(members),
     )
 
 

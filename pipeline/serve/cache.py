@@ -63,18 +63,18 @@ class ResponseCache:
             self._state = state
         # The date too: a comparison's accepted regressions expire by it.
         key = (state, dt.date.today(), scope["path"], scope.get("query_string", b""))
-        while True:
+        answer = self._answers.get(key)
+        pending = self._inflight.get(key)
+        if answer is None and pending is not None:
+            await pending.wait()
             answer = self._answers.get(key)
-            if answer is not None:
-                self._answers.move_to_end(key)
-                await _replay(answer, send)
+            if answer is None:  # not kept (an error, too large, the data changed): answered on its own
+                await self.app(scope, receive, send)
                 return
-            pending = self._inflight.get(key)
-            if pending is None:
-                break
-            await pending.wait()  # then kept (served above) or not kept (computed here below)
-            if key not in self._answers:
-                break
+        if answer is not None:
+            self._answers.move_to_end(key)
+            await _replay(answer, send)
+            return
         done = self._inflight[key] = asyncio.Event()
         try:
             answer = await self._compute(scope, receive, send)

@@ -144,20 +144,47 @@ def run_sites(
     if name is not None:
         where.append("contains(lower(n.name), lower(?))")
         params.append(name)
+    # The page's rows first (the run's rows are together, found by their zone maps), then only
+    # their sites: joined before the limit, every site's row would be read.
     rows = query_rows(
         cursor,
         f"""
-        SELECT n.kind, n.name, t.function, coalesce(t.portable_file, p.site_file), p.site_line, t.site_key,
-               p.events::BIGINT
-        FROM site_counts p JOIN event_names n USING (name_id) LEFT JOIN sites t USING (site_id)
+        SELECT p.site_id, n.kind, n.name, p.site_file, p.site_line, p.events::BIGINT
+        FROM site_counts p JOIN event_names n USING (name_id)
         WHERE {" AND ".join(where)}
-        ORDER BY p.events DESC, n.name, t.site_key
+        ORDER BY p.events DESC, n.name, p.site_id
         LIMIT {int(limit)} OFFSET {int(offset)}
         """,
         params,
     )
-    keys = ("kind", "name", "site_function", "site_file", "site_line", "site_key", "events")
-    return [dict(zip(keys, row)) for row in rows]
+    ids = [row[0] for row in rows if row[0] is not None]
+    sites = (
+        {
+            site_id: (function, portable_file, site_key)
+            for site_id, function, portable_file, site_key in query_rows(
+                cursor,
+                "SELECT site_id, function, portable_file, site_key FROM sites WHERE site_id IN (SELECT unnest(?))",
+                [ids],
+            )
+        }
+        if ids
+        else {}
+    )
+    out = []
+    for site_id, kind, name, site_file, site_line, events in rows:
+        function, portable_file, site_key = sites.get(site_id, (None, None, None))
+        out.append(
+            {
+                "kind": kind,
+                "name": name,
+                "site_function": function,
+                "site_file": portable_file if portable_file is not None else site_file,
+                "site_line": site_line,
+                "site_key": site_key,
+                "events": events,
+            }
+        )
+    return out
 
 
 def _run_exists(cursor: Any, run_id: str) -> bool:
@@ -208,22 +235,32 @@ def site(cursor: Any, site_key: str, stacks: int) -> dict[str, Any]:
 
 def site_history(cursor: Any, site_key: str, limit: int) -> dict[str, Any]:
     """The site's events in every run that has it (oldest first), per event kind and name, and where it was."""
-    rows = query_rows(
+    # The site's rows through its index (sql/migrations/007), then their runs and names.
+    counts = read.lookup(
         cursor,
-        """
-        SELECT r.run_id, r.started_at AT TIME ZONE 'UTC', r.labels, n.kind, n.name, p.events::BIGINT, p.site_file,
-               p.site_line
-        FROM site_counts p
-        JOIN sites t USING (site_id)
-        JOIN event_names n USING (name_id)
-        JOIN runs r USING (run_number)
-        WHERE t.site_key = ?
-        ORDER BY r.started_at DESC, r.run_id, p.events DESC
-        """,
-        [site_key],
+        "site_counts",
+        "run_number, name_id, events::BIGINT, site_file, site_line",
+        "site_id",
+        [read.site_id(cursor, site_key)],
     )
-    if not rows and not query_rows(cursor, "SELECT 1 FROM sites WHERE site_key = ?", [site_key]):
-        raise NotFoundError(f"no call site with key {site_key!r} in the database (keys are in `call_sites.site_key`)")
+    names = read.event_names(cursor, {row[1] for row in counts})
+    of_run = {
+        row[0]: row[1:]
+        for row in read.lookup(
+            cursor,
+            "runs",
+            "run_number, run_id, started_at AT TIME ZONE 'UTC', labels",
+            "run_number",
+            sorted({row[0] for row in counts}),
+        )
+    }
+    rows = []
+    for run_number, name_id, events, file, line in counts:
+        run_id, started, labels = of_run[run_number]
+        rows.append((run_id, started, labels, *names[name_id], events, file, line))
+    # Newest run first (ties by run id), each run's names by events, most first.
+    rows.sort(key=lambda row: (row[0], -row[5]))
+    rows.sort(key=lambda row: row[1], reverse=True)
     runs: dict[str, dict[str, Any]] = {}
     for run_id, started, labels, kind, name, events, file, line in rows:
         entry = runs.get(run_id)
