@@ -81,8 +81,9 @@ def run_sites(
     limit: Limit = 50,
     offset: Offset = 0,
 ) -> dict[str, Any]:
-    with service_of(request).database.read() as cursor:
-        sites = queries.run_sites(cursor, run_id, kind, name, limit + 1, offset)
+    database = service_of(request).database
+    with database.read() as cursor:
+        sites = queries.run_sites(cursor, run_id, kind, name, limit + 1, offset, database.state_key())
     return {"run_id": run_id, "sites": sites[:limit], "limit": limit, "offset": offset, "more": len(sites) > limit}
 
 

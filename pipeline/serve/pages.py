@@ -131,11 +131,13 @@ def runs_page(
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 def run_page(request: Request, run_id: str) -> HTMLResponse:
-    with service_of(request).database.read() as cursor:
+    database = service_of(request).database
+    with database.read() as cursor:
         run = queries.run(cursor, run_id)
         order = [k for k in ("kernel_launch", "op") if k in run["counts"]]
         order += [k for k in run["counts"] if k not in order][:4]
-        sections = [(kind, queries.run_sites(cursor, run_id, kind, None, SITES_SHOWN, 0)) for kind in order]
+        generation = database.state_key()
+        sections = [(kind, queries.run_sites(cursor, run_id, kind, None, SITES_SHOWN, 0, generation)) for kind in order]
     return render(request, "run.html.j2", run=run, sections=sections)
 
 

@@ -4,10 +4,11 @@ the callers of a kernel. Built on `pipeline.db.read`; the few reads it lacks are
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tbpipe.pipeline.db import read
-from tbpipe.pipeline.db.connection import query_rows
+from tbpipe.pipeline.db.connection import query_arrow, query_rows
 from tbpipe.pipeline.db.read import NotFoundError
 
 HISTORY_LIMIT = 500
@@ -28,19 +29,51 @@ def _run_json(run: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_COUNTS: dict[tuple, dict[str, dict[str, int]]] = {}
+# Facts derived from the whole database, kept per state of it (`ServedDatabase.state_key()`, None
+# while an ingest writes: then computed per request). One state at a time; a race between two
+# requests computes a fact twice, harmlessly.
+_STATE: dict[tuple, dict[str, Any]] = {}
+
+
+def _per_state(generation: tuple | None, fact: str, compute: Callable[[], Any]) -> Any:
+    if generation is None:
+        return compute()
+    facts = _STATE.get(generation)
+    if facts is None:
+        _STATE.clear()
+        facts = _STATE[generation] = {}
+    if fact not in facts:
+        facts[fact] = compute()
+    return facts[fact]
 
 
 def counts_by_kind(cursor: Any, run_ids: list[str], generation: tuple | None = None) -> dict[str, dict[str, int]]:
     """{run_id: {kind: events}} for the given runs; with `generation` (what identifies the database's
     state), every run's counts are computed once per state and kept."""
     if generation is not None:
-        every = _COUNTS.get(generation)
-        if every is None:
-            _COUNTS.clear()
-            every = _COUNTS[generation] = _counts(cursor, None)
+        every = _per_state(generation, "counts", lambda: _counts(cursor, None))
         return {run_id: every.get(run_id, {}) for run_id in run_ids}
     return _counts(cursor, run_ids)
+
+
+class SiteDirectory:
+    """Every site's function, portable file and key by site id, in columns (a few MB per 100k sites):
+    a page of a run's sites names its sites from here instead of a query per page."""
+
+    def __init__(self, cursor: Any):
+        table = query_arrow(cursor, "SELECT site_id, function, portable_file, site_key FROM sites ORDER BY site_id")
+        self._ids = table["site_id"].to_numpy()
+        self._table = table
+
+    def describe(self, site_ids: list[int]) -> dict[int, tuple[str | None, str | None, str]]:
+        import numpy as np
+
+        wanted = np.asarray(site_ids, dtype=self._ids.dtype)
+        positions = np.searchsorted(self._ids, wanted)
+        found = positions < len(self._ids)
+        found[found] = self._ids[positions[found]] == wanted[found]
+        rows = self._table.take(positions[found]).to_pylist()
+        return {row["site_id"]: (row["function"], row["portable_file"], row["site_key"]) for row in rows}
 
 
 def _counts(cursor: Any, run_ids: list[str] | None) -> dict[str, dict[str, int]]:
@@ -130,22 +163,30 @@ def run(cursor: Any, run_id: str) -> dict[str, Any]:
 
 
 def run_sites(
-    cursor: Any, run_id: str, kind: str | None, name: str | None, limit: int, offset: int
+    cursor: Any,
+    run_id: str,
+    kind: str | None,
+    name: str | None,
+    limit: int,
+    offset: int,
+    generation: tuple | None = None,
 ) -> list[dict[str, Any]]:
     """A run's call sites, most events first: what `read.top_sites` gives for one run, from that run's
-    `site_counts` rows."""
-    numbers = run_numbers(cursor, [run_id])
-    if not numbers:
+    `site_counts` rows. With `generation`, the run numbers and the site directory are kept per state."""
+    number = _per_state(
+        generation, "run numbers", lambda: dict(query_rows(cursor, "SELECT run_id, run_number FROM runs"))
+    ).get(run_id)
+    if number is None:
         raise NotFoundError(f"no run {run_id!r} in the database (GET /api/runs lists them)")
-    where, params = ["p.run_number = ?"], [numbers[0]]
+    where, params = ["p.run_number = ?"], [number]
     if kind is not None:
         where.append("n.kind = ?")
         params.append(kind)
     if name is not None:
         where.append("contains(lower(n.name), lower(?))")
         params.append(name)
-    # The page's rows first (the run's rows are together, found by their zone maps), then only
-    # their sites: joined before the limit, every site's row would be read.
+    # The page's rows first (the run's rows are together, found by their zone maps), then their
+    # sites: joined before the limit, every site's row would be read.
     rows = query_rows(
         cursor,
         f"""
@@ -157,19 +198,8 @@ def run_sites(
         """,
         params,
     )
-    ids = [row[0] for row in rows if row[0] is not None]
-    sites = (
-        {
-            site_id: (function, portable_file, site_key)
-            for site_id, function, portable_file, site_key in query_rows(
-                cursor,
-                "SELECT site_id, function, portable_file, site_key FROM sites WHERE site_id IN (SELECT unnest(?))",
-                [ids],
-            )
-        }
-        if ids
-        else {}
-    )
+    directory = _per_state(generation, "sites", lambda: SiteDirectory(cursor))
+    sites = directory.describe([row[0] for row in rows if row[0] is not None])
     out = []
     for site_id, kind, name, site_file, site_line, events in rows:
         function, portable_file, site_key = sites.get(site_id, (None, None, None))
