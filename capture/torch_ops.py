@@ -11,7 +11,11 @@ Two hooks; the first that works here is used, and the source's status line says 
    `aten::addmm`), autograd's backward nodes (`AddmmBackward0`, scope "backward") and user scopes
    (`record_function`, scope "user"), exactly the entries of the profiler's CPU activity. Attributes
    (see native/torch_observer/observer.cpp): id, depth, parent; seq and seq_thread on forward ops;
-   bwd_seq, fwd_thread and bwd_node on a backward node and every op inside it. A backward op
+   bwd_seq, fwd_thread and bwd_node on a backward node and every op inside it. At a session sample
+   rate below 1, torch's own RecordFunction sampler draws the ops (an op not drawn costs almost
+   nothing and is not counted in the manifest's events_sampled_out), and depth and parent are left
+   out (the enclosing ops were mostly not drawn); backward nodes are still followed, so a drawn op
+   inside one keeps its bwd_seq. A backward op
    belongs to the forward op with seq = bwd_seq and seq_thread = fwd_thread (the view
    `backward_op_sites` sites it at that op's line). No shapes: they would need every op's
    arguments boxed. Left out, as the dispatch mode never sees them: ops run while a fake, proxy
@@ -128,8 +132,9 @@ def counters() -> dict[str, int]:
 def _attach(torch: Any) -> None:
     if _state.requested == "observer":
         try:
-            _start_observer(torch)
-            _set_status("RecordFunction observer")
+            rate = _start_observer(torch)
+            drawn = f", ops drawn by torch at rate {rate:g} (those left out are not counted)" if rate < 1 else ""
+            _set_status(f"RecordFunction observer{drawn}")
             return
         except Exception as error:  # ObserverUnavailable, or the callback could not be added
             reason = str(error)
@@ -146,15 +151,19 @@ def _set_status(how: str) -> None:
     _state.status = f"recording ({how}{suffix})"
 
 
-def _start_observer(torch: Any) -> None:
+def _start_observer(torch: Any) -> float:
+    """Starts the observer; returns the sample rate torch draws ops at (1.0: every op)."""
     from tbpipe.capture import torch_observer
 
     observer = torch_observer.load(torch)
-    if not observer.registered():
+    may_replace = not observer.registered() or _state.observer_pid == os.getpid()
+    # Below 1, the session's sample rate is drawn by torch's own sampler: ops not drawn cost nothing.
+    rate = observer.start(_native._C_API, _native._sample_rate(), may_replace)
+    if may_replace:
         _state.observer_pid = os.getpid()
-    observer.start(_native._C_API)
     _state.observer = observer
     _state.hook = "observer"
+    return rate
 
 
 # -- the dispatch mode --------------------------------------------------------

@@ -410,6 +410,11 @@ void Recorder::set_overhead_limits(const OverheadLimits& limits) {
   limits_generation_.fetch_add(1, std::memory_order_relaxed);
 }
 
+double Recorder::sample_rate() const {
+  const uint64_t threshold = sample_threshold_.load(std::memory_order_relaxed);
+  return threshold == UINT64_MAX ? 1.0 : static_cast<double>(threshold) / 18446744073709551616.0;
+}
+
 bool Recorder::record(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const UnwindOptions& options) {
   return record_event(kind_id, name_id, attrs, nullptr, 0, options, nullptr, false);
 }

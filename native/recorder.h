@@ -85,6 +85,8 @@ class Recorder {
   void stop();
   // Takes effect for events recorded after the call; start() keeps them.
   void set_overhead_limits(const OverheadLimits& limits);
+  // The sample rate set last (1.0: every event).
+  double sample_rate() const;
   // Which halves of the stack events recorded from now on get, without starting afresh (benchmarks
   // compare them inside one session; a session sets them in start()).
   void set_stack_parts(bool python, bool native);

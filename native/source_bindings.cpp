@@ -563,6 +563,9 @@ void register_source_bindings(py::module_& m) {
       py::arg("sample_rate") = 1.0, py::arg("max_per_stack_per_s") = 0,
       "Sampling rate and per-stack rate limit for events recorded from now on.");
   m.def(
+      "_sample_rate", []() { return Recorder::instance().sample_rate(); },
+      "The sampling rate set last (1.0: every event is kept).");
+  m.def(
       "_set_splicing", [](bool enabled) { Recorder::instance().set_splicing(enabled); }, py::arg("enabled"),
       "Whether events that open scopes (the torch-ops observer's) take the outer part of their stack from the "
       "enclosing scope's event (on by default): tests compare the stacks both ways.");

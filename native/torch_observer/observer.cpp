@@ -11,8 +11,9 @@
 //
 // Attributes of an event (absent when they do not apply):
 //   id          this op's number on its thread (with the event's thread, unique in the run)
-//   depth       how many observed ops enclose it on its thread (0: called from outside any op)
-//   parent      id of the innermost enclosing op
+//   depth       how many observed ops enclose it on its thread (0: called from outside any op);
+//               absent at sample rates below 1, where torch draws the ops (see g_torch_rate)
+//   parent      id of the innermost enclosing op; absent likewise
 //   seq         autograd sequence number of a forward op dispatched through autograd: the backward
 //               node it creates (if any) gets the same number
 //   seq_thread  RecordFunction's number for the thread that ran the forward op (pairs with seq)
@@ -42,7 +43,13 @@ namespace {
 
 const TbpipeCApi* g_api = nullptr;  // set before the callback is added, never cleared
 at::CallbackHandle g_handle = 0;    // 0 while no callback is registered (changed with the GIL held)
-uint32_t g_kind_op = 0;             // interned "op"
+// Below 1, the rate torch's own sampler draws ops with (the callback's samplingProb): an op not drawn
+// costs nearly nothing (no RecordFunction is made active for it), and none of our code runs for it.
+std::atomic<double> g_torch_rate{1.0};
+// With torch drawing: the unsampled callback that keeps each thread's open backward nodes, so that
+// the ops drawn inside one still say which forward op they belong to.
+at::CallbackHandle g_backward_handle = 0;
+uint32_t g_kind_op = 0;  // interned "op"
 // Whether the start callback does anything (cleared by stop(); a forked child that must not touch
 // torch's callback lock stops this way without removing the callback).
 std::atomic<bool> g_enabled{false};
@@ -115,8 +122,17 @@ class RecentNames {
   Line lines_[kLines];
 };
 
+// An autograd backward node running on this thread (kept with torch drawing ops, see g_torch_rate).
+struct BackwardNode {
+  const at::RecordFunction* fn;
+  int64_t seq;
+  uint64_t fwd_thread;
+  const char* name;  // owned by the node's RecordFunction (alive while it runs)
+};
+
 struct ThreadState {
   std::vector<Frame> frames;
+  std::vector<BackwardNode> backward;
   uint64_t next_id = 1;
   RecentNames recent;
   // Op names to string-table ids, by text (behind `recent`).
@@ -275,11 +291,14 @@ void record_op(ThreadState& state, const at::RecordFunction& fn, const char* nam
   JsonWriter attrs;
   attrs.key("id");
   attrs.value(frame.id);
-  attrs.key("depth");
-  attrs.value(static_cast<uint64_t>(state.frames.size()));
-  if (parent != nullptr) {
-    attrs.key("parent");
-    attrs.value(parent->id);
+  // With torch drawing ops, the enclosing ops were mostly not drawn: the nesting is not known.
+  if (g_torch_rate.load(std::memory_order_relaxed) >= 1.0) {
+    attrs.key("depth");
+    attrs.value(static_cast<uint64_t>(state.frames.size()));
+    if (parent != nullptr) {
+      attrs.key("parent");
+      attrs.value(parent->id);
+    }
   }
   const int64_t seq = fn.seqNr();
   if (scope == at::RecordScope::FUNCTION && seq >= 0) {
@@ -350,6 +369,12 @@ void start_op(const at::RecordFunction& fn) {
     frame.fwd_thread = parent->fwd_thread;
     frame.bwd_node = parent->bwd_node;
   }
+  if (frame.bwd_seq < 0 && !state.backward.empty()) {  // torch drawing: the node itself was not drawn
+    const BackwardNode& node = state.backward.back();
+    frame.bwd_seq = node.seq;
+    frame.fwd_thread = node.fwd_thread;
+    frame.bwd_node = node.name;
+  }
   // An autograd node's RecordFunction carries its sequence number and its forward op's thread; the ops
   // its backward calls inherit both, and so do the ops the engine runs on its outputs afterwards
   // (their range encloses the node's; it was recorded before the node was known).
@@ -363,8 +388,10 @@ void start_op(const at::RecordFunction& fn) {
       parent->bwd_node = parent->name + kEngineEvaluate.size();  // the node's name, in text the parent owns
     }
   }
-  // The session's sample rate is drawn first: an op left out costs no description.
-  if (g_level.load(std::memory_order_relaxed) > 0 && g_api->sample() != 0) {
+  // The session's sample rate is drawn first (unless torch drew this op): an op left out costs no
+  // description.
+  if (g_level.load(std::memory_order_relaxed) > 0 &&
+      (g_torch_rate.load(std::memory_order_relaxed) < 1.0 || g_api->sample() != 0)) {
     frame.scoped = nests;
     record_op(state, fn, name, frame, parent, scope, nests);
   }
@@ -379,6 +406,26 @@ void end_op(const at::RecordFunction& fn) {
     if (frames[i - 1].fn == &fn) {
       if (frames[i - 1].scoped) g_api->end_scope(&fn);  // and any left open inside it
       frames.resize(i - 1);
+      return;
+    }
+  }
+}
+
+std::unique_ptr<at::ObserverContext> on_backward_start(const at::RecordFunction& fn) {
+  try {
+    if (fn.seqNr() >= 0) {
+      thread_state().backward.push_back(BackwardNode{&fn, fn.seqNr(), fn.forwardThreadId(), fn.name()});
+    }
+  } catch (...) {
+  }
+  return nullptr;
+}
+
+void on_backward_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  std::vector<BackwardNode>& nodes = thread_state().backward;
+  for (size_t i = nodes.size(); i > 0; --i) {
+    if (nodes[i - 1].fn == &fn) {
+      nodes.resize(i - 1);
       return;
     }
   }
@@ -416,36 +463,69 @@ const TbpipeCApi* api_from(PyObject* capsule) {
   return api;
 }
 
-PyObject* start(PyObject*, PyObject* capsule) {
+bool remove_callbacks() {
+  const at::CallbackHandle handles[] = {g_handle, g_backward_handle};
+  g_handle = 0;
+  g_backward_handle = 0;
+  try {
+    for (const at::CallbackHandle handle : handles) {
+      if (handle != 0) at::removeCallback(handle);
+    }
+  } catch (const std::exception& error) {
+    PyErr_Format(PyExc_RuntimeError, "at::removeCallback failed: %s", error.what());
+    return false;
+  }
+  return true;
+}
+
+PyObject* start(PyObject*, PyObject* args) {
+  PyObject* capsule = nullptr;
+  double rate = 1.0;
+  int may_replace = 1;
+  if (!PyArg_ParseTuple(args, "O|dp", &capsule, &rate, &may_replace)) return nullptr;
+  if (!(rate > 0.0 && rate <= 1.0)) {
+    PyErr_SetString(PyExc_ValueError, "the sample rate must be in (0, 1]");
+    return nullptr;
+  }
   const TbpipeCApi* api = api_from(capsule);
   if (api == nullptr) return nullptr;
+  // Added at another rate: added again at this one, where removing is safe (not in a forked child,
+  // whose callbacks stay as they came; the session's own draw then applies on top).
+  if (g_handle != 0 && rate != g_torch_rate.load() && may_replace) {
+    g_enabled.store(false, std::memory_order_relaxed);
+    if (!remove_callbacks()) return nullptr;
+  }
   if (g_handle == 0) {
     g_api = api;
     g_kind_op = api->intern("op", 2);
+    g_torch_rate.store(rate);
     try {
+      if (rate < 1.0) {
+        // Added first, so that it runs before the op's own callback on a node that both see.
+        g_backward_handle = at::addGlobalCallback(at::RecordFunctionCallback(on_backward_start, on_backward_end)
+                                                      .needsInputs(false)
+                                                      .needsIds(false)
+                                                      .scopes({at::RecordScope::BACKWARD_FUNCTION}));
+      }
       // Every scope, as the profiler's CPU activity sees them; no inputs (they would box every op's
       // arguments), no ids (ours are per thread and need no shared counter).
-      g_handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end).needsInputs(false).needsIds(false));
+      g_handle = at::addGlobalCallback(
+          at::RecordFunctionCallback(on_start, on_end).needsInputs(false).needsIds(false).samplingProb(rate));
     } catch (const std::exception& error) {
+      remove_callbacks();
+      PyErr_Clear();
       PyErr_Format(PyExc_RuntimeError, "at::addGlobalCallback failed: %s", error.what());
       return nullptr;
     }
   }
   g_enabled.store(true, std::memory_order_relaxed);
-  Py_RETURN_NONE;
+  return PyFloat_FromDouble(g_torch_rate.load());
 }
 
 PyObject* stop(PyObject*, PyObject* remove) {
   g_enabled.store(false, std::memory_order_relaxed);
   if (g_handle == 0 || !PyObject_IsTrue(remove)) Py_RETURN_NONE;
-  const at::CallbackHandle handle = g_handle;
-  g_handle = 0;
-  try {
-    at::removeCallback(handle);
-  } catch (const std::exception& error) {
-    PyErr_Format(PyExc_RuntimeError, "at::removeCallback failed: %s", error.what());
-    return nullptr;
-  }
+  if (!remove_callbacks()) return nullptr;
   Py_RETURN_NONE;
 }
 
@@ -470,9 +550,12 @@ PyObject* compiling(PyObject*, PyObject* flag) {
 }
 
 PyMethodDef kMethods[] = {
-    {"start", start, METH_O,
-     "start(capsule): add the global RecordFunction callback (once) and enable it; it records through "
-     "tbpipe._native's C API capsule."},
+    {"start", start, METH_VARARGS,
+     "start(capsule, sample_rate=1.0, may_replace=True) -> the rate torch draws ops at: add the global "
+     "RecordFunction callback (once) and enable it; it records through tbpipe._native's C API capsule. Below 1, "
+     "torch's own sampler draws the ops "
+     "recorded (ops not drawn cost nearly nothing), and events carry no depth or parent. A callback added at "
+     "another rate is replaced when may_replace (false in a forked child)."},
     {"stop", stop, METH_O,
      "stop(remove): disable the callback; with remove true, also remove it from torch (not in a forked child: "
      "removing takes a lock that a thread of the parent may have held at the fork)."},
