@@ -8,49 +8,23 @@
 Nodes are merged by (kind, function, file): one box per function however many lines of it appear.
 Only the heaviest `MAX_STACKS` (kind, name, stack) triples are expanded and nodes thinner than
 `MIN_FRACTION` of the root are cut, so the tree stays small enough for a browser; the root's weight
-is the true total.
+is the true total. The tree is built a level at a time over all stacks at once (numpy: a node is a
+parent and a key), not a stack at a time: thousands of stacks of a hundred frames each.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from tbpipe.pipeline.db.connection import query_arrow, query_rows
 
 MAX_STACKS = 3000
 MAX_DEPTH = 160
 MIN_FRACTION = 0.0005
-
-
-class _Node:
-    __slots__ = ("name", "kind", "file", "line", "value", "base", "children")
-
-    def __init__(self, name: str, kind: str, file: str | None, line: int | None):
-        self.name, self.kind, self.file, self.line = name, kind, file, line
-        self.value = 0.0
-        self.base = 0.0
-        self.children: dict[tuple, _Node] = {}
-
-    def child(self, key: tuple, name: str, kind: str, file: str | None, line: int | None) -> _Node:
-        node = self.children.get(key)
-        if node is None:
-            node = self.children[key] = _Node(name, kind, file, line)
-        return node
-
-    def to_json(self, floor: float, diff: bool) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "kind": self.kind, "value": _number(self.value)}
-        if self.file:
-            out["file"] = self.file
-        if self.line is not None:
-            out["line"] = self.line
-        if diff:
-            out["base"] = _number(self.base)
-        kept = [c for c in self.children.values() if max(c.value, c.base) >= floor]
-        kept.sort(key=lambda c: -max(c.value, c.base))
-        if kept:
-            out["children"] = [c.to_json(floor, diff) for c in kept]
-        return out
 
 
 def _number(value: float) -> float | int:
@@ -66,25 +40,125 @@ def _frame_label(kind: str, function: str | None, module: str | None, address: i
     return f"{base}+0x{address:x}" if address is not None else base
 
 
-def _frames(cursor: Any, stack_ids: list[int]) -> dict[int, list[tuple]]:
-    """{stack_id: [(kind, label, file, line), ...] innermost first}."""
-    if not stack_ids:
-        return {}
-    table = query_arrow(
+NO_LINE = -1
+
+
+@dataclass
+class _Paths:
+    """Stacks as rows of node keys, in numpy arrays: `keys[i, j]` is the key of the j-th node on stack
+    i's path (-1 past its end) and `lines[i, j]` its frame's line (NO_LINE: none); `labels[k]` is
+    (name, kind, file) of key k."""
+
+    keys: np.ndarray
+    lines: np.ndarray
+    labels: list[tuple[str, str, str | None]]
+
+
+def _paths(cursor: Any, stack_ids: list[int], leaves: list[tuple[str, str] | None], outermost_first: bool) -> _Paths:
+    """The paths of `stack_ids` (in that order), each ending in its leaf (kind, event name) if any.
+    Frames are keyed by (kind, function, file): one box per function however many lines of it appear."""
+    placed = query_arrow(
         cursor,
         f"""
-        SELECT stack_id, kind, function, file, line, module, address
-        FROM stack_frames
+        SELECT stack_id, depth, frame_id FROM stack_frame_rows
         WHERE stack_id IN (SELECT unnest(?::BIGINT[])) AND depth < {MAX_DEPTH}
-        ORDER BY stack_id, depth
         """,
         [stack_ids],
     )
-    columns = [table[c].to_pylist() for c in ("stack_id", "kind", "function", "file", "line", "module", "address")]
-    out: dict[int, list[tuple]] = {}
-    for stack_id, kind, function, file, line, module, address in zip(*columns):
-        out.setdefault(stack_id, []).append((kind, _frame_label(kind, function, module, address), file, line))
-    return out
+    placed_frames = placed["frame_id"].to_numpy()
+    described = query_arrow(
+        cursor,
+        "SELECT frame_id, kind, function, file, line, module, address FROM frames "
+        "WHERE frame_id IN (SELECT unnest(?::INTEGER[])) ORDER BY frame_id",
+        [np.unique(placed_frames).tolist()],
+    )
+    # One key per distinct (kind, label, file).
+    key_of: dict[tuple, int] = {}
+    frame_keys = np.empty(len(described), dtype=np.int64)
+    frame_lines = np.empty(len(described), dtype=np.int64)
+    columns = [described[c].to_pylist() for c in ("kind", "function", "file", "line", "module", "address")]
+    for i, (kind, function, file, line, module, address) in enumerate(zip(*columns)):
+        frame_keys[i] = key_of.setdefault((kind, _frame_label(kind, function, module, address), file), len(key_of))
+        frame_lines[i] = NO_LINE if line is None else line
+    # Each row at (its stack's row, its depth or its distance from the outermost frame); a stack
+    # weighted under several event names has a row per name.
+    distinct = {stack_id: i for i, stack_id in enumerate(dict.fromkeys(stack_ids))}
+    rows_stack = np.fromiter((distinct[s] for s in placed["stack_id"].to_pylist()), np.int64, len(placed))
+    rows_depth = placed["depth"].to_numpy().astype(np.int64)
+    described_at = np.searchsorted(described["frame_id"].to_numpy(), placed_frames)
+    lengths = np.bincount(rows_stack, minlength=len(distinct))
+    column = lengths[rows_stack] - 1 - rows_depth if outermost_first else rows_depth
+    width = int(lengths.max(initial=0)) + 1  # and the leaf
+    keys = np.full((len(distinct), width), -1, dtype=np.int64)
+    lines = np.full((len(distinct), width), NO_LINE, dtype=np.int64)
+    keys[rows_stack, column] = frame_keys[described_at]
+    lines[rows_stack, column] = frame_lines[described_at]
+    of_row = np.fromiter((distinct[s] for s in stack_ids), np.int64, len(stack_ids))
+    keys, lines, lengths = keys[of_row], lines[of_row], lengths[of_row]
+    for i, leaf in enumerate(leaves):
+        if leaf is not None:
+            keys[i, lengths[i]] = key_of.setdefault(("event", *leaf), len(key_of))
+    labels = [(file, "event", None) if kind == "event" else (label, kind, file) for kind, label, file in key_of]
+    return _Paths(keys, lines, labels)
+
+
+def _tree(
+    root_name: str,
+    root_kind: str,
+    paths: _Paths,
+    values: np.ndarray,
+    bases: np.ndarray | None,
+    total_value: float,
+    total_base: float,
+) -> dict[str, Any]:
+    """The paths merged into a tree, level by level (a node: a parent and a key), as the pages' JSON:
+    {name, kind, value[, base][, file][, line][, children]}, children heaviest first, nodes thinner
+    than MIN_FRACTION of the root left out. A node's line is its frame's in the heaviest stack through it."""
+    diff = bases is not None
+    stacks, width = paths.keys.shape
+    parent, key, line, value, base = [-1], [-1], [NO_LINE], [total_value], [total_base]
+    heaviest = [-1]  # the first (heaviest) stack through each node: ties in weight keep that order
+    at = np.zeros(stacks, dtype=np.int64)  # each stack's node at the level above
+    for level in range(width):
+        active = np.flatnonzero(paths.keys[:, level] >= 0)
+        if not len(active):
+            break
+        pairs = at[active] * (len(paths.labels) + 1) + paths.keys[active, level]
+        unique, first, inverse = np.unique(pairs, return_index=True, return_inverse=True)
+        ids = len(parent) + np.arange(len(unique))
+        parent.extend(at[active][first].tolist())
+        key.extend(paths.keys[active, level][first].tolist())
+        line.extend(paths.lines[active, level][first].tolist())
+        heaviest.extend(active[first].tolist())
+        value.extend(np.bincount(inverse, weights=values[active], minlength=len(unique)).tolist())
+        base.extend(
+            np.bincount(inverse, weights=bases[active], minlength=len(unique)).tolist() if diff else [0.0] * len(unique)
+        )
+        at[active] = ids[inverse]
+    floor = max(total_value, total_base) * MIN_FRACTION
+    children: dict[int, list[int]] = {}
+    for node in range(1, len(parent)):
+        if max(value[node], base[node]) >= floor:
+            children.setdefault(parent[node], []).append(node)
+
+    def to_json(node: int) -> dict[str, Any]:
+        if node == 0:
+            name, kind, file = root_name, root_kind, None
+        else:
+            name, kind, file = paths.labels[key[node]]
+        out: dict[str, Any] = {"name": name, "kind": kind, "value": _number(value[node])}
+        if file:
+            out["file"] = file
+        if line[node] != NO_LINE:
+            out["line"] = line[node]
+        if diff:
+            out["base"] = _number(base[node])
+        kept = sorted(children.get(node, []), key=lambda c: (-max(value[c], base[c]), heaviest[c]))
+        if kept:
+            out["children"] = [to_json(c) for c in kept]
+        return out
+
+    return to_json(0)
 
 
 def _weights(cursor: Any, run_numbers: list[int], kinds: list[str] | None, name: str | None) -> tuple[list, float]:
@@ -113,20 +187,12 @@ def _weights(cursor: Any, run_numbers: list[int], kinds: list[str] | None, name:
     return [row[:4] for row in rows], total
 
 
-def _finish(root: _Node, total_value: float, total_base: float, diff: bool, **extra: Any) -> dict[str, Any]:
-    root.value, root.base = total_value, total_base
-    floor = max(root.value, root.base) * MIN_FRACTION
-    out = {"tree": root.to_json(floor, diff), **extra}
-    return out
-
-
 def run_tree(cursor: Any, run_numbers: list[int], kinds: list[str] | None = None) -> dict[str, Any]:
     weights, total = _weights(cursor, run_numbers, kinds, None)
-    frames = _frames(cursor, sorted({row[2] for row in weights if row[2] is not None}))
-    root = _Node("all events", "root", None, None)
-    for kind, name, stack_id, events in weights:
-        _add_path(root, reversed(frames.get(stack_id, [])), (kind, name), events, 0.0)
-    return _finish(root, total, 0.0, False, stacks_shown=len(weights))
+    paths = _paths(cursor, [row[2] for row in weights], [(kind, name) for kind, name, _, _ in weights], True)
+    values = np.array([row[3] for row in weights], dtype=np.float64)
+    tree = _tree("all events", "root", paths, values, None, total, 0.0)
+    return {"tree": tree, "stacks_shown": len(weights)}
 
 
 def diff_tree(
@@ -145,14 +211,11 @@ def diff_tree(
     cand_rows = {(k, n, s): e for k, n, s, e in cand_weights}
     keys = sorted(set(cand_rows) | set(base_rows), key=lambda k: -max(cand_rows.get(k, 0.0), base_rows.get(k, 0.0)))
     keys = keys[:MAX_STACKS]
-    frames = _frames(cursor, sorted({k[2] for k in keys if k[2] is not None}))
-    root = _Node("all events", "root", None, None)
-    for key in keys:
-        kind, name, stack_id = key
-        _add_path(
-            root, reversed(frames.get(stack_id, [])), (kind, name), cand_rows.get(key, 0.0), base_rows.get(key, 0.0)
-        )
-    return _finish(root, cand_total, base_total, True, stacks_shown=len(keys))
+    paths = _paths(cursor, [k[2] for k in keys], [(k[0], k[1]) for k in keys], True)
+    values = np.array([cand_rows.get(k, 0.0) for k in keys], dtype=np.float64)
+    bases = np.array([base_rows.get(k, 0.0) for k in keys], dtype=np.float64)
+    tree = _tree("all events", "root", paths, values, bases, cand_total, base_total)
+    return {"tree": tree, "stacks_shown": len(keys)}
 
 
 def callers_tree(cursor: Any, name: str, kinds: list[str] | None, run_numbers: list[int] | None) -> dict[str, Any]:
@@ -160,26 +223,11 @@ def callers_tree(cursor: Any, name: str, kinds: list[str] | None, run_numbers: l
     if run_numbers is None:
         run_numbers = [r[0] for r in query_rows(cursor, "SELECT run_number FROM runs")]
     weights, total = _weights(cursor, run_numbers, kinds, name)
-    frames = _frames(cursor, sorted({row[2] for row in weights if row[2] is not None}))
-    root = _Node(name, "event", None, None)
-    paths = []
-    for _kind, _name, stack_id, events in weights:
-        path = frames.get(stack_id, [])
-        _add_path(root, iter(path), None, events, 0.0)
-        paths.append({"stack_id": stack_id, "events": _number(events), "frames": len(path)})
-    return {**_finish(root, total, 0.0, False, stacks_shown=len(weights)), "stacks": paths}
-
-
-def _add_path(root: _Node, frames, leaf: tuple[str, str] | None, value: float, base: float) -> None:
-    node = root
-    node.value += value
-    node.base += base
-    for kind, label, file, line in frames:
-        node = node.child((kind, label, file), label, kind, file, line)
-        node.value += value
-        node.base += base
-    if leaf is not None:
-        kind, name = leaf
-        node = node.child(("event", kind, name), name, "event", None, None)
-        node.value += value
-        node.base += base
+    paths = _paths(cursor, [row[2] for row in weights], [None] * len(weights), False)
+    values = np.array([row[3] for row in weights], dtype=np.float64)
+    tree = _tree(name, "event", paths, values, None, total, 0.0)
+    stacks = [
+        {"stack_id": stack_id, "events": _number(events), "frames": int((paths.keys[i] >= 0).sum())}
+        for i, (_kind, _name, stack_id, events) in enumerate(weights)
+    ]
+    return {"tree": tree, "stacks_shown": len(weights), "stacks": stacks}
