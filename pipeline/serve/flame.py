@@ -66,11 +66,18 @@ def _paths(cursor: Any, stack_ids: list[int], leaves: list[tuple[str, str] | Non
         [stack_ids],
     )
     placed_frames = placed["frame_id"].to_numpy()
+    # Selected again by stack: a list of every frame id as a parameter costs more to bind than this.
     described = query_arrow(
         cursor,
-        "SELECT frame_id, kind, function, file, line, module, address FROM frames "
-        "WHERE frame_id IN (SELECT unnest(?::INTEGER[])) ORDER BY frame_id",
-        [np.unique(placed_frames).tolist()],
+        f"""
+        SELECT frame_id, kind, function, file, line, module, address FROM frames
+        WHERE frame_id IN (
+            SELECT frame_id FROM stack_frame_rows
+            WHERE stack_id IN (SELECT unnest(?::BIGINT[])) AND depth < {MAX_DEPTH}
+        )
+        ORDER BY frame_id
+        """,
+        [stack_ids],
     )
     # One key per distinct (kind, label, file).
     key_of: dict[tuple, int] = {}
