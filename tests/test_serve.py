@@ -632,7 +632,11 @@ def test_watch_ingests_new_and_still_running_runs(tmp_path, good_run, env) -> No
         finally:
             if live.poll() is None:
                 live.kill()
-        status = ok(running, "/api/ingest")
+        # A job's outcomes are listed when the job ends, a little after its run is readable.
+        status = wait_until(
+            lambda: (s := ok(running, "/api/ingest")) and all(j["status"] == "done" for j in s["jobs"]) and s,
+            what="every ingest job done",
+        )
         statuses = [r["status"] for job in status["jobs"] for r in job["runs"]]
         assert "updated" in statuses and statuses.count("quarantined") == 0
         assert status["watch"]["folders"] == [str(watched)]
