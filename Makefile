@@ -67,7 +67,8 @@ test-default: install
 
 # The same suite on the other supported CPython versions, each in its own venv, less the tests
 # marked default_interpreter_only: the Spark lake's slower cases, whose work is the JVM's (one
-# Spark ingest against the DuckDB one still runs on every version that has PySpark).
+# Spark ingest against the DuckDB one still runs on every version that has PySpark), and the pages,
+# reports and exports checked in Chromium or by Go's pprof (the same files on every version).
 test-matrix:
 	@for version in $(MATRIX_VERSIONS); do \
 		interpreter=$$(ls -d $$HOME/.pyenv/versions/$$version.*/bin/python 2>/dev/null | tail -n 1); \

@@ -280,6 +280,7 @@ def parse_traces(text: str) -> list[tuple[dict, int, list[str]]]:
     return samples
 
 
+@pytest.mark.default_interpreter_only
 def test_pprof_traces_equal_the_database(db, tmp_path) -> None:
     a = run_id(db, "a")
     out = tmp_path / "a.pb.gz"
@@ -313,6 +314,7 @@ def parse_top(text: str) -> tuple[int, dict[str, tuple[int, int]]]:
     return total, table
 
 
+@pytest.mark.default_interpreter_only
 def test_pprof_top_equals_the_database(db, tmp_path) -> None:
     a, b = run_id(db, "a"), run_id(db, "b")
     out = tmp_path / "both.pb.gz"
@@ -336,6 +338,7 @@ def test_pprof_top_equals_the_database(db, tmp_path) -> None:
     assert top["launch_gemm"] == (7 + 4, 7 + 4)
 
 
+@pytest.mark.default_interpreter_only
 def test_pprof_diff_base_between_two_runs(db, tmp_path) -> None:
     base, new = tmp_path / "a.pb.gz", tmp_path / "b.pb.gz"
     run_export(db, base, "pprof", "latest:commit=a", kind="kernel_launch")
@@ -346,6 +349,7 @@ def test_pprof_diff_base_between_two_runs(db, tmp_path) -> None:
     assert top["odd_launch"] == (-2, -2)
 
 
+@pytest.mark.default_interpreter_only
 def test_pprof_mappings_let_pprof_symbolize_natives_itself(db, tmp_path) -> None:
     """With -symbolize=force pprof drops our names and symbolizes every native address itself from
     the mapped files: it must land on the functions our symbolizer found, never on others."""
@@ -430,6 +434,7 @@ def test_chrome_trace_with_tracebacks_in_args(db, tmp_path) -> None:
             assert event["args"]["traceback"] == [line_label(f["kind"], f, f["module"], f["address"]) for f in expected]
 
 
+@pytest.mark.default_interpreter_only
 def test_chrome_trace_loads_in_headless_chromium(db, tmp_path) -> None:
     chromium = shutil.which("chromium")
     if chromium is None:

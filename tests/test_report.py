@@ -302,6 +302,7 @@ def test_accept_file(db, tmp_path) -> None:
     assert bad.returncode == 2 and f"{accept}: [[accept]] entry 1: 'site' must be" in bad.stderr
 
 
+@pytest.mark.default_interpreter_only
 def test_html_report_in_chromium(db, tmp_path) -> None:
     chromium = shutil.which("chromium")
     if chromium is None:

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 from support.serve import Server, environment, line_of, nights_database, program_v2
 
+# Chromium renders the pages: what these check does not depend on the Python version.
+pytestmark = pytest.mark.default_interpreter_only
+
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
 
