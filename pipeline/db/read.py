@@ -230,6 +230,7 @@ class SiteInfo:
     events: int
     stacks: list[SiteStack]  # the heaviest first
     stack_count: int
+    site_id: int  # its row number in `sites`
 
 
 def _site_row(con: Any, site_key: str, columns: str) -> tuple:
@@ -271,6 +272,7 @@ def site(con: Any, site_key: str, limit: int) -> SiteInfo:
             for stack_id in heaviest
         ],
         len(members),
+        number,
     )
 
 

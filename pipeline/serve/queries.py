@@ -259,11 +259,11 @@ def site(cursor: Any, site_key: str, stacks: int) -> dict[str, Any]:
             }
             for s in info.stacks
         ],
-        "runs": site_history(cursor, site_key, HISTORY_LIMIT)["runs"],
+        "runs": site_history(cursor, site_key, HISTORY_LIMIT, info.site_id)["runs"],
     }
 
 
-def site_history(cursor: Any, site_key: str, limit: int) -> dict[str, Any]:
+def site_history(cursor: Any, site_key: str, limit: int, site_id: int | None = None) -> dict[str, Any]:
     """The site's events in every run that has it (oldest first), per event kind and name, and where it was."""
     # The site's rows through its index (sql/migrations/007), then their runs and names.
     counts = read.lookup(
@@ -271,7 +271,7 @@ def site_history(cursor: Any, site_key: str, limit: int) -> dict[str, Any]:
         "site_counts",
         "run_number, name_id, events::BIGINT, site_file, site_line",
         "site_id",
-        [read.site_id(cursor, site_key)],
+        [site_id if site_id is not None else read.site_id(cursor, site_key)],  # the caller may know it
     )
     names = read.event_names(cursor, {row[1] for row in counts})
     of_run = {
