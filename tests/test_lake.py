@@ -1,13 +1,14 @@
 """The lake: really captured runs ingested by a real local Spark (`tbpipe ingest --engine spark`) and
 by DuckDB (`tbpipe ingest --db`), read back by DuckDB and by Spark SQL, compared row for row.
 
-One SparkSession (local[2], no UI, loopback) serves the whole session; the Spark ingest itself runs
-once through the CLI (its own JVM) and once more in-process to show it adds nothing.
+One SparkSession (local[2], no UI, loopback) serves the whole session and builds the lake; the CLI
+(`tbpipe ingest --engine spark`, its own JVM) then runs once more over the same runs to show it adds nothing.
 """
 
 from __future__ import annotations
 
 import datetime
+import io
 import json
 import os
 import platform
@@ -101,15 +102,21 @@ def db(nights, symbol_cache) -> tuple[Path, str]:
 
 @pytest.fixture(scope="module")
 def spark_lake(nights, symbol_cache, spark) -> tuple[Path, str]:
-    """The lake built by `tbpipe ingest --engine spark` (its own local[2] Spark)."""
+    """The lake built by the Spark ingest in this process's session, and the summary the CLI would
+    print for it (`tbpipe ingest --engine spark` itself runs in `test_cli_rerun_adds_nothing`: a
+    JVM of its own costs more than the work these runs make)."""
+    from rich.console import Console
+
+    from tbpipe.pipeline.lake.spark_ingest import SparkIngestOptions, ingest_runs_spark
+    from tbpipe.pipeline.reports.ingest_summary import render_ingest_summary
+
     lake = nights / "lake"
-    result = tbpipe(
-        "ingest", str(nights / "runs"), "--engine", "spark", "--lake", str(lake), "--master", "local[2]",
-        "--cache-dir", str(symbol_cache), "--conf", "spark.sql.shuffle.partitions=4",
-        "--conf", f"{SHARD_CONF}={SHARD_ADDRESSES}",
-    )  # fmt: skip
-    assert result.returncode == 1, result.stdout + result.stderr
-    return lake, result.stdout
+    options = SparkIngestOptions(lake=lake, cache_dir=symbol_cache, shard_addresses=SHARD_ADDRESSES)
+    summary = ingest_runs_spark([nights / "runs"], options, spark=spark)
+    printed = io.StringIO()
+    render_ingest_summary(summary, Console(file=printed, width=200))
+    assert not summary.ok, printed.getvalue()  # two runs are quarantined
+    return lake, printed.getvalue()
 
 
 def duckdb_rows(path: Path, sql: str) -> list[tuple]:
@@ -220,26 +227,62 @@ def test_sharded_symbolization_equals_serial(db, spark_lake) -> None:
     )
 
 
-@pytest.mark.default_interpreter_only
-def test_generated_code_sited_alike_on_both_engines(generated, spark, symbol_cache, tmp_path) -> None:  # noqa: F811
-    """A run whose manifest names a folder of generated code and whose code_origins map its lines to
-    a user line: the lake keeps the folder, places the origins and sites nothing in generated code,
-    as the DuckDB ingest does."""
+@pytest.fixture(scope="module")
+def mixed(nights, generated, workload, symbol_cache, spark, tmp_path_factory) -> dict:  # noqa: F811
+    """Three runs that each take a path of their own through the ingest, in one folder: a run whose
+    manifest names a folder of generated code (with code_origins), a run with GPU activity, and a
+    night's run whose capture was killed (incomplete). Ingested once by Spark (this process's
+    session) into a lake and once by DuckDB into a database, to compare."""
+    from tbpipe.pipeline.db.ingest import IngestOptions, ingest_runs
     from tbpipe.pipeline.lake.spark_ingest import SparkIngestOptions, ingest_runs_spark
+
+    base = tmp_path_factory.mktemp("lake-mixed")
+    runs = base / "runs"
+    (generated_run,) = [p for p in (generated["base"] / "runs").iterdir() if p.is_dir()]
+    gpu_run = Path(workload[1].path)
+    night_run = sorted(p for p in (nights / "runs").iterdir() if p.name != "damaged")[0]
+    for source in (generated_run, gpu_run, night_run):
+        shutil.copytree(source, runs / source.name)
+    killed = runs / night_run.name
+    manifest = json.loads((killed / "manifest.json").read_text())
+    manifest["complete"], manifest["ended_at"] = False, None
+    (killed / "manifest.json").write_text(json.dumps(manifest))
+    db = base / "mixed.duckdb"
+    duckdb_summary = ingest_runs([runs], IngestOptions(db_path=db, cache_dir=symbol_cache, progress=False))
+    assert duckdb_summary.ok, [o.reason for o in duckdb_summary.outcomes]
+    lake = base / "lake"
+    summary = ingest_runs_spark([runs], SparkIngestOptions(lake=lake, cache_dir=symbol_cache), spark=spark)
+    assert summary.ingested == 3 and summary.incomplete == 1, [o.reason for o in summary.outcomes]
+    return {
+        "runs": runs,
+        "db": db,
+        "lake": lake,
+        "summary": summary,
+        "killed": manifest["run_id"],
+        "gpu": workload[1].manifest["run_id"],
+    }
+
+
+@pytest.mark.default_interpreter_only
+def test_mixed_runs_read_alike_on_both_engines(mixed, spark) -> None:
     from tbpipe.pipeline.lake.sparksql import register_lake
 
-    lake = tmp_path / "lake"
-    options = SparkIngestOptions(lake=lake, cache_dir=symbol_cache)
-    summary = ingest_runs_spark([generated["base"] / "runs"], options, spark=spark)
-    assert summary.ingested == 1, [o.reason for o in summary.outcomes]
+    register_lake(spark, mixed["lake"])
+    for name in ("call_sites", "stack_tracebacks", "python_files", "events"):
+        expected = sorted_rows(duckdb_rows(mixed["db"], for_duckdb(VIEWS[name])))
+        assert expected, name
+        assert sorted_rows(lake_rows(mixed["lake"], for_duckdb(VIEWS[name]))) == expected, name
+        assert spark_rows(spark, for_spark(VIEWS[name])) == expected, name
+
+
+@pytest.mark.default_interpreter_only
+def test_generated_code_sited_alike_on_both_engines(mixed, generated) -> None:  # noqa: F811
+    """The run whose manifest names a folder of generated code and whose code_origins map its lines to
+    a user line: the lake keeps the folder, places the origins and sites nothing in generated code,
+    as the DuckDB ingest does (the views compared in `test_mixed_runs_read_alike_on_both_engines`)."""
+    lake = mixed["lake"]
     folder = str(generated["cache"]) + "/"
     assert lake_rows(lake, "SELECT prefix, generator FROM generated_code") == [(folder, "inductor")]
-    register_lake(spark, lake)
-    for name in ("call_sites", "stack_tracebacks", "python_files"):
-        expected = sorted_rows(duckdb_rows(generated["db"], for_duckdb(VIEWS[name])))
-        assert expected, name
-        assert sorted_rows(lake_rows(lake, for_duckdb(VIEWS[name]))) == expected, name
-        assert spark_rows(spark, for_spark(VIEWS[name])) == expected, name
     sited_files = {row[0] for row in lake_rows(lake, "SELECT site_file FROM call_sites WHERE site_file IS NOT NULL")}
     assert sited_files and not any(f.startswith(folder) for f in sited_files)
     tracebacks = "\n".join(row[0] for row in lake_rows(lake, "SELECT traceback FROM stack_tracebacks"))
@@ -259,16 +302,14 @@ GPU_VIEWS = {
 
 
 @pytest.mark.default_interpreter_only
-def test_gpu_time_carried_by_export_and_noted_by_the_spark_ingest(workload, spark, symbol_cache, tmp_path) -> None:  # noqa: F811
+def test_gpu_time_carried_by_export_and_noted_by_the_spark_ingest(workload, mixed, spark, tmp_path) -> None:  # noqa: F811
     """GPU activity: `tbpipe lake export` carries it (the GPU-time views answer over the lake as over
     the database, from DuckDB and from Spark SQL); the Spark ingest loads the run without it and says so."""
     from tbpipe.pipeline.lake.export import export_database
-    from tbpipe.pipeline.lake.spark_ingest import SparkIngestOptions, ingest_runs_spark
     from tbpipe.pipeline.lake.sparksql import register_lake
 
     _result, run, con = workload
-    runs_dir = Path(run.path).parent
-    db = runs_dir.parent / "gpu.duckdb"
+    db = Path(run.path).parent.parent / "gpu.duckdb"
     lake = tmp_path / "exported"
     export_database(db, lake)
     register_lake(spark, lake)
@@ -278,12 +319,11 @@ def test_gpu_time_carried_by_export_and_noted_by_the_spark_ingest(workload, spar
         assert sorted_rows(lake_rows(lake, for_duckdb(sql))) == expected, name
         assert spark_rows(spark, for_spark(sql)) == expected, name
 
-    built = tmp_path / "spark-built"
-    summary = ingest_runs_spark([runs_dir], SparkIngestOptions(lake=built, cache_dir=symbol_cache), spark=spark)
-    (outcome,) = summary.outcomes
+    (outcome,) = [o for o in mixed["summary"].outcomes if o.run_id == mixed["gpu"]]
     assert outcome.status == "ingested" and any("GPU activity" in note for note in outcome.notes), outcome
-    assert sorted_rows(lake_rows(built, CALL_SITES)) == sorted_rows(con.execute(CALL_SITES).fetchall())
-    assert lake_rows(built, "SELECT count(*) FROM gpu_time_sites") == [(0,)]
+    gpu_sites = f"SELECT * FROM call_sites WHERE run_id = '{mixed['gpu']}'"
+    assert sorted_rows(lake_rows(mixed["lake"], gpu_sites)) == sorted_rows(con.execute(gpu_sites).fetchall())
+    assert lake_rows(mixed["lake"], "SELECT count(*) FROM gpu_time_sites") == [(0,)]
 
 
 def _quarantined(output: str) -> list[str]:
@@ -314,15 +354,22 @@ def _files(lake: Path) -> dict[str, int]:
     }
 
 
-def test_rerun_adds_nothing(spark_lake, nights, symbol_cache, spark) -> None:
-    from tbpipe.pipeline.lake.spark_ingest import SparkIngestOptions, ingest_runs_spark
-
+@pytest.mark.default_interpreter_only
+def test_cli_rerun_adds_nothing(spark_lake, nights, symbol_cache) -> None:
+    """`tbpipe ingest --engine spark` (its own local Spark) over runs the lake already holds: every run
+    present, the damaged ones quarantined again, not a file of the lake touched."""
     lake = spark_lake[0]
     before = _files(lake)
     counts = {t: lake_rows(lake, f"SELECT count(*) FROM {t}")[0][0] for t in ("runs", "event_rows", "frames", "stacks")}
-    options = SparkIngestOptions(lake=lake, cache_dir=symbol_cache, shard_addresses=SHARD_ADDRESSES)
-    summary = ingest_runs_spark([nights / "runs"], options, spark=spark)
-    assert summary.present == 6 and summary.ingested == 0 and len(summary.quarantined) == 2
+    result = tbpipe(
+        "ingest", str(nights / "runs"), "--engine", "spark", "--lake", str(lake), "--master", "local[2]",
+        "--cache-dir", str(symbol_cache), "--conf", "spark.sql.shuffle.partitions=4",
+        "--conf", f"{SHARD_CONF}={SHARD_ADDRESSES}",
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr  # 1: runs were quarantined
+    assert re.search(r"already present\s*│\s*6\s*│", result.stdout), result.stdout
+    assert re.search(r"runs ingested\s*│\s*0\s*│", result.stdout), result.stdout
+    assert _quarantined(result.stdout) == _quarantined(spark_lake[1])
     assert _files(lake) == before
     assert {t: lake_rows(lake, f"SELECT count(*) FROM {t}")[0][0] for t in counts} == counts
 
@@ -421,33 +468,37 @@ def test_compaction_keeps_the_rows(spark_lake, spark, tmp_path) -> None:
 
 
 @pytest.mark.default_interpreter_only
-def test_grown_incomplete_run_replaces_its_partition(nights, symbol_cache, spark, tmp_path) -> None:
-    """An incomplete run whose files grew is loaded again: its partition replaced, never added to."""
+def test_grown_incomplete_run_replaces_its_partition(mixed, symbol_cache, spark, tmp_path) -> None:
+    """An incomplete run whose files grew is loaded again: its partition replaced, never added to,
+    and the other runs of the lake left as they were."""
     from tbpipe.pipeline.lake.spark_ingest import SparkIngestOptions, ingest_runs_spark
 
-    source = sorted(p for p in (nights / "runs").iterdir() if p.name != "damaged")[0]
-    run = tmp_path / "runs" / source.name
-    shutil.copytree(source, run)
-    manifest = json.loads((run / "manifest.json").read_text())
-    manifest["complete"], manifest["ended_at"] = False, None
-    (run / "manifest.json").write_text(json.dumps(manifest))
-    lake = tmp_path / "lake"
-    options = SparkIngestOptions(lake=lake, cache_dir=symbol_cache)
-    first = ingest_runs_spark([tmp_path / "runs"], options, spark=spark)
-    assert first.ingested == 1 and first.incomplete == 1
-    events = lake_rows(lake, "SELECT count(*) FROM events")[0][0]
+    killed = mixed["killed"]
+    (first,) = [o for o in mixed["summary"].outcomes if o.run_id == killed]
+    assert first.status == "ingested" and not first.complete
+    runs, lake = tmp_path / "runs", tmp_path / "lake"
+    shutil.copytree(mixed["runs"], runs)
+    shutil.copytree(mixed["lake"], lake)
+    run = runs / first.path.name
+    of_run = f"WHERE run_id = '{killed}'"
+    events = lake_rows(lake, f"SELECT count(*) FROM events {of_run}")[0][0]
     assert events > 0
+    others = lake_rows(lake, f"SELECT run_id, count(*) FROM events WHERE run_id <> '{killed}' GROUP BY ALL")
 
     # The process flushed once more before it died: a second events part, equal to the first.
     part = sorted(run.glob("events-*.parquet"))[0]
     shutil.copy(part, run / "events-999999.parquet")
-    again = ingest_runs_spark([tmp_path / "runs"], options, spark=spark)
-    assert [o.status for o in again.outcomes] == ["updated"]
-    assert lake_rows(lake, "SELECT count(*), count(DISTINCT event_id), max(event_id) FROM events")[0] == (
-        2 * events,
-        2 * events,
-        2 * events,
-    )
-    assert lake_rows(lake, "SELECT count(*), sum(events) FROM runs")[0] == (1, 2 * events)
-    assert lake_rows(lake, "SELECT sum(events) FROM call_sites")[0][0] == 2 * events
-    assert len(store.data_files(store.table_dir(lake, "event_rows"))) == 1
+    again = ingest_runs_spark([runs], SparkIngestOptions(lake=lake, cache_dir=symbol_cache), spark=spark)
+    assert sorted((o.run_id == killed, o.status) for o in again.outcomes) == [
+        (False, "present"),
+        (False, "present"),
+        (True, "updated"),
+    ]
+    number = ids.run_number(killed)
+    assert lake_rows(
+        lake, f"SELECT count(*), count(DISTINCT event_id), max(event_id) FROM event_rows WHERE run_number = {number}"
+    )[0] == (2 * events, 2 * events, 2 * events)
+    assert lake_rows(lake, f"SELECT count(*), sum(events) FROM runs {of_run}")[0] == (1, 2 * events)
+    assert lake_rows(lake, f"SELECT sum(events) FROM call_sites {of_run}")[0][0] == 2 * events
+    assert lake_rows(lake, f"SELECT run_id, count(*) FROM events WHERE run_id <> '{killed}' GROUP BY ALL") == others
+    assert len(store.data_files(store.partition_dir(lake, "event_rows", number))) == 1
