@@ -18,12 +18,6 @@ a handler) or crashing loses at most its last flush interval of events.
 from __future__ import annotations
 
 import atexit
-
-# The last write can run while the interpreter shuts down (from atexit). pyarrow imports pandas the
-# first time it builds a table when pandas is installed (PySpark's extra brings it), and pandas
-# imports concurrent.futures.thread, whose import registers a threading exit hook: refused once
-# shutdown began, which failed that write. Imported here, while registering is still allowed.
-import concurrent.futures.thread  # noqa: F401
 import functools
 import operator
 import os
@@ -311,9 +305,9 @@ class Session:
         rows, self._origins_written = torch_compile.rows_since(self._origins_written)
         if not rows:
             return {}
-        import pyarrow as pa
+        from tbpipe.capture.columns import table_from_rows
 
-        return {"code_origins": pa.Table.from_pylist(rows, schema=code_origins_schema())}
+        return {"code_origins": table_from_rows(rows, code_origins_schema())}
 
     def __enter__(self) -> Session:
         return self.start()

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tbpipe import _native
+from tbpipe.capture import columns
 from tbpipe.capture.manifest import write_manifest
 from tbpipe.schemas import raw
 
@@ -28,15 +29,6 @@ _PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 
 _EVENTS_ENCODING = {"ts": "DELTA_BINARY_PACKED", "thread_id": "DELTA_BINARY_PACKED"}
 # Attributes are often unique per event (an op's id): a dictionary would only be built to be dropped.
 _NOT_DICTIONARY = {"attrs"}
-
-
-def _column(raw_bytes: bytes, arrow_type: pa.DataType) -> pa.Array:
-    width = arrow_type.bit_width // 8
-    return pa.Array.from_buffers(arrow_type, len(raw_bytes) // width, [None, pa.py_buffer(raw_bytes)])
-
-
-def _zero_to_null(values: pa.Array) -> pa.Array:
-    return pc.if_else(pc.equal(values, pa.scalar(0, values.type)), pa.scalar(None, values.type), values)
 
 
 def _attrs_column(drained: dict[str, Any], count: int) -> pa.Array:
@@ -51,13 +43,13 @@ def _attrs_column(drained: dict[str, Any], count: int) -> pa.Array:
     if objects:
         mask = np.zeros(count, dtype=bool)
         mask[[event for event, _ in objects]] = True
-        serialized = pa.array([json.dumps(a, default=str, sort_keys=True) for _, a in objects], pa.string())
-        texts = pc.replace_with_mask(texts, pa.array(mask), serialized)
-    return pc.if_else(pc.equal(pc.binary_length(texts), 0), pa.scalar(None, pa.string()), texts)
+        serialized = columns.strings([json.dumps(a, default=str, sort_keys=True) for _, a in objects])
+        texts = pc.replace_with_mask(texts, columns.booleans(mask), serialized)
+    return columns.null_where(texts, columns.values_of(pc.binary_length(texts)) == 0)
 
 
 def _list_offsets(ends: pa.Array) -> pa.Array:
-    zero = pa.array([0], pa.int32())
+    zero = columns.fixed_width(np.zeros(1, dtype=np.int32), pa.int32())
     return pa.concat_arrays([zero, ends.cast(pa.int32())])
 
 
@@ -79,7 +71,7 @@ class RunWriter:
 
     def hold_for_fork(self, timeout_s: float) -> bool:
         """Waits for a write in progress and keeps the next from starting, until `release_after_fork`:
-        a write may import modules (pyarrow loads pandas, when installed, on first use), and a child
+        a write may import modules (pyarrow's parquet and compute parts on first use), and a child
         forked while another thread holds an import lock deadlocks on its first import of that module."""
         return self._lock.acquire(timeout=timeout_s)
 
@@ -141,37 +133,40 @@ class RunWriter:
 
     def _gpu_activity(self, gpu: dict[str, Any]) -> pa.Table:
         schema = raw.gpu_activity_schema()
-        codes = _column(gpu["kind"], pa.uint8()).to_numpy(zero_copy_only=False)
+        codes = np.frombuffer(gpu["kind"], dtype=np.uint8)
         # Native kind bits (native/cupti_activity.h): 1 kernel, 2 memcpy, 4 memset, 8 sync.
         names = np.array(["", *raw.GPU_ACTIVITY_KINDS], dtype=object)
-        kind = pa.array(names[np.searchsorted([0, 1, 2, 4, 8], codes)], pa.string())
-        kernel = pa.array(codes == 1)
-        transfer = pa.array((codes == 2) | (codes == 4))
+        kind = columns.strings(names[np.searchsorted([0, 1, 2, 4, 8], codes)].tolist())
+        kernel = codes == 1
+        transfer = (codes == 2) | (codes == 4)
         time_type = schema.field("gpu_start").type
 
-        def only(mask: pa.Array, values: pa.Array) -> pa.Array:
-            return pc.if_else(mask, values, pa.scalar(None, values.type))
+        def only(mask: np.ndarray, values: pa.Array) -> pa.Array:
+            return columns.null_where(values, ~mask)
 
         def times(key: str) -> pa.Array:
-            return _zero_to_null(_column(gpu[key], pa.int64())).cast(time_type)
+            return columns.null_where_zero(columns.fixed_width(gpu[key], pa.int64())).cast(time_type)
 
-        device = _column(gpu["device"], pa.uint32())
-        device = pc.if_else(pc.equal(device, pa.scalar(0xFFFFFFFF, pa.uint32())), pa.scalar(None, pa.uint32()), device)
+        device = columns.fixed_width(gpu["device"], pa.uint32())
+        device = columns.null_where(device, columns.values_of(device) == 0xFFFFFFFF)
         dims = ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")
-        int32 = {key: _column(gpu[key], pa.int32()) for key in (*dims, "registers", "static_shared", "dynamic_shared")}
+        int32 = {
+            key: columns.fixed_width(gpu[key], pa.int32())
+            for key in (*dims, "registers", "static_shared", "dynamic_shared")
+        }
         return pa.Table.from_arrays(
             [
                 kind,
-                self._strings_for(_column(gpu["name_id"], pa.uint32())),
+                self._strings_for(columns.fixed_width(gpu["name_id"], pa.uint32())),
                 times("start_ns"),
                 times("end_ns"),
                 device,
-                _column(gpu["context"], pa.uint32()),
-                _column(gpu["stream"], pa.uint32()),
-                _zero_to_null(_column(gpu["correlation_id"], pa.uint32())),
-                _zero_to_null(_column(gpu["graph_id"], pa.uint32())),
-                _zero_to_null(_column(gpu["graph_node_id"], pa.uint64())),
-                only(transfer, _column(gpu["bytes"], pa.uint64())),
+                columns.fixed_width(gpu["context"], pa.uint32()),
+                columns.fixed_width(gpu["stream"], pa.uint32()),
+                columns.null_where_zero(columns.fixed_width(gpu["correlation_id"], pa.uint32())),
+                columns.null_where_zero(columns.fixed_width(gpu["graph_id"], pa.uint32())),
+                columns.null_where_zero(columns.fixed_width(gpu["graph_node_id"], pa.uint64())),
+                only(transfer, columns.fixed_width(gpu["bytes"], pa.uint64())),
                 *(only(kernel, int32[key]) for key in dims),
                 only(kernel, int32["registers"]),
                 only(kernel, int32["static_shared"]),
@@ -184,13 +179,13 @@ class RunWriter:
         schema = raw.gpu_graph_nodes_schema()
         return pa.Table.from_arrays(
             [
-                _column(gpu["node_ts_ns"], pa.int64()).cast(schema.field("ts").type),
-                _column(gpu["node_thread_id"], pa.int64()),
-                _column(gpu["node_id"], pa.uint64()),
-                _zero_to_null(_column(gpu["original_node_id"], pa.uint64())),
-                _zero_to_null(_column(gpu["node_graph_id"], pa.uint32())),
-                _column(gpu["node_type"], pa.int32()),
-                _zero_to_null(_column(gpu["node_correlation_id"], pa.uint32())),
+                columns.fixed_width(gpu["node_ts_ns"], pa.int64()).cast(schema.field("ts").type),
+                columns.fixed_width(gpu["node_thread_id"], pa.int64()),
+                columns.fixed_width(gpu["node_id"], pa.uint64()),
+                columns.null_where_zero(columns.fixed_width(gpu["original_node_id"], pa.uint64())),
+                columns.null_where_zero(columns.fixed_width(gpu["node_graph_id"], pa.uint32())),
+                columns.fixed_width(gpu["node_type"], pa.int32()),
+                columns.null_where_zero(columns.fixed_width(gpu["node_correlation_id"], pa.uint32())),
             ],
             schema=schema,
         )
@@ -207,22 +202,22 @@ class RunWriter:
 
     def _strings_for(self, ids: pa.Array) -> pa.Array:
         if self._strings is None:
-            self._strings = pa.array([""], pa.string())  # id 0 is "no string"
+            self._strings = columns.strings([""])  # id 0 is "no string"
         new = _native.strings_since(len(self._strings))
         if new:
-            self._strings = pa.concat_arrays([self._strings, pa.array(new, pa.string())])
+            self._strings = pa.concat_arrays([self._strings, columns.strings(new)])
         return self._strings.take(ids)
 
     def _events(self, drained: dict[str, Any]) -> pa.Table:
         schema = raw.events_schema()
-        ts = _column(drained["ts_ns"], pa.int64()).view(schema.field("ts").type)
+        ts = columns.fixed_width(drained["ts_ns"], pa.int64()).view(schema.field("ts").type)
         return pa.Table.from_arrays(
             [
                 ts,
-                _column(drained["thread_id"], pa.int64()),
-                self._strings_for(_column(drained["kind_id"], pa.uint32())),
-                self._strings_for(_column(drained["name_id"], pa.uint32())),
-                _zero_to_null(_column(drained["stack_id"], pa.uint64())),
+                columns.fixed_width(drained["thread_id"], pa.int64()),
+                self._strings_for(columns.fixed_width(drained["kind_id"], pa.uint32())),
+                self._strings_for(columns.fixed_width(drained["name_id"], pa.uint32())),
+                columns.null_where_zero(columns.fixed_width(drained["stack_id"], pa.uint64())),
                 _attrs_column(drained, len(ts)),
             ],
             schema=schema,
@@ -232,44 +227,52 @@ class RunWriter:
         schema = raw.stacks_schema()
         native = pa.StructArray.from_arrays(
             [
-                _column(drained["native_module"], pa.int32()),
-                _column(drained["native_offset"], pa.uint64()),
-                _column(drained["native_flags"], pa.uint32()),
+                columns.fixed_width(drained["native_module"], pa.int32()),
+                columns.fixed_width(drained["native_offset"], pa.uint64()),
+                columns.fixed_width(drained["native_flags"], pa.uint32()),
             ],
             fields=list(raw.NATIVE_FRAME),
         )
         lines = _native.resolve_lines(drained["python_code"], drained["python_offset"], drained["python_flags"])
         python = pa.StructArray.from_arrays(
             [
-                _column(drained["python_code"], pa.uint64()),
-                _column(drained["python_offset"], pa.int32()),
-                _column(lines, pa.int32()),
-                _column(drained["python_flags"], pa.uint32()),
+                columns.fixed_width(drained["python_code"], pa.uint64()),
+                columns.fixed_width(drained["python_offset"], pa.int32()),
+                columns.fixed_width(lines, pa.int32()),
+                columns.fixed_width(drained["python_flags"], pa.uint32()),
             ],
             fields=list(raw.PYTHON_FRAME),
         )
         return pa.Table.from_arrays(
             [
-                _column(drained["stack_ids"], pa.uint64()),
-                _column(drained["stack_thread"], pa.int64()),
-                _column(drained["stack_status"], pa.uint32()),
-                pa.ListArray.from_arrays(_list_offsets(_column(drained["native_ends"], pa.uint32())), native),
-                pa.ListArray.from_arrays(_list_offsets(_column(drained["python_ends"], pa.uint32())), python),
+                columns.fixed_width(drained["stack_ids"], pa.uint64()),
+                columns.fixed_width(drained["stack_thread"], pa.int64()),
+                columns.fixed_width(drained["stack_status"], pa.uint32()),
+                pa.ListArray.from_arrays(
+                    _list_offsets(columns.fixed_width(drained["native_ends"], pa.uint32())), native
+                ),
+                pa.ListArray.from_arrays(
+                    _list_offsets(columns.fixed_width(drained["python_ends"], pa.uint32())), python
+                ),
             ],
             schema=schema,
         )
 
     def _code(self, stacks: pa.Table) -> pa.Table:
+        if not stacks.num_rows:  # (combining no chunks, or `Schema.empty_table`, would import pandas)
+            return pa.Table.from_batches([], raw.code_schema())
         referenced = pc.unique(pc.list_flatten(stacks["python"]).combine_chunks().field("code_id"))
         new_ids = sorted(set(referenced.to_pylist()) - self._written_codes)
         rows = [(i, info) for i, info in zip(new_ids, _native.code_info(new_ids)) if info is not None]
         self._written_codes.update(i for i, _ in rows)
-        return pa.Table.from_pylist(
+        return columns.table_from_rows(
             [{"code_id": i, "filename": f, "qualname": q, "first_line": line} for i, (f, q, line) in rows],
             schema=raw.code_schema(),
         )
 
     def _modules(self, stacks: pa.Table) -> pa.Table:
+        if not stacks.num_rows:
+            return pa.Table.from_batches([], raw.modules_schema())
         referenced = pc.unique(pc.list_flatten(stacks["native"]).combine_chunks().field("module"))
         new_indices = set(referenced.to_pylist()) - self._written_modules - {-1}
         rows = []
@@ -289,7 +292,7 @@ class RunWriter:
                     }
                 )
             self._written_modules.update(r["module_index"] for r in rows)
-        return pa.Table.from_pylist(rows, schema=raw.modules_schema())
+        return columns.table_from_rows(rows, raw.modules_schema())
 
 
 def _thread_names() -> dict[str, str]:

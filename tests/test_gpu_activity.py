@@ -62,6 +62,14 @@ def as_int_times(table: pa.Table) -> list[dict]:
 
 # One program that does everything the cuda source records GPU time for.
 WORKLOAD = """
+class WatchPandas:  # the capture's flushes (GPU activity parts too) never import pandas
+    asked = []
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "pandas":
+            self.asked.append(name)
+
+sys.meta_path.insert(0, WatchPandas())
 GEMM, SOFTMAX, RELU, ADD, MUL = b"_Z4gemmIfEvPT_S1_", b"softmax_kernel", b"relu_kernel", b"add_kernel", b"mul_kernel"
 WORKER, ORPHAN = b"worker_kernel", b"orphan_kernel"
 
@@ -122,6 +130,7 @@ with capture.session(os.environ["OUT"], sources=["cuda"], flush_interval_s=0.2):
     print("COUNTERS", json.dumps(_native._gpu_activity_counters()))
 print("PENDING_AFTER", double.tbpipe_double_activity_pending())
 print("FINAL", json.dumps(_native._gpu_activity_counters()))
+print("PANDAS", sorted(set(WatchPandas.asked)))
 """
 
 
@@ -150,6 +159,7 @@ def test_activity_records_are_written_with_their_fields(workload) -> None:
     assert run.manifest["source_status"] == {"cuda": "recording"}
     assert _line(result, "SYNC_QUEUED") == "0"  # synchronization is not asked for by default
     assert _line(result, "PENDING_AFTER") == "0"  # the end flushed everything, the running kernel too
+    assert _line(result, "PANDAS") == "[]"
     final = json.loads(_line(result, "FINAL"))
     assert (final["records"], final["dropped"], final["lost"], final["malformed"]) == (17, 5, 0, 0)
     assert final["graph_nodes"] == 6 and final["active"] is False

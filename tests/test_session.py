@@ -188,6 +188,39 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert not list(run.path.glob(".*.tmp")), "no half-written file is left visible"
 
 
+def test_recording_imports_no_pandas(tmp_path: Path) -> None:
+    """A recorded program that does not use pandas never has it imported by the capture (pyarrow's
+    `array`, `scalar` and `to_numpy` would import it to look for its types): every import asked for
+    is watched, so this holds whether pandas is installed or not."""
+    out_dir = tmp_path / "runs"
+    code = f"""
+import sys, threading
+asked = []
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        asked.append((name, threading.current_thread().name))
+sys.meta_path.insert(0, Watch())
+from tbpipe import capture
+with capture.session({str(out_dir)!r}, flush_interval_s=0.05) as session:
+    for i in range(300):
+        capture.record("user", "step", i=i, text="é" * (i % 3))
+        capture.record("user", "plain")
+    session.flush()
+print(sorted({{name for name, _ in asked if name.split(".")[0] == "pandas"}}))
+"""
+    result = run_python(code, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout
+    (run,) = read_runs(out_dir)
+    events = run.tables["events"]
+    assert events.num_rows == 600
+    attrs = events["attrs"].to_pylist()
+    assert attrs.count(None) == 300  # an event without attributes has none, not "{}" or ""
+    assert sorted(json.loads(a)["i"] for a in attrs if a) == list(range(300))
+    assert {json.loads(a)["text"] for a in attrs if a} == {"", "é", "éé"}
+    assert run.tables["modules"].num_rows and run.tables["code"].num_rows
+
+
 def test_an_idle_session_leaves_its_run_folder_untouched(out_dir: Path) -> None:
     import time
 
