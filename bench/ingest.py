@@ -41,10 +41,11 @@ def _args() -> argparse.Namespace:
 
 def _generate(args: argparse.Namespace):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the helpers shared with the tests
-    from support.synthetic import SyntheticConfig, generate
+    from support.synthetic import PARTS_FORMAT, SyntheticConfig, generate
 
     config = SyntheticConfig(runs=args.runs, events=args.events, unique_stacks=args.stacks, zipf_s=args.zipf)
     key = json.dumps({k: getattr(config, k) for k in config.__dataclass_fields__}, sort_keys=True) + sys.version
+    key += f" parts format {PARTS_FORMAT}"
     runs_dir = args.work / "runs"
     stamp = args.work / "runs.json"
     if stamp.is_file() and json.loads(stamp.read_text()).get("key") == key:

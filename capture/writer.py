@@ -31,6 +31,16 @@ _EVENTS_ENCODING = {"ts": "DELTA_BINARY_PACKED", "thread_id": "DELTA_BINARY_PACK
 _NOT_DICTIONARY = {"attrs"}
 
 
+def parquet_options(column_names: list[str]) -> dict[str, Any]:
+    """`pq.write_table`'s options for a part with these columns, as the capture writes every part."""
+    encoding = _EVENTS_ENCODING if "ts" in column_names else None
+    return {
+        "use_dictionary": [c for c in column_names if c not in _NOT_DICTIONARY and (not encoding or c not in encoding)],
+        "column_encoding": encoding,
+        **_PARQUET_OPTIONS,
+    }
+
+
 def _attrs_column(drained: dict[str, Any], count: int) -> pa.Array:
     """The events' attributes as JSON text, null where an event has none.
 
@@ -119,16 +129,7 @@ class RunWriter:
     def _write_parquet(self, table: pa.Table, file_name: str) -> None:
         # Written under a hidden name and renamed, so a file that exists is whole.
         temporary = self.run_dir / f".{file_name}.tmp"
-        encoding = _EVENTS_ENCODING if "ts" in table.column_names else None
-        pq.write_table(
-            table,
-            temporary,
-            use_dictionary=[
-                c for c in table.column_names if c not in _NOT_DICTIONARY and (not encoding or c not in encoding)
-            ],
-            column_encoding=encoding,
-            **_PARQUET_OPTIONS,
-        )
+        pq.write_table(table, temporary, **parquet_options(table.column_names))
         os.replace(temporary, self.run_dir / file_name)
 
     def _gpu_activity(self, gpu: dict[str, Any]) -> pa.Table:

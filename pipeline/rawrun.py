@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tbpipe.pipeline.errors import TbpipeError, UsageError, first_line
+from tbpipe.pipeline.parquet_pages import PageDamage, verify_page_checksums
 from tbpipe.schemas import (
     FORMAT_NAME,
     MANIFEST_FILE,
@@ -234,13 +235,17 @@ def _check_schema(path: Path, table: str, schema: pa.Schema) -> None:
 def check_part(path: Path, table: str) -> int:
     """Checks a part's footer (readable, right table, schema and version) without reading its data;
     returns its row count."""
+    return _footer(path, table).num_rows
+
+
+def _footer(path: Path, table: str) -> pq.FileMetaData:
     try:
         metadata = pq.read_metadata(path)
         schema = metadata.schema.to_arrow_schema()
     except (OSError, pa.ArrowException, ValueError) as error:
         raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
     _check_schema(path, table, schema)
-    return metadata.num_rows
+    return metadata
 
 
 def _read_part(path: Path, table: str) -> pa.Table:
@@ -255,10 +260,19 @@ def _read_part(path: Path, table: str) -> pa.Table:
 
 
 def verify_part(path: Path, table: str) -> int:
-    """`check_part`, and every page read against its checksum (the rows are not kept); returns the
-    row count. For parts that DuckDB loads itself: its Parquet reader checks no page checksums."""
-    check_part(path, table)
-    return _read_part(path, table).num_rows
+    """`check_part`, and every page checked against its checksum; returns the row count. For parts
+    that DuckDB loads itself: its Parquet reader checks no page checksums. The pages are not decoded
+    unless one carries no checksum (a part not written by the capture): decoding is then the check."""
+    metadata = _footer(path, table)
+    try:
+        checked = verify_page_checksums(path.read_bytes(), metadata)
+    except OSError as error:
+        raise _fail(path, f"unreadable ({first_line(error, 300)})") from None
+    except PageDamage as damage:
+        raise _fail(path, f"unreadable Parquet ({damage})") from None
+    if not checked:
+        _read_part(path, table)
+    return metadata.num_rows
 
 
 def read_tables(files: dict[str, list[Path]], names: tuple[str, ...]) -> dict[str, pa.Table]:

@@ -26,9 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tbpipe.capture import __version__
+from tbpipe.capture.writer import parquet_options
 from tbpipe.schemas import raw
-
-_PARQUET = {"compression": "zstd", "compression_level": 3}
 
 
 def _timestamp(moment: datetime) -> str:
@@ -67,11 +66,15 @@ def manifest_for(run_id: str, *, complete: bool = True, labels: dict[str, str] |
     return manifest
 
 
+# Bumped whenever the parts are written differently, so that benches regenerate what they keep.
+PARTS_FORMAT = 2  # 2: the capture's write options (page checksums, encodings)
+
+
 def write_part(run_dir: Path, table_name: str, sequence: int, table: pa.Table) -> str:
     """One Parquet part of `table_name`, with the schema's metadata; returns its file name."""
     schema = raw.RUN_TABLES[table_name]()
     name = raw.table_file_name(table_name, sequence)
-    pq.write_table(table.cast(schema), run_dir / name, **_PARQUET)
+    pq.write_table(table.cast(schema), run_dir / name, **parquet_options(schema.names))  # as the capture writes
     return name
 
 

@@ -1,0 +1,137 @@
+"""Page checksums checked without decoding (pipeline/parquet_pages.py), on parts the capture wrote."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tbpipe import capture
+from tbpipe.pipeline.parquet_pages import PageDamage, page_spans, verify_page_checksums
+from tbpipe.pipeline.rawrun import DamagedRunError, verify_part
+
+
+@pytest.fixture(scope="module")
+def events_part(tmp_path_factory) -> Path:
+    """An events part as the capture writes it (delta-encoded times, dictionaries, JSON attributes)."""
+    out = tmp_path_factory.mktemp("pages")
+    with capture.session(out / "runs", flush_interval_s=60):
+        for i in range(600):
+            capture.record("kernel_launch", f"kernel_{i % 7}", grid=i, note="é" * (i % 4))
+    (part,) = (out / "runs").glob("*/events-*.parquet")
+    return part
+
+
+def _read_back(con: duckdb.DuckDBPyConnection, path: Path) -> list[tuple]:
+    return con.execute(
+        "SELECT epoch_ns(ts), thread_id, kind, name, stack_id, attrs FROM read_parquet(?)", [str(path)]
+    ).fetchall()
+
+
+def test_every_page_the_capture_writes_carries_a_checksum(events_part: Path) -> None:
+    metadata = pq.read_metadata(events_part)
+    spans = list(page_spans(events_part.read_bytes(), metadata))
+    assert {s.column for s in spans} == set(metadata.schema.to_arrow_schema().names)
+    assert all(s.crc is not None and s.header < s.body <= s.end for s in spans)
+    assert verify_page_checksums(events_part.read_bytes(), metadata)
+    assert verify_part(events_part, "events") == metadata.num_rows == 600
+
+
+def test_a_flipped_bit_in_any_page_is_refused(events_part: Path, tmp_path: Path) -> None:
+    original = events_part.read_bytes()
+    metadata = pq.read_metadata(events_part)
+    damaged_path = tmp_path / events_part.name
+    for span in page_spans(original, metadata):
+        for position in range(span.body, span.end, max(1, (span.end - span.body) // 16)):
+            damaged = bytearray(original)
+            damaged[position] ^= 1 << (position % 8)
+            with pytest.raises(PageDamage, match="page checksum mismatch"):
+                verify_page_checksums(bytes(damaged), metadata)
+            damaged_path.write_bytes(bytes(damaged))
+            with pytest.raises(DamagedRunError, match=f"{damaged_path.name}: unreadable Parquet"):
+                verify_part(damaged_path, "events")
+
+
+def test_a_damaged_page_header_is_refused_or_reads_the_same_rows(events_part: Path, tmp_path: Path) -> None:
+    """A page header is not under the page's checksum. Every bit of every header is flipped in turn:
+    the part is refused, or DuckDB cannot read it (the ingest quarantines the run then), or it reads
+    back the very same rows (a field nothing reads). Never other rows in silence."""
+    original = events_part.read_bytes()
+    metadata = pq.read_metadata(events_part)
+    con = duckdb.connect()
+    expected = _read_back(con, events_part)
+    damaged_path = tmp_path / events_part.name
+    outcomes = {"refused": 0, "unreadable": 0, "same rows": 0}
+    for span in page_spans(original, metadata):
+        for position in range(span.header, span.body):
+            for bit in range(8):
+                damaged = bytearray(original)
+                damaged[position] ^= 1 << bit
+                try:
+                    verify_page_checksums(bytes(damaged), metadata)
+                except PageDamage:
+                    outcomes["refused"] += 1
+                    continue
+                damaged_path.write_bytes(bytes(damaged))
+                try:
+                    rows = _read_back(con, damaged_path)
+                except duckdb.Error:
+                    outcomes["unreadable"] += 1
+                    continue
+                assert rows == expected, f"{span.column} header byte {position - span.header}, bit {bit}"
+                outcomes["same rows"] += 1
+    con.close()
+    assert outcomes["refused"] > 0 and outcomes["same rows"] > 0, outcomes
+
+
+def test_parts_without_checksums_are_decoded_instead(events_part: Path, tmp_path: Path) -> None:
+    table = pq.read_table(events_part)
+    plain = tmp_path / events_part.name
+    pq.write_table(table, plain, compression="zstd", write_page_checksum=False)
+    assert not verify_page_checksums(plain.read_bytes(), pq.read_metadata(plain))
+    assert verify_part(plain, "events") == 600
+    # Cut inside a page (the footer kept): the decode that stands in for the checksums refuses it.
+    data = bytearray(plain.read_bytes())
+    span = max(page_spans(bytes(data), pq.read_metadata(plain)), key=lambda s: s.end - s.body)
+    data[span.body : span.end] = bytes(span.end - span.body)
+    plain.write_bytes(bytes(data))
+    with pytest.raises(DamagedRunError, match="unreadable Parquet"):
+        verify_part(plain, "events")
+
+
+def test_a_header_past_its_column_chunk_is_damage() -> None:
+    table = pa.table({"x": pa.array(range(1000), pa.int64())})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, write_page_checksum=True)
+    data = sink.getvalue().to_pybytes()
+    metadata = pq.read_metadata(pa.BufferReader(data))
+    span = list(page_spans(data, metadata))[-1]  # the data page, after the dictionary page
+    # The header's size field made huge: its page would end past the column chunk.
+    damaged = data[: span.header] + bytes([0x15, 0x00, 0x15, 0xFE, 0xFF, 0xFF, 0xFF, 0x0F]) + data[span.header + 8 :]
+    with pytest.raises(PageDamage):
+        verify_page_checksums(damaged, metadata)
+
+
+@pytest.mark.parametrize("version", ["1.0", "2.0"])
+def test_many_pages_of_either_data_page_version(version: str) -> None:
+    table = pa.table(
+        {
+            "x": pa.array(range(50_000), pa.int64()),
+            "text": pa.array([str(i % 10) for i in range(50_000)]),
+            "sparse": pa.array([None if i % 3 else i for i in range(50_000)], pa.int64()),
+        }
+    )
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, data_page_version=version, write_page_checksum=True, data_page_size=4096)
+    data = sink.getvalue().to_pybytes()
+    metadata = pq.read_metadata(pa.BufferReader(data))
+    spans = list(page_spans(data, metadata))
+    assert len(spans) > 3 * 10 and verify_page_checksums(data, metadata)
+    middle = spans[len(spans) // 2]
+    damaged = bytearray(data)
+    damaged[(middle.body + middle.end) // 2] ^= 0x10
+    with pytest.raises(PageDamage, match=f"column '{middle.column}'"):
+        verify_page_checksums(bytes(damaged), metadata)
