@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from support.browser import regressions_fit_the_page
 from support.serve import Server, environment, line_of, nights_database, program_v2
 
 # Chromium renders the pages: what these check does not depend on the Python version.
@@ -135,6 +136,7 @@ def test_comparison_page_shows_the_flagged_sites(page, server) -> None:
     assert names == {"softmax", "layernorm", "gemm_splitk"}
     flagged.first.locator("summary").click()
     assert flagged.first.locator(".frame.python").first.is_visible()
+    assert regressions_fit_the_page(page)
     page.wait_for_selector("#diff-icicle .icicle-node")
     icicle = page.locator("#diff-icicle")
     layernorm = icicle.locator(".icicle-node[data-name='layernorm']").first
