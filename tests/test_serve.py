@@ -106,6 +106,12 @@ def test_run_sites_site_and_history(server) -> None:
     assert ok(server, f"/api/stacks/{stack_id}")["frames"] == frames
 
 
+def _nodes(tree: dict):
+    yield tree
+    for child in tree.get("children", []):
+        yield from _nodes(child)
+
+
 def test_run_icicle_and_kernel_callers(server) -> None:
     run_id = ok(server, "/api/runs", label="commit=c4")["runs"][0]["run_id"]
     tree = ok(server, f"/api/runs/{run_id}/icicle")["tree"]
@@ -137,6 +143,9 @@ def test_run_icicle_and_kernel_callers(server) -> None:
 
     collect(callers["tree"])
     assert ("python", "softmaxes") in names and ("python", "main") in names
+    # Four checkouts launched it from the same line of the same code: one path, not four.
+    (launcher,) = callers["tree"]["children"]
+    assert (launcher["name"], launcher["value"], launcher["file"]) == ("softmaxes", 20, "app.py")
     assert [s["name"] for s in callers["sites"]] == ["softmax"]
     assert get(server, "/api/kernels/nonexistent/callers").status_code == 404
 
@@ -166,6 +175,10 @@ def test_compare_is_the_report_json(server, nights_db) -> None:
 
     diff = ok(server, "/api/compare/icicle", **args)
     assert diff["tree"]["value"] == 16 and diff["tree"]["base"] == 10
+    # The two nights ran from checkouts of their own: their Python frames are matched by portable
+    # file, so softmaxes is one box that doubled, not one box gone and another one new.
+    boxes = [n for n in _nodes(diff["tree"]) if n["kind"] == "python" and n["name"] == "softmaxes"]
+    assert [(n["value"], n["base"], n["file"]) for n in boxes] == [(8, 4, "app.py")]
 
 
 def test_openapi_describes_the_api(server) -> None:

@@ -56,7 +56,8 @@ class _Paths:
 
 def _paths(cursor: Any, stack_ids: list[int], leaves: list[tuple[str, str] | None], outermost_first: bool) -> _Paths:
     """The paths of `stack_ids` (in that order), each ending in its leaf (kind, event name) if any.
-    Frames are keyed by (kind, function, file): one box per function however many lines of it appear."""
+    Frames are keyed by (kind, function, file): one box per function however many lines of it appear,
+    and one per function across checkouts."""
     placed = query_arrow(
         cursor,
         f"""
@@ -67,15 +68,21 @@ def _paths(cursor: Any, stack_ids: list[int], leaves: list[tuple[str, str] | Non
     )
     placed_frames = placed["frame_id"].to_numpy()
     # Selected again by stack: a list of every frame id as a parameter costs more to bind than this.
+    # A Python frame's file is its portable name (relative to its import root), so that the same code
+    # in two checkouts (last night's and tonight's) is one box, and a diff compares it with itself.
     described = query_arrow(
         cursor,
         f"""
-        SELECT frame_id, kind, function, file, line, module, address FROM frames
-        WHERE frame_id IN (
+        SELECT f.frame_id, f.kind, f.function,
+               CASE WHEN f.kind = 'python' THEN coalesce(s.portable_file, f.file) ELSE f.file END AS file,
+               f.line, f.module, f.address
+        FROM frames f
+        LEFT JOIN source_files s ON f.kind = 'python' AND s.file = f.file
+        WHERE f.frame_id IN (
             SELECT frame_id FROM stack_frame_rows
             WHERE stack_id IN (SELECT unnest(?::BIGINT[])) AND depth < {MAX_DEPTH}
         )
-        ORDER BY frame_id
+        ORDER BY f.frame_id
         """,
         [stack_ids],
     )
