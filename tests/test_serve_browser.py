@@ -153,7 +153,15 @@ def test_sql_page_runs_canned_queries_and_shows_refusals(page, server) -> None:
     page.wait_for_selector("#sql-result")
     header = page.locator("#sql-result tr").first.inner_text()
     assert "launches" in header
-    assert page.locator("#sql-result tr").nth(1).inner_text().startswith("softmax")
+    # The four nights ran from checkouts of their own: their softmax launches are one site, 20 launches.
+    assert page.locator("#sql-result tr").nth(1).inner_text().split() == [
+        "softmax",
+        "softmaxes",
+        "app.py",
+        "13",
+        "4",
+        "20",
+    ]
     shot(page, "serve-sql.png")
     page.fill("#sql", "COPY runs TO '/tmp/tbpipe-serve-copy.csv'")
     page.locator("#sql-form button[type=submit]").click()

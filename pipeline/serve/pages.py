@@ -27,8 +27,13 @@ COMPARED_SHOWN = 1000  # rows of the comparison page's all-sites table
 CANNED_QUERIES = [
     (
         "Top kernel-launch sites",
-        "SELECT name, site_function, site_file, site_line, sum(events) AS launches\n"
-        "FROM kernel_launch_sites GROUP BY ALL ORDER BY launches DESC LIMIT 20",
+        # One row per site over every run, whichever checkout a run came from: by site key, the
+        # file relative to its import root, and every line the site was at.
+        "SELECT name, any_value(site_function) AS site_function,\n"
+        "       any_value(coalesce(site_portable_file, site_file)) AS site_file,\n"
+        "       string_agg(DISTINCT site_line::VARCHAR, ', ' ORDER BY site_line::VARCHAR) AS site_lines,\n"
+        "       count(DISTINCT run_id) AS runs, sum(events) AS launches\n"
+        "FROM kernel_launch_sites GROUP BY name, site_key ORDER BY launches DESC, name LIMIT 20",
     ),
     (
         "Launches per commit",
