@@ -282,7 +282,10 @@ def test_generated_code_sited_alike_on_both_engines(mixed, generated) -> None:  
     as the DuckDB ingest does (the views compared in `test_mixed_runs_read_alike_on_both_engines`)."""
     lake = mixed["lake"]
     folder = str(generated["cache"]) + "/"
-    assert lake_rows(lake, "SELECT prefix, generator FROM generated_code") == [(folder, "inductor")]
+    folders = "SELECT prefix, generator FROM generated_code"
+    # (Other runs of the lake may name inductor's default folder: the mixed runs' own.)
+    assert (folder, "inductor") in lake_rows(lake, folders)
+    assert sorted(lake_rows(lake, folders)) == sorted(duckdb_rows(mixed["db"], folders))
     sited_files = {row[0] for row in lake_rows(lake, "SELECT site_file FROM call_sites WHERE site_file IS NOT NULL")}
     assert sited_files and not any(f.startswith(folder) for f in sited_files)
     tracebacks = "\n".join(row[0] for row in lake_rows(lake, "SELECT traceback FROM stack_tracebacks"))
