@@ -86,10 +86,15 @@ def strings(texts: Sequence[str | None]) -> pa.Array:
     return large.cast(pa.string())
 
 
+def empty_table(schema: pa.Schema) -> pa.Table:
+    """A table of `schema` without rows (`schema.empty_table()` imports pandas)."""
+    return pa.Table.from_batches([], schema)
+
+
 def table_from_rows(rows: Sequence[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     """A table of `schema` from Python rows (small tables: a JSON line per row through Arrow's reader)."""
     if not rows:
-        return pa.Table.from_batches([], schema)  # (`schema.empty_table()` imports pandas)
+        return empty_table(schema)
     lines = "\n".join(json.dumps(row, ensure_ascii=False) for row in rows).encode("utf-8", "backslashreplace")
     options = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error")
     # The reader keeps the types but not the fields' nullability or the schema's metadata.

@@ -260,8 +260,8 @@ class RunWriter:
         )
 
     def _code(self, stacks: pa.Table) -> pa.Table:
-        if not stacks.num_rows:  # (combining no chunks, or `Schema.empty_table`, would import pandas)
-            return pa.Table.from_batches([], raw.code_schema())
+        if not stacks.num_rows:  # (combining no chunks would import pandas)
+            return columns.empty_table(raw.code_schema())
         referenced = pc.unique(pc.list_flatten(stacks["python"]).combine_chunks().field("code_id"))
         new_ids = sorted(set(referenced.to_pylist()) - self._written_codes)
         rows = [(i, info) for i, info in zip(new_ids, _native.code_info(new_ids)) if info is not None]
@@ -273,7 +273,7 @@ class RunWriter:
 
     def _modules(self, stacks: pa.Table) -> pa.Table:
         if not stacks.num_rows:
-            return pa.Table.from_batches([], raw.modules_schema())
+            return columns.empty_table(raw.modules_schema())
         referenced = pc.unique(pc.list_flatten(stacks["native"]).combine_chunks().field("module"))
         new_indices = set(referenced.to_pylist()) - self._written_modules - {-1}
         rows = []

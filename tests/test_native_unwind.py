@@ -183,13 +183,16 @@ def _modules_by_index() -> dict[int, dict]:
 
 def _module_by_path(path: Path) -> dict:
     real = os.path.realpath(path)
-    matches = [m for m in native._modules() if m["path"] and os.path.realpath(m["path"]) == real]
+
+    def matching() -> list[dict]:
+        return [m for m in native._modules() if m["path"] and os.path.realpath(m["path"]) == real]
+
+    # The registry learns of a library when a walk first meets it; a test that looks it up before
+    # any walk through it (test order is random) asks for the refresh itself.
+    matches = matching()
     if not matches:
-        # The registry learns of a library when a walk first meets it; a test
-        # that looks it up before any walk through it (test order is random)
-        # asks for the refresh itself.
         native._refresh_modules()
-        matches = [m for m in native._modules() if m["path"] and os.path.realpath(m["path"]) == real]
+        matches = matching()
     assert matches, f"{path} not in the module registry"
     return matches[-1]
 
