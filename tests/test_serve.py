@@ -1,5 +1,6 @@
 """`tbpipe serve`: a real uvicorn server (child process, loopback, free port) over real DuckDB files of
-runs captured with `tbpipe run`; every request goes over HTTP."""
+runs captured with `tbpipe run`; every request goes over HTTP. What the service keeps per database
+state is also compared, in-process, with the same reads made afresh."""
 
 from __future__ import annotations
 
@@ -104,6 +105,43 @@ def test_run_sites_site_and_history(server) -> None:
 
     stack_id = site["stacks"][0]["stack_id"]
     assert ok(server, f"/api/stacks/{stack_id}")["frames"] == frames
+
+
+def test_kept_reads_equal_fresh_ones(nights_db, tmp_path, monkeypatch) -> None:
+    """Pages of a run's sites cut from its kept lead, and sites read with kept lookups, are the same
+    as read afresh; pages past a short lead are queried."""
+    from tbpipe.pipeline.serve import queries
+    from tbpipe.pipeline.serve.database import open_locked
+
+    copy = tmp_path / "copy.duckdb"
+    shutil.copy(nights_db, copy)  # the module's server may hold the file
+    queried = []
+    real_page = queries._sites_page
+    monkeypatch.setattr(queries, "_sites_page", lambda *a: queried.append(a) or real_page(*a))
+    con = open_locked(copy)
+    try:
+        run_ids = [row[0] for row in con.execute("SELECT run_id FROM runs").fetchall()]
+        keys = [row[0] for row in con.execute("SELECT site_key FROM sites").fetchall()]
+        for lead, state in ((3, ("short lead",)), (queries.LEAD_SITES, ("whole lead",))):
+            monkeypatch.setattr(queries, "LEAD_SITES", lead)
+            queries_of_kept = pages = 0
+            for run_id in run_ids:
+                for kind in (None, "kernel_launch", "op", "step"):
+                    for offset, limit in ((0, 2), (0, 50), (1, 1), (2, 3), (4, 2)):
+                        before = len(queried)
+                        kept = queries.run_sites(con.cursor(), run_id, kind, None, limit, offset, state)
+                        queries_of_kept += len(queried) - before
+                        pages += 1
+                        assert kept == queries.run_sites(con.cursor(), run_id, kind, None, limit, offset)
+            if lead == 3:  # each run's lead, and the pages past it
+                assert len(run_ids) < queries_of_kept < pages
+            else:  # each run's lead, and nothing more
+                assert queries_of_kept == len(run_ids)
+        assert keys
+        for key in keys:
+            assert queries.site(con.cursor(), key, 5, ("state",)) == queries.site(con.cursor(), key, 5)
+    finally:
+        con.close()
 
 
 def _nodes(tree: dict):

@@ -107,16 +107,18 @@ def site(
     site_key: str,
     stacks: Annotated[int, Query(ge=1, le=50, description="Heaviest stacks to show.")] = 5,
 ) -> dict[str, Any]:
-    with service_of(request).database.read() as cursor:
-        return queries.site(cursor, site_key, stacks)
+    database = service_of(request).database
+    with database.read() as cursor:
+        return queries.site(cursor, site_key, stacks, database.state_key())
 
 
 @router.get("/sites/{site_key}/history", summary="A call site's events per run, oldest first")
 def site_history(
     request: Request, site_key: str, limit: Annotated[int, Query(ge=1, le=5000)] = queries.HISTORY_LIMIT
 ) -> dict[str, Any]:
-    with service_of(request).database.read() as cursor:
-        return queries.site_history(cursor, site_key, limit)
+    database = service_of(request).database
+    with database.read() as cursor:
+        return queries.site_history(cursor, site_key, limit, generation=database.state_key())
 
 
 @router.get("/stacks/{stack_id}", summary="One stack as a combined traceback, innermost frame first")

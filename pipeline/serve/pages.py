@@ -175,8 +175,9 @@ def history_chart(runs: list[dict[str, Any]]) -> str:
 
 @router.get("/sites/{site_key}", response_class=HTMLResponse)
 def site_page(request: Request, site_key: str) -> HTMLResponse:
-    with service_of(request).database.read() as cursor:
-        site = queries.site(cursor, site_key, 5)
+    database = service_of(request).database
+    with database.read() as cursor:
+        site = queries.site(cursor, site_key, 5, database.state_key())
     names = sorted({n for entry in site["runs"] for n in entry["names"]})
     return render(request, "site.html.j2", site=site, chart=history_chart(site["runs"]), names=names)
 
