@@ -93,6 +93,7 @@ def test_run_sites_site_and_history(server) -> None:
 
     site = ok(server, f"/api/sites/{softmax['site_key']}")
     assert site["events"] == 4 + 4 + 4 + 8
+    assert site["portable_file"] == "app.py" and site["file"].endswith("/repo/app.py")
     frames = site["stacks"][0]["frames"]
     kinds = {f["kind"] for f in frames}
     assert {"python", "native"} <= kinds  # a combined traceback

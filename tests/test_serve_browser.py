@@ -81,7 +81,10 @@ def test_drill_from_runs_into_a_site_and_its_traceback(page, server) -> None:
     kernels.first.locator("a.site-link").click()
     page.wait_for_url("**/sites/**")
     heading = page.locator("h1").inner_text()
-    assert heading.endswith(f"app.py:{line_of(program_v2(), 'the softmax site')}")
+    # Named as in every checkout (relative to the import root), at its line in the newest run.
+    assert heading == f"Call site app.py:{line_of(program_v2(), 'the softmax site')}"
+    newest = page.locator("dt:text-is('newest run') + dd").inner_text()
+    assert newest.endswith(f"build-4/repo/app.py:{line_of(program_v2(), 'the softmax site')}")
     assert page.locator("#history tr").count() == 1 + 4
     first = page.locator("details.traceback").first
     assert first.locator(".frame.python").first.is_visible()  # the heaviest stack is open

@@ -269,6 +269,7 @@ class SiteInfo:
     stacks: list[SiteStack]  # the heaviest first
     stack_count: int
     site_id: int  # its row number in `sites`
+    portable_file: str | None = None  # `file` relative to its import root: the same in every checkout
 
 
 def _site_row(con: Any, site_key: str, columns: str) -> tuple:
@@ -287,7 +288,9 @@ def site(con: Any, site_key: str, limit: int, lookups: Lookups | None = None) ->
     """A call site by its key: where it is, how many events, and its heaviest stacks."""
     # Step by step, each a lookup by key or id through an index (sql/migrations/007): joined in one
     # query, the same answer scans the event counts of every stack.
-    number, function, file, line = _site_row(con, site_key, "site_id, function, file, line")
+    number, function, file, line, portable_file = _site_row(
+        con, site_key, "site_id, function, file, line, portable_file"
+    )
     members = query_rows(con, "SELECT stack_id, site_is_user FROM stack_sites WHERE site_id = ?", [number])
     events: dict[int, int] = {}
     names: dict[int, set[int]] = {}
@@ -311,6 +314,7 @@ def site(con: Any, site_key: str, limit: int, lookups: Lookups | None = None) ->
         ],
         len(members),
         number,
+        portable_file,
     )
 
 

@@ -299,6 +299,7 @@ def site(cursor: Any, site_key: str, stacks: int, generation: tuple | None = Non
         "site_key": info.site_key,
         "function": info.function,
         "file": info.file,
+        "portable_file": info.portable_file,
         "line": info.line,
         "is_user": info.is_user,
         "events": info.events,
