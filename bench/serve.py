@@ -56,7 +56,10 @@ def _database(args: argparse.Namespace) -> Path:
     args.work.mkdir(parents=True, exist_ok=True)
     db = args.work / "serve.duckdb"
     stamp = args.work / "serve.json"
-    if db.is_file() and stamp.is_file() and json.loads(stamp.read_text()).get("key") == info["key"]:
+    from tbpipe.pipeline.db.schema import latest_version
+
+    key = {"key": info["key"], "schema": latest_version()}  # a database of an older schema is made again
+    if db.is_file() and stamp.is_file() and json.loads(stamp.read_text()) == key:
         print(f"database: reusing {db}")
         return db
     for path in (db, db.with_name(db.name + ".wal")):
@@ -64,7 +67,7 @@ def _database(args: argparse.Namespace) -> Path:
     cache = args.runs_work / "symbols"
     ingest_bench._warm_symbols(args.runs_work / "runs", cache)
     ingest_bench._ingest(args.runs_work / "runs", db, cache, "ingest")
-    stamp.write_text(json.dumps({"key": info["key"]}))
+    stamp.write_text(json.dumps(key))
     return db
 
 

@@ -195,6 +195,22 @@ def test_sql_files_document_every_column_they_create() -> None:
             assert created.doc, f"{module.name}: {created.name} has no description"
 
 
+def test_event_attributes_compressed_with_zstd_where_the_file_format_allows(tmp_path) -> None:
+    new, old = tmp_path / "new.duckdb", tmp_path / "old.duckdb"
+    # A file in DuckDB 1.0's storage format (what older tbpipe installs wrote) has no zstd for strings:
+    # the migration leaves the column's compression to DuckDB there, and the file still opens.
+    duckdb.connect(str(old), config={"storage_compatibility_version": "v1.0.0"}).close()
+    for path, expected in ((new, True), (old, False)):
+        con = open_database(path)
+        try:
+            (sql,) = con.execute("SELECT sql FROM duckdb_tables() WHERE table_name = 'event_rows'").fetchone()
+            assert ("USING COMPRESSION ZSTD" in sql) is expected, sql
+            con.execute("INSERT INTO event_rows VALUES (1, 1, now(), 0, 1, NULL, '{\"stream\": 7}')")
+            assert con.execute("SELECT attrs->>'stream' FROM event_rows").fetchall() == [("7",)]
+        finally:
+            con.close()
+
+
 def test_migrations_are_recorded_and_versions_checked(tmp_path) -> None:
     path = tmp_path / "v.duckdb"
     open_database(path).close()

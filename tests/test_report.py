@@ -349,12 +349,13 @@ def test_html_report_in_chromium(db, tmp_path) -> None:
 
 
 def _downgrade_to_schema_2(path: Path) -> None:
-    """Turns a database into what tbpipe wrote before schema 3: schema 7's indexes, schema 6's GPU tables
-    and schema 5's table gone, schema 4's compact tables back into the wide ones, schema 3's columns and table gone, sites keyed
-    the old way."""
+    """Turns a database into what tbpipe wrote before schema 3: schema 8's record gone (its table goes
+    with schema 4's), schema 7's indexes, schema 6's GPU tables and schema 5's table gone, schema 4's
+    compact tables back into the wide ones, schema 3's columns and table gone, sites keyed the old way."""
     con = duckdb.connect(str(path))
     try:
         for statement in (
+            "DELETE FROM schema_versions WHERE version = 8",
             "DROP INDEX sites_by_key",
             "DROP INDEX stack_frame_rows_by_stack",
             "DROP INDEX event_counts_by_stack",
@@ -420,9 +421,19 @@ def test_a_database_of_the_previous_schema_is_migrated_and_stays_comparable(nigh
         missing = con.execute(
             "SELECT count(*) FROM stack_frames WHERE kind = 'python' AND first_line IS NULL"
         ).fetchone()
+        (events_table,) = con.execute("SELECT sql FROM duckdb_tables() WHERE table_name = 'event_rows'").fetchone()
+        compressions = {
+            row[0]
+            for row in con.execute(
+                "SELECT compression FROM pragma_storage_info('event_rows') WHERE column_name = 'attrs' "
+                "AND segment_type <> 'VALIDITY'"
+            ).fetchall()
+        }
     finally:
         con.close()
     assert missing == (0,)  # the old runs' first lines came back from their folders
+    # Schema 8 rebuilt the events table rebuilt by schema 4: attributes stored with zstd.
+    assert "attrs JSON USING COMPRESSION ZSTD" in events_table and compressions == {"ZSTD"}
     report = report_json(path, "--candidate", "commit=c6", "--baseline", "commit=c5")
     assert {s["name"] for s in report["regressions"]} == {"softmax", "layernorm", "gemm_splitk"}
     assert by_name(report)["gemm"]["change"] == "unchanged"

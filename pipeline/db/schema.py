@@ -208,6 +208,32 @@ def applied_versions(con: Any) -> set[int]:
     return {row[0] for row in con.execute("SELECT version FROM schema_versions").fetchall()}
 
 
+_COMPRESSION = re.compile(r"\s+USING\s+COMPRESSION\s+zstd\b", re.IGNORECASE)
+# The first storage format with zstd for strings (DuckDB 1.2).
+_ZSTD_STORAGE = (1, 2)
+
+
+def _storage_version(con: Any) -> tuple[int, ...] | None:
+    """The file's storage format as (major, minor), e.g. (2, 0) for 'v2.0.0+'; None when DuckDB does not say."""
+    try:
+        rows = con.execute(
+            "SELECT tags['storage_version'] FROM duckdb_databases() WHERE database_name = current_database()"
+        ).fetchall()
+    except Exception:  # an older DuckDB without `tags`
+        return None
+    found = re.match(r"v(\d+)\.(\d+)", str(rows[0][0] or "")) if rows else None
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def _within_storage_format(con: Any, sql: str) -> str:
+    """`sql` without its `USING COMPRESSION zstd` clauses when the file's storage format predates
+    zstd for strings: the column then keeps DuckDB's default compression (a larger file, the same data)."""
+    if not _COMPRESSION.search(sql):
+        return sql
+    version = _storage_version(con)
+    return sql if version is None or version >= _ZSTD_STORAGE else _COMPRESSION.sub("", sql)
+
+
 def apply_migrations(con: Any, tbpipe_version: str) -> list[int]:
     """Applies the migrations this database lacks, each in its own transaction; returns their versions."""
     done = applied_versions(con)
@@ -218,7 +244,7 @@ def apply_migrations(con: Any, tbpipe_version: str) -> list[int]:
         con.execute("BEGIN TRANSACTION")
         try:
             for statement in migration.statements:
-                con.execute(statement.sql)
+                con.execute(_within_storage_format(con, statement.sql))
                 if statement.created is not None:
                     for comment in comment_statements(statement.created):
                         con.execute(comment)
