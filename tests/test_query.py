@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,11 +19,13 @@ from conftest import TBPIPE
 from typer.testing import CliRunner
 
 from tbpipe import capture
+from tbpipe.pipeline.commands import compact as compact_command
 from tbpipe.pipeline.commands import ingest as ingest_command
 from tbpipe.pipeline.commands import query as query_command
 from tbpipe.pipeline.commands import runs as runs_command
 from tbpipe.pipeline.commands import show as show_command
-from tbpipe.pipeline.db import DatabaseError, IngestOptions, ingest_runs, open_database, schema
+from tbpipe.pipeline.db import DatabaseBusyError, DatabaseError, IngestOptions, ingest_runs, open_database, schema
+from tbpipe.pipeline.db.compact import compact_database
 from tbpipe.pipeline.db.connection import query_rows
 from tbpipe.pipeline.errors import TbpipeError
 
@@ -29,7 +33,7 @@ from tbpipe.pipeline.errors import TbpipeError
 def cli(*args: str, env: dict | None = None):
     """Runs tbpipe subcommands in-process; TbpipeErrors come back as result.exception."""
     app = typer.Typer()
-    for command in (ingest_command, query_command, runs_command, show_command):
+    for command in (ingest_command, query_command, runs_command, show_command, compact_command):
         command.register(app)
     return CliRunner().invoke(app, list(args), env={"COLUMNS": "250", **(env or {})})
 
@@ -209,6 +213,75 @@ def test_event_attributes_compressed_with_zstd_where_the_file_format_allows(tmp_
             assert con.execute("SELECT attrs->>'stream' FROM event_rows").fetchall() == [("7",)]
         finally:
             con.close()
+
+
+def _everything(path: Path) -> dict:
+    """What a database holds, as far as a user can see: every table's rows, the catalog, the views' answers."""
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        tables = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall()]
+        return {
+            "rows": {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in tables},
+            "catalog": con.execute(
+                "SELECT table_name, column_name, data_type, comment FROM duckdb_columns() ORDER BY ALL"
+            ).fetchall(),
+            "tables": con.execute("SELECT table_name, sql, comment FROM duckdb_tables() ORDER BY ALL").fetchall(),
+            "views": con.execute(
+                "SELECT view_name, comment FROM duckdb_views() WHERE NOT internal ORDER BY ALL"
+            ).fetchall(),
+            "macros": con.execute(
+                "SELECT function_name, comment FROM duckdb_functions() WHERE function_type IN ('macro', 'table_macro') "
+                "AND NOT internal ORDER BY ALL"
+            ).fetchall(),
+            "indexes": con.execute("SELECT index_name, sql FROM duckdb_indexes() ORDER BY ALL").fetchall(),
+            "sites": con.execute(SITES).fetchall(),
+            "tracebacks": con.execute("SELECT * FROM stack_tracebacks ORDER BY ALL").fetchall(),
+        }
+    finally:
+        con.close()
+
+
+def _free_blocks(path: Path) -> int:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute("SELECT free_blocks FROM pragma_database_size()").fetchone()[0]
+    finally:
+        con.close()
+
+
+def test_compact_gives_back_free_blocks_and_keeps_everything(db, tmp_path) -> None:
+    path = tmp_path / "copy.duckdb"
+    shutil.copy(db, path)
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE scratch AS SELECT range AS n, md5(range::VARCHAR) AS text FROM range(300000)")
+    con.execute("CHECKPOINT")
+    con.execute("DROP TABLE scratch")  # its blocks are free now, and the file as large as before
+    con.close()
+    free = _free_blocks(path)
+    assert free > 20
+    before, size = _everything(path), path.stat().st_size
+
+    result = cli("compact", "--db", str(path))
+    assert result.exit_code == 0, result.output
+    assert f"compacted {path}" in result.stdout and "MB given back" in result.stdout
+    assert path.stat().st_size < size - free * 262144 // 2
+    assert _free_blocks(path) <= 2
+    assert _everything(path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.duckdb", "copy.duckdb.lock"]  # nothing left over
+    assert cli("query", "--db", str(path), SITES).exit_code == 0  # and it opens as a tbpipe database
+
+
+def test_compact_waits_for_the_ingest_lock_and_changes_nothing_without_it(db, tmp_path) -> None:
+    path = tmp_path / "held.duckdb"
+    shutil.copy(db, path)
+    content = path.read_bytes()
+    with open(path.with_name(path.name + ".lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as an ingest or a service holds it
+        with pytest.raises(DatabaseBusyError, match="another ingest"):
+            compact_database(path, wait_s=0.2)
+    assert path.read_bytes() == content
+    with pytest.raises(DatabaseError, match="no database at"):
+        compact_database(tmp_path / "missing.duckdb")
 
 
 def test_migrations_are_recorded_and_versions_checked(tmp_path) -> None:
