@@ -252,7 +252,9 @@ def _read_part(path: Path, table: str) -> pa.Table:
     try:
         # The capture writes page checksums: a flipped bit in an uncompressed
         # page (delta-encoded timestamps) is caught here, not loaded silently.
-        part = pq.read_table(path, page_checksum_verification=True)
+        # One file: ParquetFile reads it without the dataset discovery of `pq.read_table` (~1 ms a part).
+        with pq.ParquetFile(path, page_checksum_verification=True) as parquet:
+            part = parquet.read()
     except (OSError, pa.ArrowException, ValueError) as error:
         raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
     _check_schema(path, table, part.schema)
