@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import subprocess
 import tarfile
@@ -141,6 +142,13 @@ def test_kept_reads_equal_fresh_ones(nights_db, tmp_path, monkeypatch) -> None:
         assert keys
         for key in keys:
             assert queries.site(con.cursor(), key, 5, ("state",)) == queries.site(con.cursor(), key, 5)
+        # Read ahead for a state (warm.py does it after every ingest): the runs' pages need no query.
+        assert queries.warm(con.cursor(), ("warmed",)) == len(run_ids)
+        before = len(queried)
+        for run_id in run_ids:
+            for kind in (None, "kernel_launch"):
+                queries.run_sites(con.cursor(), run_id, kind, None, 50, 0, ("warmed",))
+        assert len(queried) == before
     finally:
         con.close()
 
@@ -749,3 +757,11 @@ def test_answers_are_kept_until_the_data_changes(upload_server, good_run, tmp_pa
     assert [m.status_code for m in missing] == [404, 404] and missing[1].headers["x-tbpipe-cache"] == "miss"
     draws = {query(upload_server, "SELECT random() AS r").json()["rows"][0][0] for _ in range(3)}
     assert len(draws) == 3
+    # Each new state is read ahead once (warm.py): at the start, and after this ingest among others.
+    runs_now = len(after.json()["runs"])
+
+    def read_ahead_for_this_state() -> bool:
+        found = [int(n) for n in re.findall(r"read ahead for (\d+) run\(s\)", upload_server.output())]
+        return len(found) >= 2 and found[-1] == runs_now
+
+    assert wait_until(read_ahead_for_this_state, 30, what="the new state read ahead")

@@ -16,6 +16,7 @@ from tbpipe.pipeline.serve.config import ServeConfig
 from tbpipe.pipeline.serve.database import CLOSED, ServedDatabase
 from tbpipe.pipeline.serve.ingest import IngestService
 from tbpipe.pipeline.serve.security import SecurityHeaders, StaticFiles, is_loopback
+from tbpipe.pipeline.serve.warm import Warmer
 from tbpipe.pipeline.serve.watch import Watcher
 
 log = logging.getLogger("tbpipe.serve")
@@ -28,12 +29,14 @@ class Service:
     ingest: IngestService
     watcher: Watcher | None
     static: StaticFiles
+    warmer: Warmer
 
     def start(self) -> None:
         self.config.uploads.mkdir(parents=True, exist_ok=True)
         if self.database.mode == CLOSED:
             self.database.open()
         self.ingest.start()
+        self.warmer.start()
         if self.watcher is not None:
             self.watcher.start()
         log.info("serving %s on %s", self.config.db_path, self.config.base_url)
@@ -41,6 +44,7 @@ class Service:
     def stop(self) -> None:
         if self.watcher is not None:
             self.watcher.stop()
+        self.warmer.stop()
         self.ingest.stop()
         self.database.close()
 
@@ -53,7 +57,7 @@ def build_service(config: ServeConfig) -> Service:
     options = replace(config.ingest, db_path=config.db_path, progress=False, wait_s=config.open_wait_s)
     ingest = IngestService(database, options)
     watcher = Watcher(config.watch, ingest, config.idle_s, config.poll_s) if config.watch else None
-    return Service(config, database, ingest, watcher, StaticFiles())
+    return Service(config, database, ingest, watcher, StaticFiles(), Warmer(database))
 
 
 def service_of(request: Request) -> Service:

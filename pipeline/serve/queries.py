@@ -176,9 +176,7 @@ def run_sites(
     """A run's call sites, most events first: what `read.top_sites` gives for one run, from that run's
     `site_counts` rows. With `generation`, the run numbers, the site directory and the run's leading
     sites are kept per state."""
-    number = _per_state(
-        generation, "run numbers", lambda: dict(query_rows(cursor, "SELECT run_id, run_number FROM runs"))
-    ).get(run_id)
+    number = _run_numbers(cursor, generation).get(run_id)
     if number is None:
         raise NotFoundError(f"no run {run_id!r} in the database (GET /api/runs lists them)")
     rows = None
@@ -203,6 +201,29 @@ def run_sites(
             }
         )
     return out
+
+
+def _run_numbers(cursor: Any, generation: tuple | None) -> dict[str, int]:
+    return _per_state(
+        generation, "run numbers", lambda: dict(query_rows(cursor, "SELECT run_id, run_number FROM runs"))
+    )
+
+
+# The newest runs whose leading sites `warm` reads ahead: what the runs page links to first.
+WARM_RUNS = 64
+
+
+def warm(cursor: Any, generation: tuple) -> int:
+    """Reads ahead, for this state of the database, what the first pages after an ingest ask for: the
+    run numbers, the site directory, every run's event counts and the leading sites of the newest
+    `WARM_RUNS` runs. Returns how many runs' leads it read. Run by the service's warmer thread."""
+    _run_numbers(cursor, generation)
+    _per_state(generation, "sites", lambda: SiteDirectory(cursor))
+    counts_by_kind(cursor, [], generation)
+    newest = query_rows(cursor, "SELECT run_number FROM runs ORDER BY started_at DESC, run_id LIMIT ?", [WARM_RUNS])
+    for (number,) in newest:
+        _lead(cursor, number, generation)
+    return len(newest)
 
 
 # A run's leading call sites, every kind together, are read once per state of the database, and the
