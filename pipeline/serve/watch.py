@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tbpipe.pipeline.errors import TbpipeError
 from tbpipe.pipeline.rawrun import DamagedRunError, find_run_dirs, parts_fingerprint, read_manifest
+from tbpipe.pipeline.serve.background import PollingThread
 from tbpipe.pipeline.serve.ingest import DONE, IngestJob, IngestService
 
 log = logging.getLogger("tbpipe.serve.watch")
@@ -46,35 +47,22 @@ def folder_state(run_dir: Path) -> tuple[str, bool]:
         return f"unreadable:{error}", False
 
 
-class Watcher:
+class Watcher(PollingThread):
+    name = "tbpipe-watch"
+    failure = "scanning the watched folders failed"
+    log = log
+
     def __init__(self, roots: list[Path], ingest: IngestService, idle_s: float = 30.0, poll_s: float = 1.0):
+        super().__init__(poll_s)
         self.roots = [Path(r) for r in roots]
         self.ingest = ingest
         self.idle_s = idle_s
-        self.poll_s = poll_s
         self._seen: dict[Path, _Seen] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.scans = 0
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="tbpipe-watch", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.scan()
-            except Exception:
-                log.exception("scanning the watched folders failed")
-            self._stop.wait(self.poll_s)
+    def step(self) -> None:
+        self.scan()
 
     def _run_dirs(self) -> list[Path]:
         found = []
