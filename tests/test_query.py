@@ -199,18 +199,30 @@ def test_sql_files_document_every_column_they_create() -> None:
             assert created.doc, f"{module.name}: {created.name} has no description"
 
 
+def _attrs_compression(con) -> set[str]:
+    rows = con.execute(
+        "SELECT compression FROM pragma_storage_info('event_rows') WHERE column_name = 'attrs' "
+        "AND segment_type <> 'VALIDITY'"
+    ).fetchall()
+    return {row[0] for row in rows}
+
+
 def test_event_attributes_compressed_with_zstd_where_the_file_format_allows(tmp_path) -> None:
     new, old = tmp_path / "new.duckdb", tmp_path / "old.duckdb"
     # A file in DuckDB 1.0's storage format (what older tbpipe installs wrote) has no zstd for strings:
-    # the migration leaves the column's compression to DuckDB there, and the file still opens.
+    # the migration leaves the column's compression to DuckDB there, and the file still opens. A new
+    # file is written in a format that has it, whatever this DuckDB's default.
     duckdb.connect(str(old), config={"storage_compatibility_version": "v1.0.0"}).close()
-    for path, expected in ((new, True), (old, False)):
+    for path, zstd in ((new, True), (old, False)):
         con = open_database(path)
         try:
-            (sql,) = con.execute("SELECT sql FROM duckdb_tables() WHERE table_name = 'event_rows'").fetchone()
-            assert ("USING COMPRESSION ZSTD" in sql) is expected, sql
-            con.execute("INSERT INTO event_rows VALUES (1, 1, now(), 0, 1, NULL, '{\"stream\": 7}')")
-            assert con.execute("SELECT attrs->>'stream' FROM event_rows").fetchall() == [("7",)]
+            con.execute(
+                "INSERT INTO event_rows SELECT range, 1, now(), 0, 1, NULL, "
+                "'{\"correlation_id\": ' || range || ', \"stream\": 7}' FROM range(5000)"
+            )
+            con.execute("CHECKPOINT")
+            assert ("ZSTD" in _attrs_compression(con)) is zstd, (path.name, _attrs_compression(con))
+            assert con.execute("SELECT count(*) FROM event_rows WHERE attrs->>'stream' = '7'").fetchall() == [(5000,)]
         finally:
             con.close()
 
@@ -241,10 +253,12 @@ def _everything(path: Path) -> dict:
         con.close()
 
 
-def _free_blocks(path: Path) -> int:
+def _blocks(path: Path) -> tuple[int, int]:
+    """(total, free) blocks of the file. Some DuckDB versions also punch free blocks out of the file, so
+    its size on disk alone does not show them."""
     con = duckdb.connect(str(path), read_only=True)
     try:
-        return con.execute("SELECT free_blocks FROM pragma_database_size()").fetchone()[0]
+        return con.execute("SELECT total_blocks, free_blocks FROM pragma_database_size()").fetchone()
     finally:
         con.close()
 
@@ -257,15 +271,15 @@ def test_compact_gives_back_free_blocks_and_keeps_everything(db, tmp_path) -> No
     con.execute("CHECKPOINT")
     con.execute("DROP TABLE scratch")  # its blocks are free now, and the file as large as before
     con.close()
-    free = _free_blocks(path)
-    assert free > 20
+    total, free = _blocks(path)
+    assert free >= 10
     before, size = _everything(path), path.stat().st_size
 
     result = cli("compact", "--db", str(path))
     assert result.exit_code == 0, result.output
     assert f"compacted {path}" in result.stdout and "MB given back" in result.stdout
-    assert path.stat().st_size < size - free * 262144 // 2
-    assert _free_blocks(path) <= 2
+    total_after, free_after = _blocks(path)
+    assert total_after <= total - free // 2 and free_after <= 2 and path.stat().st_size <= size
     assert _everything(path) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.duckdb", "copy.duckdb.lock"]  # nothing left over
     assert cli("query", "--db", str(path), SITES).exit_code == 0  # and it opens as a tbpipe database

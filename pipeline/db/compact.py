@@ -90,7 +90,12 @@ def _copy(db_path: Path, fresh: Path, free: int) -> dict[str, int]:
                 f"cannot compact {db_path}: its {used / 1e6:,.0f} MB of data do not fit in the "
                 f"{free / 1e6:,.0f} MB free in {db_path.parent}"
             )
-        con.execute(f"ATTACH {_sql_text(fresh)} AS compacted")
+        # The copy in the original's storage format: what it stores, and which DuckDB reads it, stay the same.
+        version = con.execute(
+            "SELECT tags['storage_version'] FROM duckdb_databases() WHERE database_name = 'original'"
+        ).fetchone()[0]
+        version_option = f" (STORAGE_VERSION '{version.rstrip('+')}')" if version else ""
+        con.execute(f"ATTACH {_sql_text(fresh)} AS compacted{version_option}")
         con.execute("COPY FROM DATABASE original TO compacted")
         con.execute("CHECKPOINT compacted")
         expected, copied = _row_counts(con, "original"), _row_counts(con, "compacted")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -125,6 +126,23 @@ def _lock_holder(fd: int) -> tuple[str, str]:
     return (f" (pid {pid})" if pid.isdigit() else ""), service
 
 
+# The oldest storage format a new database file is written in: DuckDB 1.2's, the first with zstd for
+# strings (schema 8 stores event attributes with it). DuckDB before 2.0 writes new files in 0.10's
+# format unless told; those would keep the attributes at the default compression.
+NEW_FILE_STORAGE = "v1.2.0"
+
+
+def _new_file_config(path: Path) -> dict[str, str]:
+    import duckdb
+
+    if path.exists():
+        return {}  # an existing file keeps its format
+    default = duckdb.connect().execute("SELECT current_setting('storage_compatibility_version')").fetchone()[0]
+    found = re.match(r"v(\d+)\.(\d+)", default)
+    older = found is not None and (int(found.group(1)), int(found.group(2))) < (1, 2)
+    return {"storage_compatibility_version": NEW_FILE_STORAGE} if older else {}
+
+
 def _connect(path: Path, read_only: bool, wait_s: float, on_wait: Callable[[str], None] | None):
     import duckdb
 
@@ -132,7 +150,8 @@ def _connect(path: Path, read_only: bool, wait_s: float, on_wait: Callable[[str]
     told = False
     while True:
         try:
-            return duckdb.connect(str(path), read_only=read_only)
+            config = {} if read_only else _new_file_config(path)
+            return duckdb.connect(str(path), read_only=read_only, config=config)
         except duckdb.IOException as error:
             message = str(error)
             if "lock" not in message.lower():
