@@ -26,11 +26,15 @@ class Warmer(PollingThread):
         self.warmed: tuple | None = None  # the last state warmed
 
     def step(self) -> None:
-        state = self.database.state_key()
-        if state is None or state == self.warmed:
+        if self.database.state_key() in (None, self.warmed):
             return
-        self.warmed = state  # once per state: a failure (the database closing) waits for the next one
         started = time.perf_counter()
         with self.database.read() as cursor:
+            # Asked again under the read lock: an ingest may have ended between, and the facts must
+            # be kept under the state whose data they are read from.
+            state = self.database.state_key()
+            if state in (None, self.warmed):
+                return
+            self.warmed = state  # once per state: a failure (the database closing) waits for the next one
             runs = queries.warm(cursor, state)
         log.info("read ahead for %d run(s) in %.0f ms", runs, (time.perf_counter() - started) * 1000)
