@@ -285,6 +285,21 @@ def test_compact_gives_back_free_blocks_and_keeps_everything(db, tmp_path) -> No
     assert cli("query", "--db", str(path), SITES).exit_code == 0  # and it opens as a tbpipe database
 
 
+def test_compact_keeps_the_file_s_permissions_and_replaces_what_a_link_names(db, tmp_path) -> None:
+    real = tmp_path / "data" / "real.duckdb"
+    real.parent.mkdir()
+    shutil.copy(db, real)
+    real.chmod(0o640)
+    link = tmp_path / "tbpipe.duckdb"
+    link.symlink_to(real)
+    before = _everything(real)
+    compact_database(link)
+    assert link.is_symlink() and link.resolve() == real.resolve()  # the link still names the database
+    assert real.stat().st_mode & 0o777 == 0o640
+    assert _everything(link) == before
+    assert sorted(p.name for p in real.parent.iterdir()) == ["real.duckdb"]  # no copy left beside it
+
+
 def test_compact_waits_for_the_ingest_lock_and_changes_nothing_without_it(db, tmp_path) -> None:
     path = tmp_path / "held.duckdb"
     shutil.copy(db, path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,10 @@ def compact_database(path: Path | str | None = None, wait_s: float = 0.0) -> Com
     db_path = resolve_db_path(path)
     if not db_path.is_file():
         raise DatabaseError(f"no database at {db_path}")
-    fresh = db_path.with_name(f".{db_path.name}.compacting")
+    # The lock and the write-ahead log are beside the path as given, as for every other command; the
+    # file replaced is the one it names, at the end of any symbolic link.
+    target = db_path.resolve()
+    fresh = target.with_name(f".{target.name}.compacting")
     with ingest_lock(db_path, wait_s):
         # A read-write open brings the schema up to date, and closing it checkpoints: the whole
         # database is then in the file, none of it in a write-ahead log beside it.
@@ -60,19 +64,34 @@ def compact_database(path: Path | str | None = None, wait_s: float = 0.0) -> Com
         wal = db_path.with_name(db_path.name + ".wal")
         if wal.exists():
             raise DatabaseError(f"cannot compact {db_path}: {wal} is still there after a checkpoint; nothing changed")
-        before = db_path.stat().st_size
-        free = shutil.disk_usage(db_path.parent).free
+        before = target.stat().st_size
         for leftover in (fresh, fresh.with_name(fresh.name + ".wal")):
             leftover.unlink(missing_ok=True)  # from a compaction that was killed
         try:
-            expected = _copy(db_path, fresh, free)
+            expected = _copy(db_path, fresh, shutil.disk_usage(target.parent).free)
+            _keep_access(target, fresh)
             with open(fresh, "rb+") as handle:
                 os.fsync(handle.fileno())  # on disk before it takes the old file's name
-            os.replace(fresh, db_path)
+            os.replace(fresh, target)
         finally:
             for leftover in (fresh, fresh.with_name(fresh.name + ".wal")):
                 leftover.unlink(missing_ok=True)
-    return CompactResult(db_path, before, db_path.stat().st_size, len(expected), sum(expected.values()))
+    return CompactResult(db_path, before, target.stat().st_size, len(expected), sum(expected.values()))
+
+
+def _keep_access(original: Path, fresh: Path) -> None:
+    """The original's permissions, and its owner where this user may give it, on the copy: a service
+    running as another user must still open the database after a compaction run from cron."""
+    status = original.stat()
+    os.chmod(fresh, stat.S_IMODE(status.st_mode))
+    if (status.st_uid, status.st_gid) != (os.getuid(), os.getgid()):
+        try:
+            os.chown(fresh, status.st_uid, status.st_gid)
+        except PermissionError:
+            raise DatabaseError(
+                f"cannot compact {original}: it belongs to user {status.st_uid}, group {status.st_gid}, and the "
+                "copy could not be given to them; run tbpipe compact as its owner. Nothing changed"
+            ) from None
 
 
 def _copy(db_path: Path, fresh: Path, free: int) -> dict[str, int]:
