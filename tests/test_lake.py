@@ -495,7 +495,9 @@ def test_grown_incomplete_run_replaces_its_partition(mixed, symbol_cache, spark,
     of_run = f"WHERE run_id = '{killed}'"
     events = lake_rows(lake, f"SELECT count(*) FROM events {of_run}")[0][0]
     assert events > 0
-    others = lake_rows(lake, f"SELECT run_id, count(*) FROM events WHERE run_id <> '{killed}' GROUP BY ALL ORDER BY ALL")
+    others = lake_rows(
+        lake, f"SELECT run_id, count(*) FROM events WHERE run_id <> '{killed}' GROUP BY ALL ORDER BY ALL"
+    )
 
     # The process flushed once more before it died: a second events part, equal to the first.
     part = sorted(run.glob("events-*.parquet"))[0]
@@ -512,5 +514,8 @@ def test_grown_incomplete_run_replaces_its_partition(mixed, symbol_cache, spark,
     )[0] == (2 * events, 2 * events, 2 * events)
     assert lake_rows(lake, f"SELECT count(*), sum(events) FROM runs {of_run}")[0] == (1, 2 * events)
     assert lake_rows(lake, f"SELECT sum(events) FROM call_sites {of_run}")[0][0] == 2 * events
-    assert lake_rows(lake, f"SELECT run_id, count(*) FROM events WHERE run_id <> '{killed}' GROUP BY ALL ORDER BY ALL") == others
+    assert (
+        lake_rows(lake, f"SELECT run_id, count(*) FROM events WHERE run_id <> '{killed}' GROUP BY ALL ORDER BY ALL")
+        == others
+    )
     assert len(store.data_files(store.partition_dir(lake, "event_rows", number))) == 1
