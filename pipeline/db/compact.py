@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tbpipe.pipeline.db.connection import DatabaseError, ingest_lock, open_database, resolve_db_path
+from tbpipe.pipeline.db.schema import sql_text, storage_tag
 from tbpipe.pipeline.errors import first_line
 
 
@@ -31,10 +32,6 @@ class CompactResult:
     bytes_after: int
     tables: int
     rows: int
-
-
-def _sql_text(path: Path) -> str:
-    return "'" + str(path).replace("'", "''") + "'"
 
 
 def _row_counts(con: Any, database: str) -> dict[str, int]:
@@ -100,7 +97,7 @@ def _copy(db_path: Path, fresh: Path, free: int) -> dict[str, int]:
 
     con = duckdb.connect()
     try:
-        con.execute(f"ATTACH {_sql_text(db_path)} AS original (READ_ONLY)")
+        con.execute(f"ATTACH {sql_text(str(db_path))} AS original (READ_ONLY)")
         used = con.execute(
             "SELECT block_size * used_blocks FROM pragma_database_size() WHERE database_name = 'original'"
         ).fetchone()[0]
@@ -110,11 +107,9 @@ def _copy(db_path: Path, fresh: Path, free: int) -> dict[str, int]:
                 f"{free / 1e6:,.0f} MB free in {db_path.parent}"
             )
         # The copy in the original's storage format: what it stores, and which DuckDB reads it, stay the same.
-        version = con.execute(
-            "SELECT tags['storage_version'] FROM duckdb_databases() WHERE database_name = 'original'"
-        ).fetchone()[0]
+        version = storage_tag(con, "original")
         version_option = f" (STORAGE_VERSION '{version.rstrip('+')}')" if version else ""
-        con.execute(f"ATTACH {_sql_text(fresh)} AS compacted{version_option}")
+        con.execute(f"ATTACH {sql_text(str(fresh))} AS compacted{version_option}")
         con.execute("COPY FROM DATABASE original TO compacted")
         con.execute("CHECKPOINT compacted")
         expected, copied = _row_counts(con, "original"), _row_counts(con, "compacted")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -126,21 +125,20 @@ def _lock_holder(fd: int) -> tuple[str, str]:
     return (f" (pid {pid})" if pid.isdigit() else ""), service
 
 
-# The oldest storage format a new database file is written in: DuckDB 1.2's, the first with zstd for
-# strings (schema 8 stores event attributes with it). DuckDB before 2.0 writes new files in 0.10's
-# format unless told; those would keep the attributes at the default compression.
-NEW_FILE_STORAGE = "v1.2.0"
-
-
 def _new_file_config(path: Path) -> dict[str, str]:
+    """A new file is written at least in the first storage format with zstd for strings (schema 8
+    stores event attributes with it): DuckDB before 2.0 writes 0.10's unless told, where the
+    attributes would keep the default compression. An existing file keeps its format."""
     import duckdb
 
     if path.exists():
-        return {}  # an existing file keeps its format
-    default = duckdb.connect().execute("SELECT current_setting('storage_compatibility_version')").fetchone()[0]
-    found = re.match(r"v(\d+)\.(\d+)", default)
-    older = found is not None and (int(found.group(1)), int(found.group(2))) < (1, 2)
-    return {"storage_compatibility_version": NEW_FILE_STORAGE} if older else {}
+        return {}
+    with duckdb.connect() as memory:
+        (default,) = memory.execute("SELECT current_setting('storage_compatibility_version')").fetchone()
+    version = schema.storage_version(default)
+    if version is None or version >= schema.ZSTD_STORAGE:
+        return {}
+    return {"storage_compatibility_version": "v{}.{}.0".format(*schema.ZSTD_STORAGE)}
 
 
 def _connect(path: Path, read_only: bool, wait_s: float, on_wait: Callable[[str], None] | None):

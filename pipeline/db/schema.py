@@ -182,7 +182,8 @@ def modules() -> list[SqlFile]:
     return ordered
 
 
-def _literal(text: str) -> str:
+def sql_text(text: str) -> str:
+    """`text` as a SQL string literal."""
     return "'" + text.replace("'", "''") + "'"
 
 
@@ -193,9 +194,9 @@ def comment_statements(obj: SqlObject) -> list[str]:
         parts += [f"{name}: {text}" for name, text in obj.columns.items()]
         if obj.returns:
             parts.append(f"returns {obj.returns}")
-        return [f"COMMENT ON {_CATALOG_KIND[obj.kind]} {obj.name} IS {_literal(' | '.join(p for p in parts if p))}"]
-    out = [f"COMMENT ON {_CATALOG_KIND[obj.kind]} {obj.name} IS {_literal(obj.doc)}"]
-    out += [f"COMMENT ON COLUMN {obj.name}.{column} IS {_literal(text)}" for column, text in obj.columns.items()]
+        return [f"COMMENT ON {_CATALOG_KIND[obj.kind]} {obj.name} IS {sql_text(' | '.join(p for p in parts if p))}"]
+    out = [f"COMMENT ON {_CATALOG_KIND[obj.kind]} {obj.name} IS {sql_text(obj.doc)}"]
+    out += [f"COMMENT ON COLUMN {obj.name}.{column} IS {sql_text(text)}" for column, text in obj.columns.items()]
     return out
 
 
@@ -209,20 +210,23 @@ def applied_versions(con: Any) -> set[int]:
 
 
 _COMPRESSION = re.compile(r"\s+USING\s+COMPRESSION\s+zstd\b", re.IGNORECASE)
-# The first storage format with zstd for strings (DuckDB 1.2).
-_ZSTD_STORAGE = (1, 2)
+# The first storage format with zstd for strings (DuckDB 1.2's).
+ZSTD_STORAGE = (1, 2)
 
 
-def _storage_version(con: Any) -> tuple[int, ...] | None:
-    """The file's storage format as (major, minor), e.g. (2, 0) for 'v2.0.0+'; None when DuckDB does not say."""
-    try:
-        rows = con.execute(
-            "SELECT tags['storage_version'] FROM duckdb_databases() WHERE database_name = current_database()"
-        ).fetchall()
-    except Exception:  # an older DuckDB without `tags`
-        return None
-    found = re.match(r"v(\d+)\.(\d+)", str(rows[0][0] or "")) if rows else None
+def storage_version(text: str | None) -> tuple[int, int] | None:
+    """A DuckDB storage format or compatibility setting ('v2.0.0+', 'v0.10.2') as (major, minor);
+    None for anything else ('latest', no value)."""
+    found = re.match(r"v(\d+)\.(\d+)", text or "")
     return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def storage_tag(con: Any, database: str) -> str | None:
+    """The storage format of an attached database file as DuckDB names it ('v1.2.0+'), or None."""
+    rows = con.execute(
+        "SELECT tags['storage_version'] FROM duckdb_databases() WHERE database_name = ?", [database]
+    ).fetchall()
+    return rows[0][0] if rows else None
 
 
 def _within_storage_format(con: Any, sql: str) -> str:
@@ -230,8 +234,9 @@ def _within_storage_format(con: Any, sql: str) -> str:
     zstd for strings: the column then keeps DuckDB's default compression (a larger file, the same data)."""
     if not _COMPRESSION.search(sql):
         return sql
-    version = _storage_version(con)
-    return sql if version is None or version >= _ZSTD_STORAGE else _COMPRESSION.sub("", sql)
+    (database,) = con.execute("SELECT current_database()").fetchone()
+    version = storage_version(storage_tag(con, database))
+    return sql if version is None or version >= ZSTD_STORAGE else _COMPRESSION.sub("", sql)
 
 
 def apply_migrations(con: Any, tbpipe_version: str) -> list[int]:

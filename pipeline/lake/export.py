@@ -154,12 +154,12 @@ def export_database(db_path: Path, lake: Path) -> ExportSummary:
                 rows[table] = int(query_value(con, f"SELECT count(*) FROM ({query})") or 0)
                 if TABLES[table].partitioned:
                     con.execute(
-                        f"COPY ({query}) TO {store._literal(str(target))} "
+                        f"COPY ({query}) TO {store.sql_text(str(target))} "
                         f"(FORMAT parquet, COMPRESSION zstd, PARTITION_BY ({PARTITION}), FILENAME_PATTERN 'part-{{i}}')"
                     )
                 elif rows[table]:
                     con.execute(
-                        f"COPY ({query}) TO {store._literal(str(target / 'part-0.parquet'))} "
+                        f"COPY ({query}) TO {store.sql_text(str(target / 'part-0.parquet'))} "
                         "(FORMAT parquet, COMPRESSION zstd)"
                     )
             for table in _queries():

@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from tbpipe.pipeline.db.schema import sql_text
 from tbpipe.pipeline.errors import TbpipeError
 from tbpipe.schemas.lake import LAKE_FILE, LAKE_FORMAT, LAKE_VERSION, PARTITION, TABLES, LakeTable
 
@@ -121,10 +122,6 @@ def duckdb_type(type_: pa.DataType) -> str:
     raise LakeError(f"no DuckDB type for {type_}")
 
 
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def table_view_sql(root: Path, table: LakeTable) -> str:
     """SELECT over a lake table's files (or over no rows, when it has none), in its columns and types."""
     columns = []
@@ -151,7 +148,7 @@ def table_view_sql(root: Path, table: LakeTable) -> str:
     options = "hive_partitioning = true"
     if table.partitioned:
         options += f", hive_types = {{'{PARTITION}': BIGINT}}"
-    return f"SELECT {', '.join(columns)} FROM read_parquet({_literal(pattern)}, {options})"
+    return f"SELECT {', '.join(columns)} FROM read_parquet({sql_text(pattern)}, {options})"
 
 
 def install_views(con: Any, root: Path) -> None:

@@ -184,7 +184,7 @@ def run_sites(
         rows = _page_of_lead(_lead(cursor, number, generation), kind, offset, limit)
     if rows is None:
         rows = _sites_page(cursor, number, kind, name, limit, offset)
-    directory = _per_state(generation, "sites", lambda: SiteDirectory(cursor))
+    directory = _site_directory(cursor, generation)
     sites = directory.describe([row[0] for row in rows if row[0] is not None])
     out = []
     for site_id, kind, name, site_file, site_line, events in rows:
@@ -209,6 +209,10 @@ def _run_numbers(cursor: Any, generation: tuple | None) -> dict[str, int]:
     )
 
 
+def _site_directory(cursor: Any, generation: tuple | None) -> SiteDirectory:
+    return _per_state(generation, "sites", lambda: SiteDirectory(cursor))
+
+
 # The newest runs whose leading sites `warm` reads ahead: what the runs page links to first.
 WARM_RUNS = 64
 
@@ -218,7 +222,7 @@ def warm(cursor: Any, generation: tuple) -> int:
     run numbers, the site directory, every run's event counts and the leading sites of the newest
     `WARM_RUNS` runs. Returns how many runs' leads it read. Run by the service's warmer thread."""
     _run_numbers(cursor, generation)
-    _per_state(generation, "sites", lambda: SiteDirectory(cursor))
+    _site_directory(cursor, generation)
     counts_by_kind(cursor, [], generation)
     newest = query_rows(cursor, "SELECT run_number FROM runs ORDER BY started_at DESC, run_id LIMIT ?", [WARM_RUNS])
     for (number,) in newest:

@@ -11,16 +11,12 @@ from typing import Any
 import pyarrow as pa
 
 from tbpipe.pipeline.db.connection import DatabaseError
+from tbpipe.pipeline.db.schema import sql_text  # noqa: F401 - the ingest's modules take it from here
 from tbpipe.pipeline.errors import first_line
 
 
 class QuarantineRun(Exception):
     """The run's data cannot be loaded (found while loading, e.g. attributes that are not JSON)."""
-
-
-def sql_text(text: str) -> str:
-    """`text` as a SQL string literal."""
-    return "'" + text.replace("'", "''") + "'"
 
 
 class IngestDb:
