@@ -264,3 +264,196 @@ def test_module_key_column_is_the_scalar_encoding() -> None:
     build_ids = pa.array([case[0] for case in KEY_CASES], pa.string())
     paths = pa.array([case[1] for case in KEY_CASES], pa.string())
     assert module_key_column(build_ids, paths).to_pylist() == [case[3] for case in KEY_CASES]
+
+
+# ------------------------------------------------------------------------------------------ stack hashes
+
+
+def _random_raw_tables(rng: np.random.Generator, stacks: int) -> dict[str, pa.Table]:
+    """A raw run's stacks, modules and code with every case the hash must keep apart or together:
+    empty lists, markers (module -1), eval-loop and frame-pointer flags, a module index and code ids
+    the run does not describe, two module rows with one index, negative lines; in two chunks."""
+    flag_choices = [0, E, raw.NATIVE_FRAME_BY_FRAME_POINTER, raw.NATIVE_FRAME_EXACT_PC, M, E | 2]
+    rows = []
+    for stack in range(stacks):
+        native = [
+            {
+                "module": int(rng.choice([-1, 0, 1, 2, 7])),
+                "offset": int(rng.integers(0, 1 << 63, dtype=np.uint64)) | 1 << 63
+                if rng.random() < 0.1
+                else int(rng.integers(0, 5000)),
+                "flags": int(rng.choice(flag_choices)),
+            }
+            for _ in range(int(rng.integers(0, 12)))
+        ]
+        python = [
+            {
+                "code_id": int(rng.choice([11, 12, 13, 99])),
+                "offset": int(rng.integers(-1, 40)),
+                "line": int(rng.integers(-1, 300)),
+                "flags": int(rng.choice([0, ENTRY, raw.PYTHON_FRAME_LINE_RESOLVED, ENTRY | 2])),
+            }
+            for _ in range(int(rng.integers(0, 6)))
+        ]
+        status = int(rng.choice([0, raw.STACK_NO_NATIVE, raw.STACK_NATIVE_TRUNCATED]))
+        rows.append({"stack_id": 1000 + stack, "thread_id": 1, "status": status, "native": native, "python": python})
+    schema = raw.stacks_schema()
+    half = len(rows) // 2
+    modules = pa.table(
+        {
+            "module_index": [0, 1, 2, 1],  # index 7 is not described; index 1 twice (the first row counts)
+            "path": ["/lib/a.so", "/lib/b.so", "/lib/c.so", "/lib/other.so"],
+            "build_id": ["ab" * 20, None, "cd" * 8, "ef" * 20],
+            "load_bias": pa.array([0, 0, 4096, 0], pa.uint64()),
+            "exec_ranges": [[], [], [], []],
+            "eval_ranges": [[], [], [], []],
+        },
+        schema=raw.modules_schema(),
+    )
+    code = pa.table(
+        {
+            "code_id": pa.array([11, 12, 13, 12], pa.uint64()),  # code id 99 is not described
+            "filename": ["a.py", "b.py", "c.py", "b.py"],
+            "qualname": ["f", "g", "Cls.h", "g"],
+            "first_line": [1, 10, -1, 10],
+        },
+        schema=raw.code_schema(),
+    )
+    stacks_table = pa.concat_tables(
+        [pa.Table.from_pylist(rows[:half], schema), pa.Table.from_pylist(rows[half:], schema)]
+    )
+    return {"stacks": stacks_table, "modules": modules, "code": code}
+
+
+def _hashes_by_numpy(tables: dict[str, pa.Table]) -> np.ndarray:
+    """The stack hash of each distinct raw stack, composed from `identity`'s numpy definition."""
+    import pyarrow.compute as pc
+
+    stacks = tables["stacks"].sort_by("stack_id")
+    modules, code = tables["modules"], tables["code"]
+    module_hash = identity.md5_low64(
+        module_key_column(modules["build_id"].combine_chunks(), modules["path"].combine_chunks()).to_pylist()
+    )
+    module_row = {}
+    for row, index in enumerate(modules["module_index"].to_pylist()):
+        module_row.setdefault(index, row)
+    code_hash = {
+        code_id: int(h)
+        for code_id, h in zip(
+            code["code_id"].to_pylist(),
+            identity.md5_low64(
+                f"{f}\x1f{q}\x1f{line}"
+                for f, q, line in zip(*(code[c].to_pylist() for c in ("filename", "qualname", "first_line")))
+            ),
+        )
+    }
+    native = pc.list_flatten(stacks["native"]).combine_chunks() if stacks.num_rows else None
+    python = pc.list_flatten(stacks["python"]).combine_chunks() if stacks.num_rows else None
+    n_module = native.field("module").to_numpy()
+    n_flags = native.field("flags").to_numpy()
+    n_hash = np.array(
+        [module_hash[module_row[m]] if m in module_row else identity.MISSING for m in n_module], np.uint64
+    )
+    n_offset = np.where((n_flags & E) != 0, 0, native.field("offset").to_numpy()).astype(np.uint64)
+    native_keys = identity.native_frame_keys(n_hash, n_offset, n_flags & ~np.uint32(raw.NATIVE_FRAME_BY_FRAME_POINTER))
+    p_code = python.field("code_id").to_numpy()
+    p_hash = np.array(
+        [code_hash.get(int(c), int(identity.mix64(np.array([c ^ identity.MISSING], np.uint64))[0])) for c in p_code],
+        np.uint64,
+    )
+    python_keys = identity.python_frame_keys(
+        p_hash,
+        python.field("line").to_numpy(),
+        python.field("flags").to_numpy() & ~np.uint32(raw.PYTHON_FRAME_LINE_RESOLVED),
+    )
+    return identity.stack_hashes(
+        native_keys,
+        pc.list_value_length(stacks["native"]).to_numpy(),
+        python_keys,
+        pc.list_value_length(stacks["python"]).to_numpy(),
+        stacks["status"].to_numpy(),
+    )
+
+
+def test_extension_hashes_stacks_as_identity_defines() -> None:
+    from tbpipe.pipeline.stacks.flatten import flatten_run
+
+    tables = _random_raw_tables(np.random.default_rng(7), 400)
+    flat = flatten_run(tables)
+    expected = _hashes_by_numpy(tables)
+    assert flat.hashes.tolist() == expected.tolist()
+    # Not a constant: the 400 random stacks hash to (nearly) 400 values, and a flag the hash keeps changes it.
+    assert len(set(expected.tolist())) > 350
+    stacks = tables["stacks"].to_pylist()
+    stacks[0]["python"] = [{"code_id": 11, "offset": 0, "line": 5, "flags": ENTRY}]
+    stacks[1]["python"] = [{"code_id": 11, "offset": 0, "line": 5, "flags": ENTRY | raw.PYTHON_FRAME_LINE_RESOLVED}]
+    stacks[2]["python"] = [{"code_id": 11, "offset": 0, "line": 5, "flags": 0}]
+    for stack in stacks[:3]:
+        stack["native"], stack["status"] = [], 0
+    changed = flatten_run({**tables, "stacks": pa.Table.from_pylist(stacks, raw.stacks_schema())}).hashes
+    assert changed[0] == changed[1] != changed[2]
+
+
+def test_frames_of_chosen_stacks_across_a_batch() -> None:
+    """A batch's frames, asked for in any order, are each run's own with references into the batch's tables."""
+    import pyarrow.compute as pc
+
+    from tbpipe.pipeline.stacks.flatten import concat_flat_runs, flatten_run
+
+    rng = np.random.default_rng(3)
+    runs = [_random_raw_tables(rng, count) for count in (30, 1, 45)]
+    flats = [flatten_run(tables) for tables in runs]
+    batch, run_of = concat_flat_runs(flats)
+    chosen = rng.permutation(len(batch.raw_ids))[:50]
+    frames = batch.frames(chosen)
+    module_base = np.cumsum([0] + [f.modules.num_rows for f in flats])
+    code_base = np.cumsum([0] + [f.code.num_rows for f in flats])
+    native_at = python_at = 0
+    for stack in chosen.tolist():
+        run = int(run_of[stack])
+        local = stack - sum(len(f.raw_ids) for f in flats[:run])
+        row = runs[run]["stacks"].filter(pc.equal(runs[run]["stacks"]["stack_id"], int(flats[run].raw_ids[local])))
+        native, python = row["native"][0].as_py(), row["python"][0].as_py()
+        assert frames.native_lengths.tolist()[chosen.tolist().index(stack)] == len(native)
+        for frame in native:
+            ref = int(frames.native_ref[native_at])
+            known = frame["module"] in (0, 1, 2)
+            assert (ref >= 0) == known
+            if known:
+                assert batch.modules["module_index"][ref].as_py() == frame["module"]
+                assert module_base[run] <= ref < module_base[run + 1]
+            assert (int(frames.native_address[native_at]), int(frames.native_flags[native_at])) == (
+                frame["offset"],
+                frame["flags"],
+            )
+            native_at += 1
+        for frame in python:
+            ref = int(frames.python_ref[python_at])
+            assert (ref >= 0) == (frame["code_id"] != 99)
+            if ref >= 0:
+                assert batch.code["code_id"][ref].as_py() == frame["code_id"]
+                assert code_base[run] <= ref < code_base[run + 1]
+            assert (int(frames.python_line[python_at]), int(frames.python_flags[python_at])) == (
+                frame["line"],
+                frame["flags"],
+            )
+            python_at += 1
+    assert (native_at, python_at) == (len(frames.native_address), len(frames.python_line))
+
+
+def test_stack_hashing_refuses_offsets_outside_the_frames() -> None:
+    empty_u64 = np.zeros(0, np.uint64)
+    frames = (np.zeros(3, np.int32), np.zeros(3, np.uint64), np.zeros(3, np.uint32))
+    python = (np.zeros(2, np.int32), empty_u64, np.zeros(0, np.int32), np.zeros(0, np.uint32))
+    keys = (np.zeros(0, np.int64), empty_u64, empty_u64, empty_u64)
+    status = np.zeros(1, np.uint32)
+    for offsets, problem in (
+        ([0, 4], "offsets past the frames"),
+        ([2, 1], "offsets go down"),
+        ([-1, 2], "negative offset"),
+    ):
+        with pytest.raises(ValueError, match=problem):
+            _native.hash_raw_stacks(status, np.array(offsets, np.int32), *frames, *python, *keys)
+    with pytest.raises(ValueError, match="contiguous"):
+        _native.hash_raw_stacks(status, np.array([0, 3, 3], np.int32)[::2], *frames, *python, *keys)
+    assert len(_native.hash_raw_stacks(status, np.array([0, 3], np.int32), *frames, *python, *keys)) == 8

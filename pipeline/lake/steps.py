@@ -240,15 +240,6 @@ class LaidOutRun:
     source_files: pa.Table  # the lake's `source_files` rows for the Python files of those slots
 
 
-def _frames_of(lengths: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-    """Positions, in frame arrays laid end to end by `lengths`, of the frames of lists `chosen`."""
-    lengths = lengths.astype(np.int64)
-    starts = np.cumsum(lengths) - lengths
-    count = lengths[chosen]
-    offsets = np.repeat(starts[chosen] - (np.cumsum(count) - count), count)
-    return offsets + np.arange(int(count.sum()), dtype=np.int64)
-
-
 def lay_out_run(run_dir: str | Path, stack_ids: np.ndarray, *, recover_manifests: bool = False) -> LaidOutRun:
     """Slots of the given stacks (by lake stack id) of one run, which holds them all."""
     from tbpipe.pipeline.db.ingest.siting import import_roots, portable_file
@@ -270,15 +261,7 @@ def lay_out_run(run_dir: str | Path, stack_ids: np.ndarray, *, recover_manifests
     chosen = np.sort(wanted[first])
     slots, shapes = layout.combined_slots(
         stack_ids=hashes[chosen],
-        status=flat.status[chosen],
-        native_lengths=flat.native_lengths[chosen],
-        python_lengths=flat.python_lengths[chosen],
-        native_ref=flat.native.ref[_frames_of(flat.native_lengths, chosen)],
-        native_address=flat.native.value[_frames_of(flat.native_lengths, chosen)],
-        native_flags=flat.native.flags[_frames_of(flat.native_lengths, chosen)],
-        python_ref=flat.python.ref[_frames_of(flat.python_lengths, chosen)],
-        python_line=flat.python.value[_frames_of(flat.python_lengths, chosen)],
-        python_flags=flat.python.flags[_frames_of(flat.python_lengths, chosen)],
+        **flat.frames(chosen).slot_arguments(),
         modules=flat.modules,
         code=flat.code,
     )

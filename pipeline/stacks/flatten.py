@@ -1,48 +1,75 @@
-"""A raw run's stacks made columnar: frames flattened, modules keyed, stacks hashed (`flatten_run`).
+"""A raw run's stacks made columnar: modules keyed, stacks hashed, frames at hand (`flatten_run`).
 
-Everything here works on whole columns (pyarrow compute and numpy); nothing loops per event,
-stack or frame in Python. Only each distinct module key and code object is hashed one by one
-(`identity.md5_low64`).
+Every raw stack of every run is hashed (its portable identity), but only the few stacks the
+database has not seen yet are laid out, so the frames are not flattened up front: `FlatRun.frames`
+gives the frames of the stacks asked for. The hash runs in the extension, one pass over the Arrow
+columns (`tbpipe._native.hash_raw_stacks`); `identity` spells the same function out in numpy. Only
+each distinct module key and code object is hashed one by one (`identity.md5_low64`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tbpipe import _native
 from tbpipe.pipeline.stacks import identity
 from tbpipe.pipeline.stacks.origins import splice_origins
 from tbpipe.pipeline.symbols.modulekey import module_key_column
-from tbpipe.schemas.raw import NATIVE_FRAME_BY_FRAME_POINTER, NATIVE_FRAME_EVAL_LOOP, PYTHON_FRAME_LINE_RESOLVED
 
 
 @dataclass
-class FrameColumns:
-    """Flattened frames of the run's distinct raw stacks (innermost first within each stack)."""
+class StackFrames:
+    """The frames of chosen stacks, laid end to end in the order asked for, innermost first."""
 
-    parent: np.ndarray  # int64: index into FlatRun's per-stack arrays
-    idx: np.ndarray  # int32: position within the stack's native or Python list
-    ref: np.ndarray  # int64: row of `modules` / `code`, -1 when the run does not describe it
-    value: np.ndarray  # native: ELF address (uint64); Python: line (int32, -1 unknown)
-    flags: np.ndarray  # uint32
+    status: np.ndarray  # uint32 per stack
+    native_lengths: np.ndarray  # int64 per stack
+    python_lengths: np.ndarray  # int64 per stack
+    native_ref: np.ndarray  # int64: row of `modules`, -1 when the run does not describe it
+    native_address: np.ndarray  # uint64: ELF address (a marker's stop reason)
+    native_flags: np.ndarray  # uint32
+    python_ref: np.ndarray  # int64: row of `code`, -1 when the run does not describe it
+    python_line: np.ndarray  # int32, -1 unknown
+    python_flags: np.ndarray  # uint32
+
+    def slot_arguments(self) -> dict[str, np.ndarray]:
+        """These columns as `layout.combined_slots` takes them (with `modules` and `code` added by the caller)."""
+        return dict(self.__dict__)
 
 
 @dataclass
 class FlatRun:
-    """One run's distinct raw stacks, flattened, with the module and code tables they refer to."""
+    """One run's distinct raw stacks (or several runs', `concat_flat_runs`), with the module and code
+    tables they refer to."""
 
     modules: pa.Table  # module_index, module_key, path, load_bias, exec_ranges
     code: pa.Table  # code_id, filename, qualname, first_line (distinct code ids)
-    raw_ids: np.ndarray  # uint64, sorted distinct raw stack ids
+    raw_ids: np.ndarray  # uint64, sorted distinct raw stack ids (each run's own)
     status: np.ndarray  # uint32 per distinct raw stack
     native_lengths: np.ndarray  # int64 per distinct raw stack
     python_lengths: np.ndarray  # int64 per distinct raw stack
-    hashes: np.ndarray  # uint64 per distinct raw stack: identity.stack_hashes
-    native: FrameColumns
-    python: FrameColumns
+    hashes: np.ndarray  # uint64 per distinct raw stack: the portable identity
+    # Where the frames come from: one run's raw columns, or the runs laid end to end.
+    _source: _RunFrames | _BatchFrames = field(repr=False)
+
+    def frames(self, chosen: np.ndarray) -> StackFrames:
+        """The frames of stacks `chosen` (indices of this FlatRun's stacks, in the order given)."""
+        chosen = np.asarray(chosen, dtype=np.int64)
+        native_ref, native_address, native_flags, python_ref, python_line, python_flags = self._source.select(chosen)
+        return StackFrames(
+            status=self.status[chosen],
+            native_lengths=self.native_lengths[chosen],
+            python_lengths=self.python_lengths[chosen],
+            native_ref=native_ref,
+            native_address=native_address,
+            native_flags=native_flags,
+            python_ref=python_ref,
+            python_line=python_line,
+            python_flags=python_flags,
+        )
 
 
 def _flat(column: pa.ChunkedArray | pa.Array) -> pa.Array:
@@ -50,11 +77,12 @@ def _flat(column: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 
 def _numpy(column: pa.ChunkedArray | pa.Array, dtype) -> np.ndarray:
+    """The column as a numpy array of `dtype` (a view of Arrow's buffer where the types allow)."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     if len(column) == 0:
         return np.zeros(0, dtype=dtype)
-    return column.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=dtype)
 
 
 def _lookup(sorted_keys: np.ndarray, order: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -71,32 +99,131 @@ def _is_identity(rows: np.ndarray, count: int) -> bool:
     return len(rows) == count and bool(np.array_equal(rows, np.arange(count)))
 
 
-def _frames(lists: pa.ChunkedArray, rows: np.ndarray, ref_field: str, value_field: str) -> tuple[np.ndarray, ...]:
-    """(parent, idx, ref values, values, flags) of the frames of `rows` of a list<struct> column."""
-    chosen = lists if _is_identity(rows, len(lists)) else lists.take(pa.array(rows, pa.int64()))
-    chosen = chosen.combine_chunks() if isinstance(chosen, pa.ChunkedArray) else chosen
-    lengths = _numpy(pc.list_value_length(chosen), np.int64)
-    flat = pc.list_flatten(chosen)
-    parent = np.repeat(np.arange(len(rows), dtype=np.int64), lengths)
+@dataclass
+class _RunFrames:
+    """One run's raw `native` and `python` list columns, and how their references map to table rows."""
+
+    native: pa.ChunkedArray  # list<NATIVE_FRAME>, one row per row of the run's stacks table
+    python: pa.ChunkedArray  # list<PYTHON_FRAME>
+    stack_rows: np.ndarray  # int64: row of the stacks table of each distinct stack
+    module_index_sorted: np.ndarray  # int64 module indices, sorted
+    module_order: np.ndarray  # row of `modules` of each sorted index (the first row of equal ones)
+    code_ids: np.ndarray  # uint64 distinct code ids, sorted (row i of `code`)
+
+    def select(self, chosen: np.ndarray) -> tuple[np.ndarray, ...]:
+        rows = pa.array(self.stack_rows[chosen], pa.int64())
+        native = pc.list_flatten(self.native.take(rows))
+        python = pc.list_flatten(self.python.take(rows))
+        native_module = _numpy(pc.struct_field(native, "module"), np.int64)
+        python_code = _numpy(pc.struct_field(python, "code_id"), np.uint64)
+        return (
+            _lookup(self.module_index_sorted, self.module_order, native_module),
+            _numpy(pc.struct_field(native, "offset"), np.uint64),
+            _numpy(pc.struct_field(native, "flags"), np.uint32),
+            _lookup(self.code_ids, np.arange(len(self.code_ids), dtype=np.int64), python_code),
+            _numpy(pc.struct_field(python, "line"), np.int32),
+            _numpy(pc.struct_field(python, "flags"), np.uint32),
+        )
+
+
+@dataclass
+class _BatchFrames:
+    """Several runs' frames, their stacks and table rows numbered on from one run to the next."""
+
+    runs: list[FlatRun]
+    stack_base: np.ndarray  # int64: first stack of each run
+    module_base: np.ndarray  # int64: first `modules` row of each run
+    code_base: np.ndarray  # int64: first `code` row of each run
+    native_lengths: np.ndarray  # of all stacks
+    python_lengths: np.ndarray
+
+    def select(self, chosen: np.ndarray) -> tuple[np.ndarray, ...]:
+        run_of = np.searchsorted(self.stack_base, chosen, side="right") - 1
+        # Each run's chosen stacks in one go, then the frames put back in the order asked for.
+        by_run = np.argsort(run_of, kind="stable")
+        pieces = []
+        for run in np.unique(run_of).tolist():
+            mine = by_run[run_of[by_run] == run]
+            n_ref, n_address, n_flags, p_ref, p_line, p_flags = self.runs[run]._source.select(
+                chosen[mine] - self.stack_base[run]
+            )
+            n_ref = np.where(n_ref >= 0, n_ref + self.module_base[run], -1)
+            p_ref = np.where(p_ref >= 0, p_ref + self.code_base[run], -1)
+            pieces.append((n_ref, n_address, n_flags, p_ref, p_line, p_flags))
+        if not pieces:
+            return (
+                np.zeros(0, np.int64),
+                np.zeros(0, np.uint64),
+                np.zeros(0, np.uint32),
+                np.zeros(0, np.int64),
+                np.zeros(0, np.int32),
+                np.zeros(0, np.uint32),
+            )
+        joined = [np.concatenate(column) for column in zip(*pieces)]
+        if np.all(by_run[:-1] < by_run[1:]):
+            return tuple(joined)
+        place = np.empty(len(by_run), dtype=np.int64)
+        place[by_run] = np.arange(len(by_run), dtype=np.int64)  # position of each chosen stack in run order
+        native = _frames_of(self.native_lengths[chosen[by_run]], place)
+        python = _frames_of(self.python_lengths[chosen[by_run]], place)
+        return tuple(column[native if i < 3 else python] for i, column in enumerate(joined))
+
+
+def _frames_of(lengths: np.ndarray, chosen: np.ndarray) -> np.ndarray:
+    """Positions, in frame arrays laid end to end by `lengths`, of the frames of lists `chosen` (in that order)."""
+    lengths = lengths.astype(np.int64)
     starts = np.cumsum(lengths) - lengths
-    idx = (np.arange(len(parent), dtype=np.int64) - np.repeat(starts, lengths)).astype(np.int32)
-    return (
-        parent,
-        idx,
-        lengths,
-        _numpy(pc.struct_field(flat, ref_field), np.int64 if ref_field == "module" else np.uint64),
-        pc.struct_field(flat, value_field),
-        _numpy(pc.struct_field(flat, "flags"), np.uint32),
-    )
+    picked = lengths[chosen]
+    within = np.arange(int(picked.sum()), dtype=np.int64) - np.repeat(np.cumsum(picked) - picked, picked)
+    return np.repeat(starts[chosen], picked) + within
+
+
+def _list_parts(chunk: pa.Array, fields: tuple[str, ...], dtypes: tuple) -> tuple[np.ndarray, ...]:
+    """A list<struct> chunk's offsets (int32) and the named child columns, as numpy views."""
+    offsets = np.asarray(chunk.offsets.to_numpy(zero_copy_only=False), dtype=np.int32)
+    values = chunk.values
+    return (offsets, *(_numpy(pc.struct_field(values, name), dtype) for name, dtype in zip(fields, dtypes)))
+
+
+def _hash_stacks(
+    stacks: pa.Table, module_index: np.ndarray, module_hash: np.ndarray, code_ids: np.ndarray, code_hash: np.ndarray
+) -> np.ndarray:
+    """The portable hash of every row of a raw `stacks` table (identity.py's function, in the extension)."""
+    out = []
+    for batch in stacks.to_batches():
+        status, native, python = (batch.column(name) for name in ("status", "native", "python"))
+        n_offsets, n_module, n_address, n_flags = _list_parts(
+            native, ("module", "offset", "flags"), (np.int32, np.uint64, np.uint32)
+        )
+        p_offsets, p_code, p_line, p_flags = _list_parts(
+            python, ("code_id", "line", "flags"), (np.uint64, np.int32, np.uint32)
+        )
+        hashed = _native.hash_raw_stacks(
+            _numpy(status, np.uint32),
+            n_offsets,
+            n_module,
+            n_address,
+            n_flags,
+            p_offsets,
+            p_code,
+            p_line,
+            p_flags,
+            np.ascontiguousarray(module_index, dtype=np.int64),
+            np.ascontiguousarray(module_hash, dtype=np.uint64),
+            np.ascontiguousarray(code_ids, dtype=np.uint64),
+            np.ascontiguousarray(code_hash, dtype=np.uint64),
+        )
+        out.append(np.frombuffer(hashed, dtype=np.uint64))
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
 
 
 def flatten_run(tables: dict[str, pa.Table]) -> FlatRun:
-    """Flattens and hashes a run's `stacks`, `modules` and `code` tables (schemas.raw), with the frames
-    of its `code_origins` (when it has that table) placed inside the generated frames (`origins`)."""
+    """Hashes a run's `stacks` (with the frames of its `code_origins`, when it has that table, placed
+    inside the generated frames: `origins`) and keys its `modules` and `code` (schemas.raw)."""
     tables = splice_origins(tables)
     stacks = tables["stacks"]
 
-    # Modules: key and hash per row, and a dense map from module_index to row.
+    # Modules: key and hash per row; frames find their row by module_index.
     raw_modules = tables["modules"]
     keys = module_key_column(_flat(raw_modules["build_id"]), _flat(raw_modules["path"]))
     modules = pa.table(
@@ -114,8 +241,7 @@ def flatten_run(tables: dict[str, pa.Table]) -> FlatRun:
 
     # Code objects: distinct ids, hash over (file, qualname, first line).
     code_table = tables["code"]
-    code_ids_all = _numpy(code_table["code_id"], np.uint64)
-    code_ids, first_rows = np.unique(code_ids_all, return_index=True)
+    code_ids, first_rows = np.unique(_numpy(code_table["code_id"], np.uint64), return_index=True)
     code = (
         code_table
         if _is_identity(first_rows, code_table.num_rows)
@@ -127,43 +253,27 @@ def flatten_run(tables: dict[str, pa.Table]) -> FlatRun:
     code_hash = identity.md5_low64(_flat(code_text).to_pylist())
 
     # Distinct raw stacks (a run holds each once; duplicates would be harmless but are dropped).
-    raw_ids_all = _numpy(stacks["stack_id"], np.uint64)
-    raw_ids, stack_rows = np.unique(raw_ids_all, return_index=True)
-    status = _numpy(stacks["status"], np.uint32)[stack_rows]
-
-    n_parent, n_idx, n_len, n_module, n_offset, n_flags = _frames(stacks["native"], stack_rows, "module", "offset")
-    n_offset = _numpy(n_offset, np.uint64)
-    n_ref = _lookup(module_index[module_order], module_order, n_module)
-    n_hash = np.where(
-        n_ref >= 0, module_hash[np.maximum(n_ref, 0)] if len(module_hash) else identity.MISSING, identity.MISSING
-    )
-    # An eval-loop frame is replaced by the Python frames it ran; where in the eval loop it was
-    # (which specialized instruction) is noise that must not split one stack into several.
-    hashed_offset = np.where((n_flags & NATIVE_FRAME_EVAL_LOOP) != 0, np.uint64(0), n_offset)
-    native_keys = identity.native_frame_keys(n_hash, hashed_offset, n_flags & ~np.uint32(NATIVE_FRAME_BY_FRAME_POINTER))
-
-    p_parent, p_idx, p_len, p_code, p_line, p_flags = _frames(stacks["python"], stack_rows, "code_id", "line")
-    p_line = _numpy(p_line, np.int32)
-    p_ref = _lookup(code_ids, np.arange(len(code_ids), dtype=np.int64), p_code)
-    p_hash = np.where(
-        p_ref >= 0,
-        code_hash[np.maximum(p_ref, 0)] if len(code_hash) else identity.MISSING,
-        identity.mix64(p_code ^ identity.MISSING),
-    )
-    python_keys = identity.python_frame_keys(p_hash, p_line, p_flags & ~np.uint32(PYTHON_FRAME_LINE_RESOLVED))
-
-    hashes = identity.stack_hashes(native_keys, n_len, python_keys, p_len, status)
+    raw_ids, stack_rows = np.unique(_numpy(stacks["stack_id"], np.uint64), return_index=True)
+    stack_rows = stack_rows.astype(np.int64)
+    hashes = _hash_stacks(stacks, module_index, module_hash, code_ids, code_hash)
+    lengths = [_numpy(pc.list_value_length(stacks[name]), np.int64) for name in ("native", "python")]
 
     return FlatRun(
         modules=modules,
         code=code,
         raw_ids=raw_ids,
-        status=status,
-        native_lengths=n_len,
-        python_lengths=p_len,
-        hashes=hashes,
-        native=FrameColumns(n_parent, n_idx, n_ref, n_offset, n_flags),
-        python=FrameColumns(p_parent, p_idx, p_ref, p_line, p_flags),
+        status=_numpy(stacks["status"], np.uint32)[stack_rows],
+        native_lengths=lengths[0][stack_rows],
+        python_lengths=lengths[1][stack_rows],
+        hashes=hashes[stack_rows],
+        _source=_RunFrames(
+            native=stacks["native"],
+            python=stacks["python"],
+            stack_rows=stack_rows,
+            module_index_sorted=module_index[module_order],
+            module_order=module_order,
+            code_ids=code_ids,
+        ),
     )
 
 
@@ -172,28 +282,24 @@ def concat_flat_runs(runs: list[FlatRun]) -> tuple[FlatRun, np.ndarray]:
     and the index in `runs` of each stack's run. Raw stack ids stay each run's own."""
     if len(runs) == 1:
         return runs[0], np.zeros(len(runs[0].raw_ids), dtype=np.int64)
-
-    def shifted(columns: list[FrameColumns], stacks: list[int], tables: list[int]) -> FrameColumns:
-        stack_base = np.cumsum([0, *stacks[:-1]])
-        table_base = np.cumsum([0, *tables[:-1]])
-        return FrameColumns(
-            parent=np.concatenate([c.parent + b for c, b in zip(columns, stack_base)]),
-            idx=np.concatenate([c.idx for c in columns]),
-            ref=np.concatenate([np.where(c.ref >= 0, c.ref + b, -1) for c, b in zip(columns, table_base)]),
-            value=np.concatenate([c.value for c in columns]),
-            flags=np.concatenate([c.flags for c in columns]),
-        )
-
     stacks = [len(r.raw_ids) for r in runs]
+    native_lengths = np.concatenate([r.native_lengths for r in runs])
+    python_lengths = np.concatenate([r.python_lengths for r in runs])
     flat = FlatRun(
         modules=pa.concat_tables([r.modules for r in runs]),
         code=pa.concat_tables([r.code for r in runs]),
         raw_ids=np.concatenate([r.raw_ids for r in runs]),
         status=np.concatenate([r.status for r in runs]),
-        native_lengths=np.concatenate([r.native_lengths for r in runs]),
-        python_lengths=np.concatenate([r.python_lengths for r in runs]),
+        native_lengths=native_lengths,
+        python_lengths=python_lengths,
         hashes=np.concatenate([r.hashes for r in runs]),
-        native=shifted([r.native for r in runs], stacks, [r.modules.num_rows for r in runs]),
-        python=shifted([r.python for r in runs], stacks, [r.code.num_rows for r in runs]),
+        _source=_BatchFrames(
+            runs=runs,
+            stack_base=np.cumsum([0, *stacks[:-1]]).astype(np.int64),
+            module_base=np.cumsum([0, *[r.modules.num_rows for r in runs][:-1]]).astype(np.int64),
+            code_base=np.cumsum([0, *[r.code.num_rows for r in runs][:-1]]).astype(np.int64),
+            native_lengths=native_lengths,
+            python_lengths=python_lengths,
+        ),
     )
     return flat, np.repeat(np.arange(len(runs)), stacks)

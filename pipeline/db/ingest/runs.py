@@ -357,20 +357,9 @@ class RunLoader:
 
     def _slots(self, flat, new_ids: np.ndarray, new_order: np.ndarray):
         """Slots of the new stacks (by stack id)."""
-        native, python = flat.native, flat.python
-        native_rows = _frames_of(flat.native_lengths, new_order)
-        python_rows = _frames_of(flat.python_lengths, new_order)
         return layout.combined_slots(
             stack_ids=new_ids[new_order],
-            status=flat.status[new_order],
-            native_lengths=flat.native_lengths[new_order],
-            python_lengths=flat.python_lengths[new_order],
-            native_ref=native.ref[native_rows],
-            native_address=native.value[native_rows],
-            native_flags=native.flags[native_rows],
-            python_ref=python.ref[python_rows],
-            python_line=python.value[python_rows],
-            python_flags=python.flags[python_rows],
+            **flat.frames(new_order).slot_arguments(),
             modules=flat.modules,
             code=flat.code,
         )
@@ -434,15 +423,6 @@ class RunLoader:
             group = summary.unsymbolized.setdefault(reason, UnsymbolizedGroup(reason))
             group.frames += count
             group.modules[module_key or "?"] = module or "?"
-
-
-def _frames_of(lengths: np.ndarray, chosen: np.ndarray) -> np.ndarray:
-    """Indices of the frames of lists `chosen` (in that order), lists laid end to end with `lengths`."""
-    lengths = lengths.astype(np.int64)
-    starts = np.cumsum(lengths) - lengths
-    picked = lengths[chosen]
-    within = np.arange(int(picked.sum()), dtype=np.int64) - np.repeat(np.cumsum(picked) - picked, picked)
-    return np.repeat(starts[chosen], picked) + within
 
 
 def _before_commit(run_id: str) -> None:

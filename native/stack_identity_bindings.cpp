@@ -1,0 +1,101 @@
+// Binding of the ingest's stack hashing (stack_identity.h): `tbpipe._native.hash_raw_stacks`, over
+// the buffers of a run's Arrow columns (numpy views, no copies). Registered into tbpipe._native by
+// bindings.cpp through register_stack_identity_bindings().
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+
+#include "stack_identity.h"
+
+namespace py = pybind11;
+
+namespace tbpipe {
+namespace {
+
+// A contiguous 1-d buffer of `itemsize`-byte items, with its length.
+template <typename T>
+const T* column(const py::buffer& buffer, py::buffer_info& info, const char* what) {
+  info = buffer.request();
+  if (info.ndim != 1 || info.itemsize != static_cast<ssize_t>(sizeof(T)) ||
+      (info.strides.size() == 1 && info.strides[0] != static_cast<ssize_t>(sizeof(T)))) {
+    throw py::value_error(std::string(what) + ": expected a contiguous 1-d buffer of " + std::to_string(sizeof(T)) +
+                          "-byte items");
+  }
+  return static_cast<const T*>(info.ptr);
+}
+
+// List offsets must rise and stay inside the frame columns: a damaged part must not read past them.
+void check_offsets(const int32_t* offsets, ssize_t count, ssize_t frames, const char* what) {
+  if (count < 1) throw py::value_error(std::string(what) + ": no offsets");
+  if (offsets[0] < 0) throw py::value_error(std::string(what) + ": negative offset");
+  for (ssize_t i = 1; i < count; ++i) {
+    if (offsets[i] < offsets[i - 1]) throw py::value_error(std::string(what) + ": offsets go down");
+  }
+  if (offsets[count - 1] > frames) throw py::value_error(std::string(what) + ": offsets past the frames");
+}
+
+py::bytes hash_raw_stacks_binding(const py::buffer& status, const py::buffer& native_offsets,
+                                  const py::buffer& native_module, const py::buffer& native_address,
+                                  const py::buffer& native_flags, const py::buffer& python_offsets,
+                                  const py::buffer& python_code, const py::buffer& python_line,
+                                  const py::buffer& python_flags, const py::buffer& module_index,
+                                  const py::buffer& module_hash, const py::buffer& code_id,
+                                  const py::buffer& code_hash) {
+  py::buffer_info infos[13];
+  RawStackColumns columns;
+  columns.status = column<uint32_t>(status, infos[0], "status");
+  columns.native_offsets = column<int32_t>(native_offsets, infos[1], "native offsets");
+  columns.native_module = column<int32_t>(native_module, infos[2], "native modules");
+  columns.native_address = column<uint64_t>(native_address, infos[3], "native addresses");
+  columns.native_flags = column<uint32_t>(native_flags, infos[4], "native flags");
+  columns.python_offsets = column<int32_t>(python_offsets, infos[5], "python offsets");
+  columns.python_code = column<uint64_t>(python_code, infos[6], "python code ids");
+  columns.python_line = column<int32_t>(python_line, infos[7], "python lines");
+  columns.python_flags = column<uint32_t>(python_flags, infos[8], "python flags");
+  RawStackReferences references;
+  references.module_index = column<int64_t>(module_index, infos[9], "module indices");
+  references.module_hash = column<uint64_t>(module_hash, infos[10], "module hashes");
+  references.code_id = column<uint64_t>(code_id, infos[11], "code ids");
+  references.code_hash = column<uint64_t>(code_hash, infos[12], "code hashes");
+
+  const ssize_t stacks = infos[0].size;
+  if (infos[1].size != stacks + 1 || infos[5].size != stacks + 1) {
+    throw py::value_error("native and python offsets: expected one more than the stacks");
+  }
+  const ssize_t native_frames = infos[2].size;
+  if (infos[3].size != native_frames || infos[4].size != native_frames) {
+    throw py::value_error("native frame columns differ in length");
+  }
+  const ssize_t python_frames = infos[6].size;
+  if (infos[7].size != python_frames || infos[8].size != python_frames) {
+    throw py::value_error("python frame columns differ in length");
+  }
+  if (infos[9].size != infos[10].size) throw py::value_error("module indices and hashes differ in length");
+  if (infos[11].size != infos[12].size) throw py::value_error("code ids and hashes differ in length");
+  check_offsets(columns.native_offsets, stacks + 1, native_frames, "native offsets");
+  check_offsets(columns.python_offsets, stacks + 1, python_frames, "python offsets");
+  columns.stacks = static_cast<size_t>(stacks);
+  references.modules = static_cast<size_t>(infos[9].size);
+  references.codes = static_cast<size_t>(infos[11].size);
+
+  std::string out(static_cast<size_t>(stacks) * sizeof(uint64_t), '\0');
+  {
+    py::gil_scoped_release unlocked;
+    hash_raw_stacks(columns, references, reinterpret_cast<uint64_t*>(out.data()));
+  }
+  return py::bytes(out);
+}
+
+}  // namespace
+
+void register_stack_identity_bindings(py::module_& m) {
+  m.def("hash_raw_stacks", &hash_raw_stacks_binding, py::arg("status"), py::arg("native_offsets"),
+        py::arg("native_module"), py::arg("native_address"), py::arg("native_flags"), py::arg("python_offsets"),
+        py::arg("python_code"), py::arg("python_line"), py::arg("python_flags"), py::arg("module_index"),
+        py::arg("module_hash"), py::arg("code_id"), py::arg("code_hash"),
+        "Portable hash of each raw stack (pipeline/stacks/identity.py's), from Arrow list offsets and frame "
+        "columns; uint64 bytes.");
+}
+
+}  // namespace tbpipe
