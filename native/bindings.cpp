@@ -27,7 +27,7 @@ namespace tbpipe {
 void register_module_bindings(py::module_& m);          // native/module_bindings.cpp
 void register_source_bindings(py::module_& m);          // native/source_bindings.cpp
 void register_symbolize_bindings(py::module_& m);       // native/symbolize_bindings.cpp
-void register_stack_identity_bindings(py::module_& m);  // native/stack_identity_bindings.cpp
+void register_ingest_bindings(py::module_& m);  // native/ingest_bindings.cpp
 
 namespace {
 
@@ -334,5 +334,5 @@ PYBIND11_MODULE(_native, m) {
   register_module_bindings(m);
   register_source_bindings(m);
   register_symbolize_bindings(m);
-  register_stack_identity_bindings(m);
+  register_ingest_bindings(m);
 }

@@ -457,3 +457,27 @@ def test_stack_hashing_refuses_offsets_outside_the_frames() -> None:
     with pytest.raises(ValueError, match="contiguous"):
         _native.hash_raw_stacks(status, np.array([0, 3, 3], np.int32)[::2], *frames, *python, *keys)
     assert len(_native.hash_raw_stacks(status, np.array([0, 3], np.int32), *frames, *python, *keys)) == 8
+
+
+@pytest.mark.parametrize("exact_pass_only", [False, True])
+def test_distinct_rows_groups_equal_rows_exactly(exact_pass_only) -> None:
+    """Ids number the distinct rows in order of first appearance, whichever pass assigns them; rows
+    that differ in one byte anywhere (the tail past the last 8-byte word too) never share an id."""
+    rng = np.random.default_rng(5)
+    for width in (1, 7, 8, 13, 24):
+        values = rng.integers(0, 256, size=(300, width), dtype=np.uint8)
+        values[1] = values[0]
+        values[2] = values[0]
+        values[2, -1] ^= 1  # differs from row 0 in its last byte only
+        rows = values[rng.integers(0, 300, 5000)]
+        rows[:3] = values[:3]
+        ids, first = _native.distinct_rows(rows.ravel(), width, exact_pass_only=exact_pass_only)
+        ids, first = np.frombuffer(ids, np.int64), np.frombuffer(first, np.int64)
+        _, expected_first = np.unique(rows, axis=0, return_index=True)
+        # Each row's id stands for its own bytes, and there are as many ids as distinct rows.
+        assert np.array_equal(rows[first[ids]], rows)
+        assert len(first) == len(expected_first)
+        assert np.array_equal(first, np.sort(expected_first))  # first appearances, in order
+        assert ids[0] == ids[1] != ids[2]
+    with pytest.raises(ValueError, match="multiple of the width"):
+        _native.distinct_rows(np.zeros(10, np.uint8), 3)

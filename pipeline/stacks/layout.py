@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tbpipe.pipeline.stacks.identity import mix64
+from tbpipe import _native
 from tbpipe.pipeline.stacks.origins import ORIGIN_FLAG
 from tbpipe.schemas.raw import (
     NATIVE_FRAME_EVAL_LOOP,
@@ -273,12 +273,15 @@ def _python_inlined(kind: np.ndarray, table: pa.Table) -> np.ndarray | None:
     return inlined if inlined.any() else None
 
 
-def _keys(build_codes: np.ndarray, address: np.ndarray, exact: np.ndarray) -> np.ndarray:
-    """One sortable 16-byte key per (build-ID code, address, exact): big-endian bytes compare as numbers."""
-    packed = np.empty((len(address), 2), dtype=">u8")
-    packed[:, 0] = (build_codes.astype(np.uint64) << np.uint64(1)) | exact.astype(np.uint64)
-    packed[:, 1] = address.astype(np.uint64)
-    return packed.view("V16").ravel()
+def _distinct(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, an id of its combination of values over the columns (ids in order of first
+    appearance), and the first row of each id: exact, found by hashing the packed rows in the
+    extension (`tbpipe._native.distinct_rows`) rather than by sorting."""
+    packed = np.empty(len(columns[0]), np.dtype([(f"c{i}", column.dtype) for i, column in enumerate(columns)]))
+    for i, column in enumerate(columns):
+        packed[f"c{i}"] = column
+    ids, first = _native.distinct_rows(packed.view(np.uint8), packed.dtype.itemsize)
+    return np.frombuffer(ids, dtype=np.int64), np.frombuffer(first, dtype=np.int64)
 
 
 @dataclass
@@ -322,20 +325,11 @@ def _codes(values: pa.Array) -> np.ndarray:
     return pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def _combine(*parts: np.ndarray) -> np.ndarray:
-    """One 64-bit key per row from integer columns (position-dependent mixing)."""
-    key = np.zeros(len(parts[0]), dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for part in parts:
-            key = mix64(key * np.uint64(0x100000001B3) ^ mix64(part.astype(np.int64).astype(np.uint64)))
-    return key
-
-
 def expand(slots: Slots, symbols: pa.Table) -> Frames:
     """Stack rows: native slots replaced by their inline chains from `symbols`; each distinct frame once.
 
     Only integers are computed per row; the text of a frame is taken once per distinct frame, found
-    by a 64-bit key over the codes that determine it (a symbols row and module path for a symbolized
+    by the codes that determine it (a symbols row and module path for a symbolized
     native frame; module, address and reason for an unsymbolized one; function, file, line and first
     line for a Python frame; the stop reason for a marker).
     """
@@ -357,11 +351,11 @@ def expand(slots: Slots, symbols: pa.Table) -> Frames:
 
     # One id per distinct key over slots and symbols rows; chains = symbols rows sorted by (id, depth).
     looked_up = native & (slot_codes >= 0)
-    keys = np.concatenate(
-        [_keys(np.maximum(slot_codes, 0), slots.address, slots.exact), _keys(sym_codes, sym_address, sym_exact)]
+    ids, _ = _distinct(
+        np.concatenate([np.maximum(slot_codes, 0), sym_codes]).astype(np.int32),
+        np.concatenate([slots.address, sym_address]).astype(np.uint64),
+        np.concatenate([slots.exact, sym_exact]).astype(bool),
     )
-    _, ids = np.unique(keys, return_inverse=True)
-    ids = ids.ravel()
     slot_ids, sym_ids = ids[:n], ids[n:]
     chain_length = np.bincount(sym_ids, minlength=int(ids.max()) + 1 if len(ids) else 0)
     sym_order = np.lexsort((sym_depth, sym_ids))
@@ -386,22 +380,21 @@ def expand(slots: Slots, symbols: pa.Table) -> Frames:
     python_row = row_kind == PYTHON
     module_code, function_code, file_code = _codes(slots.module), _codes(slots.function), _codes(slots.file)
     line_or_address = np.where(python_row, slots.line[owner], slots.address[owner].astype(np.int64))
-    frame_key = _combine(
-        row_kind,
-        sym_row,
-        np.where(row_chain, -1, module_code[owner] if n else 0),
-        np.where(row_chain | python_row, -1, slot_codes[owner] if n else 0),
+    frame_columns = [
+        row_kind.astype(np.int8),
+        sym_row.astype(np.int32),
+        np.where(row_chain, -1, module_code[owner] if n else 0).astype(np.int32),
+        np.where(row_chain | python_row, -1, slot_codes[owner] if n else 0).astype(np.int32),
         np.where(row_chain, -1, line_or_address),
-        np.where(row_chain | python_row, -1, slots.exact[owner].astype(np.int64)),
-        np.where(python_row, function_code[owner] if n else 0, -1),
-        np.where(python_row, file_code[owner] if n else 0, -1),
-        np.where(python_row, slots.first_line[owner], -1),
-        np.where(row_chain, module_code[owner] if n else 0, -1),
-    )
+        np.where(row_chain | python_row, -1, slots.exact[owner].astype(np.int8)).astype(np.int8),
+        np.where(python_row, function_code[owner] if n else 0, -1).astype(np.int32),
+        np.where(python_row, file_code[owner] if n else 0, -1).astype(np.int32),
+        np.where(python_row, slots.first_line[owner], -1).astype(np.int32),
+        np.where(row_chain, module_code[owner] if n else 0, -1).astype(np.int32),
+    ]
     if slots.inlined is not None:  # origin frames differ from the same line run for real
-        frame_key = _combine(frame_key, slots.inlined[owner])
-    _, representative, frame_of_row = np.unique(frame_key, return_index=True, return_inverse=True)
-    frame_of_row = frame_of_row.ravel()
+        frame_columns.append(slots.inlined[owner])
+    frame_of_row, representative = _distinct(*frame_columns)
     frames, symbolized_frame = _frame_contents(slots, symbols, representative, owner, row_chain, sym_row, slot_codes)
 
     rows = pa.table(

@@ -1,11 +1,13 @@
 // Binding of the ingest's stack hashing (stack_identity.h): `tbpipe._native.hash_raw_stacks`, over
 // the buffers of a run's Arrow columns (numpy views, no copies). Registered into tbpipe._native by
-// bindings.cpp through register_stack_identity_bindings().
+// bindings.cpp through register_ingest_bindings().
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "distinct_rows.h"
 #include "stack_identity.h"
 
 namespace py = pybind11;
@@ -87,15 +89,35 @@ py::bytes hash_raw_stacks_binding(const py::buffer& status, const py::buffer& na
   return py::bytes(out);
 }
 
+py::tuple distinct_rows_binding(const py::buffer& rows, ssize_t width, bool exact_pass_only) {
+  py::buffer_info info;
+  const auto* bytes = column<uint8_t>(rows, info, "rows");
+  if (width <= 0) throw py::value_error("rows: width must be positive");
+  if (info.size % width != 0) throw py::value_error("rows: size is not a multiple of the width");
+  const size_t count = static_cast<size_t>(info.size / width);
+  std::string ids(count * sizeof(int64_t), '\0');
+  std::vector<int64_t> first;
+  {
+    py::gil_scoped_release unlocked;
+    first = distinct_rows(bytes, count, static_cast<size_t>(width), reinterpret_cast<int64_t*>(ids.data()),
+                          exact_pass_only);
+  }
+  return py::make_tuple(py::bytes(ids),
+                        py::bytes(reinterpret_cast<const char*>(first.data()), first.size() * sizeof(int64_t)));
+}
+
 }  // namespace
 
-void register_stack_identity_bindings(py::module_& m) {
+void register_ingest_bindings(py::module_& m) {
   m.def("hash_raw_stacks", &hash_raw_stacks_binding, py::arg("status"), py::arg("native_offsets"),
         py::arg("native_module"), py::arg("native_address"), py::arg("native_flags"), py::arg("python_offsets"),
         py::arg("python_code"), py::arg("python_line"), py::arg("python_flags"), py::arg("module_index"),
         py::arg("module_hash"), py::arg("code_id"), py::arg("code_hash"),
         "Portable hash of each raw stack (pipeline/stacks/identity.py's), from Arrow list offsets and frame "
         "columns; uint64 bytes.");
+  m.def("distinct_rows", &distinct_rows_binding, py::arg("rows"), py::arg("width"), py::arg("exact_pass_only") = false,
+        "Rows of `width` bytes: (id of each row's value, first row of each id), int64 bytes; ids in order of "
+        "first appearance.");
 }
 
 }  // namespace tbpipe
