@@ -24,10 +24,10 @@ namespace py = pybind11;
 
 namespace tbpipe {
 
-void register_module_bindings(py::module_& m);          // native/module_bindings.cpp
-void register_source_bindings(py::module_& m);          // native/source_bindings.cpp
-void register_symbolize_bindings(py::module_& m);       // native/symbolize_bindings.cpp
-void register_ingest_bindings(py::module_& m);  // native/ingest_bindings.cpp
+void register_module_bindings(py::module_& m);     // native/module_bindings.cpp
+void register_source_bindings(py::module_& m);     // native/source_bindings.cpp
+void register_symbolize_bindings(py::module_& m);  // native/symbolize_bindings.cpp
+void register_ingest_bindings(py::module_& m);     // native/ingest_bindings.cpp
 
 namespace {
 
