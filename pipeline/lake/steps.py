@@ -277,7 +277,8 @@ def lay_out_run(run_dir: str | Path, stack_ids: np.ndarray, *, recover_manifests
         },
         schema=NEW_STACK,
     )
-    python_files = pc.unique(slots.file.filter(pa.array(slots.kind == layout.PYTHON)).drop_null()).to_pylist()
+    python_files = pc.unique(slots.file.filter(pa.array(slots.kind == layout.PYTHON)).cast(pa.string()).drop_null())
+    python_files = python_files.to_pylist()
     roots = import_roots(manifest)
     named = [(file, *portable_file(file, roots)) for file in sorted(python_files)]
     source_files = pa.table(

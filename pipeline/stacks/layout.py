@@ -49,6 +49,7 @@ class Slots:
     stack_id: np.ndarray  # int64
     slot: np.ndarray  # int32, 0-based within the stack
     kind: np.ndarray  # int8: PYTHON, NATIVE, MARKER
+    # The text columns may be dictionary arrays (combined_slots writes each text once, not per slot).
     function: pa.Array  # Python qualname; marker: what stopped the walk; native: null
     file: pa.Array  # Python file
     line: np.ndarray  # int32 Python line, -1 unknown
@@ -95,14 +96,23 @@ def _take(values: pa.Array, rows: np.ndarray) -> pa.Array:
     return values.take(pa.array(np.where(missing, 0, rows), pa.int64(), mask=missing))
 
 
-def _stop_texts(codes: np.ndarray) -> tuple[pa.Array, pa.Array]:
-    """(marker function text, reason) per stop-reason code."""
+def _dictionary(values: pa.Array | pa.ChunkedArray, rows: np.ndarray) -> pa.DictionaryArray:
+    """values[rows] (null where rows < 0) as a dictionary array: the texts of a table's few rows
+    are not copied once per slot."""
+    return pa.DictionaryArray.from_arrays(pa.array(rows.astype(np.int32), pa.int32(), mask=rows < 0), _flat(values))
+
+
+def _plain(values: pa.Array) -> pa.Array:
+    """A dictionary array's values written out (other arrays as they are)."""
+    return values.cast(values.type.value_type) if pa.types.is_dictionary(values.type) else values
+
+
+def _stop_texts(codes: np.ndarray) -> tuple[pa.Array, pa.Array, np.ndarray]:
+    """(marker function text, reason) per distinct stop-reason code, and the distinct code of each code."""
     distinct, inverse = np.unique(codes, return_inverse=True)
     reasons = [STOP_REASONS.get(int(code), f"stop reason {int(code)}") for code in distinct.tolist()]
-    reason_values = pa.array(reasons, pa.string())
-    text_values = pa.array([f"<native walk stopped: {r}>" for r in reasons], pa.string())
-    index = pa.array(inverse.astype(np.int64))
-    return text_values.take(index), reason_values.take(index)
+    texts = [f"<native walk stopped: {r}>" for r in reasons]
+    return pa.array(texts, pa.string()), pa.array(reasons, pa.string()), inverse.ravel().astype(np.int64)
 
 
 def combined_slots(
@@ -198,16 +208,21 @@ def combined_slots(
 
     code_first_line = _flat(code["first_line"]).to_numpy(zero_copy_only=False) if code.num_rows else np.zeros(0)
     first_line = np.where(code_row >= 0, code_first_line[np.maximum(code_row, 0)] if code.num_rows else -1, -1)
-    function = _take(code["qualname"].combine_chunks() if code.num_rows else pa.array([], pa.string()), code_row)
-    file = _take(code["filename"].combine_chunks() if code.num_rows else pa.array([], pa.string()), code_row)
+    qualnames = code["qualname"] if code.num_rows else pa.array([], pa.string())
+    function = _dictionary(qualnames, code_row)
+    file = _dictionary(code["filename"] if code.num_rows else pa.array([], pa.string()), code_row)
     reason = pa.nulls(len(owner), pa.string())
     markers = np.flatnonzero(kind == MARKER)
     if len(markers):
-        texts, reasons = _stop_texts(address[markers])
-        where = np.full(len(owner), -1, dtype=np.int64)
-        where[markers] = np.arange(len(markers))
-        function = pc.if_else(pa.array(kind == MARKER), _take(texts, where), function)
-        reason = _take(reasons, where)
+        # A marker's function is its stop text: one more dictionary entry per distinct reason.
+        texts, reasons, text_of = _stop_texts(address[markers])
+        function_row = code_row.copy()
+        function_row[markers] = len(qualnames) + text_of
+        function = _dictionary(pa.concat_arrays([_flat(qualnames).cast(pa.string()), texts]), function_row)
+        reason_row = np.full(len(owner), -1, dtype=np.int64)
+        reason_row[markers] = text_of
+        reason = _dictionary(reasons, reason_row)
+    empty = pa.array([], pa.string())
     slots = Slots(
         stack_id=stack_ids[owner].astype(np.int64),
         slot=slot.astype(np.int32),
@@ -216,10 +231,8 @@ def combined_slots(
         file=file,
         line=line,
         first_line=first_line.astype(np.int32),
-        module=_take(modules["path"].combine_chunks() if modules.num_rows else pa.array([], pa.string()), module_row),
-        module_key=_take(
-            modules["module_key"].combine_chunks() if modules.num_rows else pa.array([], pa.string()), module_row
-        ),
+        module=_dictionary(modules["path"] if modules.num_rows else empty, module_row),
+        module_key=_dictionary(modules["module_key"] if modules.num_rows else empty, module_row),
         address=address,
         exact=exact,
         reason=reason,
@@ -321,8 +334,25 @@ def _codes(values: pa.Array) -> np.ndarray:
     """A dense integer per distinct string (nulls -1), for keys built with numpy."""
     if len(values) == 0:
         return np.zeros(0, np.int64)
-    encoded = pc.dictionary_encode(_flat(values))
+    values = _flat(values)
+    if pa.types.is_dictionary(values.type):
+        # A dictionary may hold one text twice (two code rows of one function): one code for both.
+        value_codes = _codes(values.dictionary)
+        indices = pc.fill_null(values.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        return np.where(indices >= 0, value_codes[np.maximum(indices, 0)] if len(value_codes) else -1, -1)
+    encoded = pc.dictionary_encode(values)
     return pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _index_in(values: pa.Array, value_set: pa.Array) -> np.ndarray:
+    """Position of each value in `value_set` (-1 null or absent); a dictionary array's few values are
+    looked up once."""
+    values = _flat(values)
+    if pa.types.is_dictionary(values.type):
+        positions = _index_in(values.dictionary, value_set)
+        indices = pc.fill_null(values.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        return np.where(indices >= 0, positions[np.maximum(indices, 0)] if len(positions) else -1, -1)
+    return pc.fill_null(pc.index_in(values, value_set=value_set), -1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def expand(slots: Slots, symbols: pa.Table) -> Frames:
@@ -336,15 +366,13 @@ def expand(slots: Slots, symbols: pa.Table) -> Frames:
     n = len(slots)
     native = slots.kind == NATIVE
     sym_build = symbols["module_key"].combine_chunks() if symbols.num_rows else pa.array([], pa.string())
+    slot_keys = _flat(slots.module_key)
+    slot_key_values = slot_keys.dictionary if pa.types.is_dictionary(slot_keys.type) else slot_keys
     dictionary = pc.unique(
-        pa.concat_arrays([sym_build.cast(pa.string()), slots.module_key.cast(pa.string())]).drop_null()
+        pa.concat_arrays([sym_build.cast(pa.string()), slot_key_values.cast(pa.string())]).drop_null()
     )
-    slot_codes = pc.fill_null(pc.index_in(slots.module_key, value_set=dictionary), -1).to_numpy(zero_copy_only=False)
-    sym_codes = (
-        pc.index_in(sym_build, value_set=dictionary).to_numpy(zero_copy_only=False)
-        if len(sym_build)
-        else np.zeros(0, np.int32)
-    )
+    slot_codes = _index_in(slot_keys, dictionary)
+    sym_codes = _index_in(sym_build, dictionary) if len(sym_build) else np.zeros(0, np.int64)
     sym_address = symbols["address"].to_numpy() if symbols.num_rows else np.zeros(0, np.uint64)
     sym_exact = symbols["exact"].to_numpy(zero_copy_only=False).astype(bool) if symbols.num_rows else np.zeros(0, bool)
     sym_depth = symbols["depth"].to_numpy() if symbols.num_rows else np.zeros(0, np.int32)
@@ -435,8 +463,9 @@ def _frame_contents(
 
     def choose(symbol_column: str, slot_values: pa.Array) -> pa.Array:
         sym_values = _flat(symbols[symbol_column]).cast(pa.string()) if n_sym else pa.array([], pa.string())
-        values = pa.concat_arrays([sym_values, _flat(slot_values).cast(pa.string())])
-        return _take(values, np.where(chain, sym_row, np.where(slot_row >= 0, n_sym + slot_row, -1)))
+        from_symbols = _take(sym_values, np.where(chain, sym_row, -1))
+        from_slots = _plain(_take(_flat(slot_values), slot_row)).cast(pa.string())
+        return pc.if_else(pa.array(chain), from_symbols, from_slots)
 
     native = kind_codes == NATIVE
     function = choose("function", slots.function)
@@ -451,7 +480,7 @@ def _frame_contents(
         slot_inlined,
     )
     unresolved = np.where(slot_codes[owner] < 0, NO_MODULE_REASON, NOT_SYMBOLIZED_REASON)
-    slot_reason = _take(slots.reason.cast(pa.string()), owner)
+    slot_reason = _plain(_take(_flat(slots.reason), owner)).cast(pa.string())
     slot_reason = pc.if_else(pa.array(native & ~chain), pa.array(unresolved, pa.string()), slot_reason)
     sym_reason = _flat(symbols["reason"]).cast(pa.string()) if n_sym else pa.array([], pa.string())
     reason = pc.if_else(pa.array(chain), _take(sym_reason, np.where(chain, sym_row, -1)), slot_reason)
@@ -464,8 +493,8 @@ def _frame_contents(
             "file": file,
             "line": pa.array(line.astype(np.int32), pa.int32(), mask=line < 0),
             "first_line": pa.array(first_line, pa.int32(), mask=first_line < 0),
-            "module": _take(slots.module, np.where(is_native, owner, -1)),
-            "module_key": _take(slots.module_key, np.where(is_native, owner, -1)),
+            "module": _plain(_take(_flat(slots.module), np.where(is_native, owner, -1))),
+            "module_key": _plain(_take(_flat(slots.module_key), np.where(is_native, owner, -1))),
             "address": pa.array(slots.address[owner], pa.uint64(), mask=~is_native),
             "exact": pa.array(slots.exact[owner], pa.bool_(), mask=~native),
             "inlined": pa.array(inlined.astype(bool), pa.bool_()),

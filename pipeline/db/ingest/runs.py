@@ -279,7 +279,7 @@ class RunLoader:
             batch.slot_keys = pa.table(
                 {
                     "stack_id": pa.array(slots.stack_id, pa.int64()).filter(native),
-                    "module_key": slots.module_key.filter(native),
+                    "module_key": slots.module_key.filter(native).cast(pa.string()),  # joined with plain keys
                     "address": pa.array(slots.address, pa.uint64()).filter(native),
                     "exact": pa.array(slots.exact, pa.bool_()).filter(native),
                 }
