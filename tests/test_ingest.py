@@ -705,6 +705,12 @@ def test_damaged_runs_are_quarantined_and_good_ones_go_in(tmp_path, good_run, sy
     ) == [(0,)]
     assert rows(db, "SELECT count(*) FROM stacks s ANTI JOIN stack_sites USING (stack_id)") == [(0,)]
     assert rows(db, "SELECT count(DISTINCT first_run_id) FROM stacks") == [(1,)]
+    # What the ingest keeps between runs (next run number and event id, module keys stored) was
+    # forgotten with each rolled-back run: "attrs" failed inside its transaction before the good runs.
+    assert rows(db, "SELECT list(run_number ORDER BY run_number) FROM runs") == [([1, 2],)]
+    assert rows(db, "SELECT min(event_id), max(event_id) = count(*) FROM event_rows") == [(1, True)]
+    assert rows(db, "SELECT count(*) FROM run_modules ANTI JOIN modules USING (module_key)") == [(0,)]
+    assert rows(db, "SELECT count(*) FROM run_modules") != [(0,)]
 
 
 def test_cli_exit_status_and_messages_for_quarantined_runs(tmp_path, good_run, symbol_cache) -> None:

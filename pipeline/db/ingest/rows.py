@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tbpipe.pipeline.db.connection import query_value
+from tbpipe.pipeline.db.connection import query_rows, query_value
 from tbpipe.pipeline.db.ingest.frames import FrameIds, insert_frame_rows
 from tbpipe.pipeline.db.ingest.symbols import upsert_module_statuses
 from tbpipe.pipeline.db.ingest.tables import IngestDb, sql_text
@@ -149,9 +149,10 @@ def stack_map(batch: Batch) -> pa.Table:
     )
 
 
-def event_files_table(batch: Batch, first_event_id: int = 0) -> pa.Table:
-    """Each events part with its run index, run number and the event id of its first row."""
-    parts = batch.event_files
+def event_files_table(batch: Batch, index: int | None = None, first_event_id: int = 0) -> pa.Table:
+    """Each events part (of run `index`, else of every run) with its run index, run number and the
+    event id of its first row (the parts numbered on from `first_event_id`)."""
+    parts = [part for part in batch.event_files if index is None or part[0] == index]
     sizes = np.array([rows for _i, _path, rows in parts], dtype=np.int64)
     starts = first_event_id + np.cumsum(sizes) - sizes
     numbers = [run.run_number for run in batch.runs]
@@ -183,16 +184,20 @@ def insert_modules(db: IngestDb, run: PreparedRun, statuses: pa.Table | None) ->
             """
         )
         # Every module a run loaded has a row, even one none of whose addresses needed symbols yet.
-        db.con.execute(
-            """
-            INSERT INTO modules BY NAME
-            SELECT module_key, any_value(path) AS path,
-                   CASE WHEN NOT starts_with(module_key, 'path:') AND NOT starts_with(module_key, 'invalid:')
-                        THEN module_key END AS build_id
-            FROM ingest_run_modules ANTI JOIN modules USING (module_key)
-            GROUP BY module_key
-            """
-        )
+        known = db.keep("module_keys", lambda: {key for (key,) in query_rows(db.con, "SELECT module_key FROM modules")})
+        keys = set(run.flat.modules["module_key"].to_pylist())
+        if not keys <= known:
+            db.con.execute(
+                """
+                INSERT INTO modules BY NAME
+                SELECT module_key, any_value(path) AS path,
+                       CASE WHEN NOT starts_with(module_key, 'path:') AND NOT starts_with(module_key, 'invalid:')
+                            THEN module_key END AS build_id
+                FROM ingest_run_modules ANTI JOIN modules USING (module_key)
+                GROUP BY module_key
+                """
+            )
+            known.update(keys)
     finally:
         db.unregister("ingest_run_modules")
 
@@ -245,7 +250,11 @@ def insert_events(db: IngestDb, batch: Batch, index: int) -> None:
         ANTI JOIN event_names n USING (kind, name)
         """
     )
-    first = int(query_value(con, "SELECT coalesce(max(event_id), 0) + 1 FROM event_rows"))
+    # Event ids follow the parts' order and their rows' order.
+    first = db.keep(
+        "next_event_id", lambda: int(query_value(con, "SELECT coalesce(max(event_id), 0) + 1 FROM event_rows"))
+    )
+    db.kept["next_event_id"] = first + sum(rows for _i, _path, rows in parts)
     in_run = batch.run_of_stack == index
     db.register(
         "ingest_stack_map",
@@ -256,12 +265,9 @@ def insert_events(db: IngestDb, batch: Batch, index: int) -> None:
             }
         ),
     )
-    files_table = event_files_table(batch, first).filter(
-        pc.equal(pa.array([i for i, _p, _r in batch.event_files]), index)
-    )
+    files_table = event_files_table(batch, index, first)
     db.register("ingest_event_files", files_table)
     try:
-        # Event ids follow the parts' order and their rows' order.
         con.execute(
             f"""
             INSERT INTO event_rows BY NAME

@@ -228,7 +228,11 @@ class RunLoader:
                 for table in ("run_modules", "runs"):
                     con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run.run_id])
             else:
-                run.run_number = int(query_value(con, "SELECT coalesce(max(run_number), 0) + 1 FROM runs"))
+                run.run_number = db.keep(
+                    "next_run_number",
+                    lambda: int(query_value(con, "SELECT coalesce(max(run_number), 0) + 1 FROM runs")),
+                )
+                db.kept["next_run_number"] = run.run_number + 1
             if part.symbols is not None and part.symbols.num_rows:
                 db.insert("INSERT INTO symbols BY NAME SELECT * FROM {}", part.symbols)
             run_rows.insert_modules(db, run, part.statuses)

@@ -2,10 +2,16 @@
 
 Errors inside a transaction that come from a run's data (attributes that are not JSON, an events
 part DuckDB cannot read) become `QuarantineRun`; any other DuckDB error is a `DatabaseError`.
+
+A night of small runs pays for every statement of every run, so a few facts the ingest would
+otherwise ask for once per run are kept here (`IngestDb.kept`): the next run number and event id,
+and the module keys stored. The ingest lock keeps every other writer out, so only the
+ingest's own statements change them; a rolled-back transaction forgets them all.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -22,6 +28,13 @@ class QuarantineRun(Exception):
 class IngestDb:
     def __init__(self, con: Any):
         self.con = con
+        self.kept: dict[str, Any] = {}
+
+    def keep(self, name: str, read: Callable[[], Any]) -> Any:
+        """The kept fact `name`, read with `read()` the first time (or after a rollback)."""
+        if name not in self.kept:
+            self.kept[name] = read()
+        return self.kept[name]
 
     def register(self, name: str, table: pa.Table) -> None:
         self.con.register(name, table)
@@ -44,14 +57,15 @@ class IngestDb:
         self.con.execute(sql.format("ingest_rows"))
 
     def transaction(self) -> Transaction:
-        return Transaction(self.con)
+        return Transaction(self)
 
 
 class Transaction:
     """BEGIN ... COMMIT, or ROLLBACK on any exception (data errors quarantine the run)."""
 
-    def __init__(self, con: Any):
-        self.con = con
+    def __init__(self, db: IngestDb):
+        self.db = db
+        self.con = db.con
 
     def __enter__(self) -> Any:
         self.con.execute("BEGIN TRANSACTION")
@@ -59,8 +73,13 @@ class Transaction:
 
     def __exit__(self, kind, error, _traceback) -> None:
         if error is None:
-            self.con.execute("COMMIT")
+            try:
+                self.con.execute("COMMIT")
+            except BaseException:
+                self.db.kept.clear()
+                raise
             return
+        self.db.kept.clear()
         self.con.execute("ROLLBACK")
         raise_for_data_error(error)
 
