@@ -1021,3 +1021,22 @@ def test_better_debug_info_later_improves_stored_stacks(tmp_path) -> None:
     ((function, file, line),) = rows(db, "SELECT function, file, line FROM stack_frames")
     assert (function, file.endswith("lib.c"), line) == ("entry", True, 2)  # entry+4: its prologue
     assert rows(db, "SELECT site_function, site_line, events FROM call_sites") == [("entry", 2, 1)]
+
+
+def test_one_run_in_two_folders_goes_in_once(tmp_path, good_run, symbol_cache, monkeypatch) -> None:
+    """A run copied to two folders goes in once, the copy found present: in one batch (the copy
+    waits for the next batch, after its twin is loaded) or in batches of one run (the copy was
+    prepared ahead, on the preparing thread, before its twin was loaded). Two loads of one run id
+    used to fail the whole ingest on the runs table's key."""
+    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
+
+    for batch_runs in (64, 1):
+        monkeypatch.setattr(ingest_runs_module, "BATCH_RUNS", batch_runs)
+        runs = tmp_path / f"runs{batch_runs}"
+        first = _copy(good_run, runs, "a")
+        shutil.copytree(first, runs / "b")
+        db = tmp_path / f"t{batch_runs}.duckdb"
+        summary = ingest(db, runs, cache=symbol_cache)
+        assert sorted(o.status for o in summary.outcomes) == ["ingested", "present"]
+        assert rows(db, "SELECT count(*), min(run_number) FROM runs") == [(1, 1)]
+        assert rows(db, "SELECT count(*) FROM events") == [(read_run(good_run).tables["events"].num_rows,)]

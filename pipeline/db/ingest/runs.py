@@ -16,7 +16,9 @@ keeps two ingests apart.
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -125,24 +127,47 @@ class RunLoader:
     # ---------------------------------------------------------------- reading runs, making batches
 
     def batches(self, run_dirs: list[Path], progress: RunProgress) -> Iterator[list[PreparedRun | RunOutcome]]:
-        """Runs in batches; a run that needs no loading (present, quarantined) comes as its outcome."""
+        """Runs in batches; a run that needs no loading (present, quarantined) comes as its outcome.
+
+        Runs are read, checked and hashed (`prepare`) on a thread of their own, up to a batch ahead
+        of the ones being loaded (`_PreparedAhead`): that work is Python, Arrow and zlib, while a
+        load mostly waits on DuckDB, so the two share the cores."""
         batch: list[PreparedRun | RunOutcome] = []
         events = runs = 0
-        for run_dir in run_dirs:
-            progress.start(run_dir)
-            prepared = self.prepare(run_dir)
-            if isinstance(prepared, PreparedRun):
-                if runs and events + prepared.events > BATCH_EVENTS:
+        ahead = _PreparedAhead(self.prepare, run_dirs)
+        try:
+            for run_dir, prepared in ahead:
+                progress.start(run_dir)
+                prepared = self._still_to_load(prepared)
+                if isinstance(prepared, PreparedRun):
+                    # A run id twice (one run copied to two folders): its twin is loaded first.
+                    twin = any(isinstance(item, PreparedRun) and item.run_id == prepared.run_id for item in batch)
+                    if runs and (twin or events + prepared.events > BATCH_EVENTS):
+                        yield batch
+                        batch, events, runs = [], 0, 0
+                        prepared = self._still_to_load(prepared)
+                if isinstance(prepared, PreparedRun):
+                    events += prepared.events
+                    runs += 1
+                batch.append(prepared)
+                if runs >= BATCH_RUNS or events >= BATCH_EVENTS:
                     yield batch
                     batch, events, runs = [], 0, 0
-                events += prepared.events
-                runs += 1
-            batch.append(prepared)
-            if runs >= BATCH_RUNS or events >= BATCH_EVENTS:
+            if batch:
                 yield batch
-                batch, events, runs = [], 0, 0
-        if batch:
-            yield batch
+        finally:
+            ahead.close()
+
+    def _still_to_load(self, prepared: PreparedRun | RunOutcome) -> PreparedRun | RunOutcome:
+        """A run prepared ahead, checked again against what was loaded since (the same run id may
+        come twice)."""
+        if not isinstance(prepared, PreparedRun):
+            return prepared
+        existing = self._loaded.get(prepared.run_id)
+        if existing is not None and (existing[0] or existing[1] == prepared.fingerprint):
+            return RunOutcome(prepared.run_dir, "present", run_id=prepared.run_id, complete=existing[0])
+        prepared.replace = existing is not None
+        return prepared
 
     def prepare(self, run_dir: Path) -> PreparedRun | RunOutcome:
         """A run read, validated and flattened; its outcome when it needs no loading or is damaged."""
@@ -427,6 +452,60 @@ class RunLoader:
             group = summary.unsymbolized.setdefault(reason, UnsymbolizedGroup(reason))
             group.frames += count
             group.modules[module_key or "?"] = module or "?"
+
+
+class _PreparedAhead:
+    """`prepare` over the run folders on a thread, in order, at most a batch ahead (BATCH_RUNS runs,
+    BATCH_EVENTS events) of the runs taken: a prepared run holds its stacks in memory until then."""
+
+    def __init__(self, prepare: Callable[[Path], PreparedRun | RunOutcome], run_dirs: list[Path]):
+        self._prepare = prepare
+        self._run_dirs = list(run_dirs)
+        self._ready: deque[tuple[Path, PreparedRun | RunOutcome | BaseException]] = deque()
+        self._ready_events = 0
+        self._stopped = False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._work, name="tbpipe-prepare", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _events(result: object) -> int:
+        return result.events if isinstance(result, PreparedRun) else 0
+
+    def _work(self) -> None:
+        for run_dir in self._run_dirs:
+            with self._changed:
+                self._changed.wait_for(
+                    lambda: self._stopped or (len(self._ready) < BATCH_RUNS and self._ready_events < BATCH_EVENTS)
+                )
+                if self._stopped:
+                    return
+            try:
+                result: PreparedRun | RunOutcome | BaseException = self._prepare(run_dir)
+            except BaseException as error:  # raised in the loading thread, at this run
+                result = error
+            with self._changed:
+                self._ready.append((run_dir, result))
+                self._ready_events += self._events(result)
+                self._changed.notify_all()
+
+    def __iter__(self) -> Iterator[tuple[Path, PreparedRun | RunOutcome]]:
+        for _ in self._run_dirs:
+            with self._changed:
+                self._changed.wait_for(lambda: bool(self._ready))
+                run_dir, result = self._ready.popleft()
+                self._ready_events -= self._events(result)
+                self._changed.notify_all()
+            if isinstance(result, BaseException):
+                raise result
+            yield run_dir, result
+
+    def close(self) -> None:
+        """Stops after the run being prepared (if any)."""
+        with self._changed:
+            self._stopped = True
+            self._changed.notify_all()
+        self._thread.join()
 
 
 def _before_commit(run_id: str) -> None:
