@@ -113,7 +113,7 @@ STAGES = [
     ("tbpipe.pipeline.db.ingest.runs", "read_tables", "read stacks/modules/code parts"),
     ("tbpipe.pipeline.db.ingest.runs", "flatten_run", "flatten + hash stacks"),
     ("tbpipe.pipeline.db.ingest.runs.RunLoader", "_stack_ids", "find known stacks"),
-    ("tbpipe.pipeline.db.ingest.runs.RunLoader", "_check_dangling_events", "events without stacks"),
+    ("tbpipe.pipeline.db.ingest.runs.RunLoader", "_scan_events", "scan events (names, dangling stacks)"),
     ("tbpipe.pipeline.db.ingest.runs.RunLoader", "_slots", "combined order (slots)"),
     ("tbpipe.pipeline.db.ingest.symbols.SymbolLoader", "symbols_for", "symbols for new frames"),
     ("tbpipe.pipeline.db.ingest.runs.layout", "expand", "inline expansion, distinct frames"),

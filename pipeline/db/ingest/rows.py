@@ -40,6 +40,7 @@ class PreparedRun:
     run_number: int = 0  # set when the batch is loaded
     new_stacks: int = 0  # stacks this run brings into the database
     stacks_used: int = 0
+    event_names: list[tuple[str, str]] = field(default_factory=list)  # distinct (kind, name), set with the batch
 
     @property
     def run_id(self) -> str:
@@ -174,32 +175,30 @@ def insert_modules(db: IngestDb, run: PreparedRun, statuses: pa.Table | None) ->
     """`run_modules` rows of the run, and a `modules` row for every module the database lacks."""
     if statuses is not None and statuses.num_rows:
         upsert_module_statuses(db, statuses)
-    db.register("ingest_run_modules", run.flat.modules)
-    try:
-        db.con.execute(
-            f"""
-            INSERT INTO run_modules BY NAME
-            SELECT {sql_text(run.run_id)} AS run_id, module_index, module_key, path, load_bias, exec_ranges
-            FROM ingest_run_modules
+    db.insert(
+        """
+        INSERT INTO run_modules BY NAME
+        SELECT ? AS run_id, module_index, module_key, path, load_bias, exec_ranges FROM {}
+        """,
+        run.flat.modules,
+        [run.run_id],
+    )
+    # Every module a run loaded has a row, even one none of whose addresses needed symbols yet.
+    known = db.keep("module_keys", lambda: {key for (key,) in query_rows(db.con, "SELECT module_key FROM modules")})
+    keys = set(run.flat.modules["module_key"].to_pylist())
+    if not keys <= known:
+        db.insert(
             """
+            INSERT INTO modules BY NAME
+            SELECT module_key, any_value(path) AS path,
+                   CASE WHEN NOT starts_with(module_key, 'path:') AND NOT starts_with(module_key, 'invalid:')
+                        THEN module_key END AS build_id
+            FROM {} ANTI JOIN modules USING (module_key)
+            GROUP BY module_key
+            """,
+            run.flat.modules,
         )
-        # Every module a run loaded has a row, even one none of whose addresses needed symbols yet.
-        known = db.keep("module_keys", lambda: {key for (key,) in query_rows(db.con, "SELECT module_key FROM modules")})
-        keys = set(run.flat.modules["module_key"].to_pylist())
-        if not keys <= known:
-            db.con.execute(
-                """
-                INSERT INTO modules BY NAME
-                SELECT module_key, any_value(path) AS path,
-                       CASE WHEN NOT starts_with(module_key, 'path:') AND NOT starts_with(module_key, 'invalid:')
-                            THEN module_key END AS build_id
-                FROM ingest_run_modules ANTI JOIN modules USING (module_key)
-                GROUP BY module_key
-                """
-            )
-            known.update(keys)
-    finally:
-        db.unregister("ingest_run_modules")
+        known.update(keys)
 
 
 def insert_stacks(db: IngestDb, batch: Batch, part: RunPart) -> None:
@@ -227,29 +226,34 @@ def insert_stacks(db: IngestDb, batch: Batch, part: RunPart) -> None:
         }
     )
     run_id = batch.runs[part.index].run_id
-    db.insert(f"INSERT INTO stacks BY NAME SELECT *, {sql_text(run_id)} AS first_run_id FROM {{}}", stacks)
+    db.insert("INSERT INTO stacks BY NAME SELECT *, ? AS first_run_id FROM {}", stacks, [run_id])
     insert_frame_rows(db, frames, batch.frame_ids, part.rows, part.frames)
 
 
 def insert_events(db: IngestDb, batch: Batch, index: int) -> None:
-    """A run's `event_names` the database lacks, its `event_rows` straight from its Parquet parts (one
-    statement), and its `event_counts`."""
+    """A run's `event_names` the database lacks (of those the batch's scan found), its `event_rows`
+    straight from its Parquet parts (one statement), and its `event_counts`."""
     con = db.con
     run = batch.runs[index]
     parts = [(i, path, rows) for i, path, rows in batch.event_files if i == index]
     if not parts:
         return
     files = file_list(parts)
-    con.execute(
-        f"""
-        INSERT INTO event_names BY NAME
-        SELECT (SELECT coalesce(max(name_id), 0) FROM event_names) + row_number() OVER (ORDER BY kind, name)
-                   AS name_id,
-               kind, name
-        FROM (SELECT DISTINCT kind, name FROM read_parquet({files})) e
-        ANTI JOIN event_names n USING (kind, name)
-        """
-    )
+    # Names the database lacks get the next ids, in (kind, name) order.
+    known = db.keep("event_names", lambda: set(query_rows(con, "SELECT kind, name FROM event_names")))
+    fresh = [pair for pair in run.event_names if pair not in known]
+    if fresh:
+        db.insert(
+            """
+            INSERT INTO event_names BY NAME
+            SELECT (SELECT coalesce(max(name_id), 0) FROM event_names) + row_number() OVER (ORDER BY kind, name)
+                       AS name_id,
+                   kind, name
+            FROM {}
+            """,
+            pa.table({"kind": pa.array([k for k, _n in fresh], pa.string()), "name": [n for _k, n in fresh]}),
+        )
+        known.update(fresh)
     # Event ids follow the parts' order and their rows' order.
     first = db.keep(
         "next_event_id", lambda: int(query_value(con, "SELECT coalesce(max(event_id), 0) + 1 FROM event_rows"))

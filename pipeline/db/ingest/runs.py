@@ -295,7 +295,7 @@ class RunLoader:
         brought = np.bincount(run_of_stack[new_order], minlength=len(runs))
         for run, count in zip(runs, brought):
             run.new_stacks = int(count)
-        self._check_dangling_events(batch)
+        self._scan_events(batch)
         # The folders of generated code the runs name, before any stack is sited: never a site.
         store_generated_code(self.db, [run.manifest for run in runs])
         if len(new_order):
@@ -349,9 +349,11 @@ class RunLoader:
         new[first[missing]] = ids[missing]
         return ids[inverse], new
 
-    def _check_dangling_events(self, batch: Batch) -> None:
-        """Notes events whose stack their run does not hold (a killed process flushed the events but not
-        the stack); a run that closed cleanly with such events is damaged."""
+    def _scan_events(self, batch: Batch) -> None:
+        """One read of the batch's events: each run's distinct event names (inserted with the run,
+        when the database lacks them), and its events whose stack the run does not hold (a killed
+        process flushed the events but not the stack); a run that closed cleanly with such events is
+        damaged."""
         parts = batch.event_files
         if not parts:
             return
@@ -360,27 +362,34 @@ class RunLoader:
         self.db.register("ingest_stack_map", run_rows.stack_map(batch))
         self.db.register("ingest_event_files", run_rows.event_files_table(batch))
         try:
-            counts = dict(
-                query_rows(
-                    self.db.con,
-                    f"""
-                    SELECT f.run_index, count(*)
-                    FROM read_parquet({run_rows.file_list(parts)}, filename = true) e
-                    JOIN ingest_event_files f ON f.filename = e.filename
-                    ANTI JOIN ingest_stack_map m ON m.run_index = f.run_index AND m.raw_id = e.stack_id
-                    WHERE e.stack_id IS NOT NULL
-                    GROUP BY f.run_index
-                    """,
-                )
+            names = query_rows(
+                self.db.con,
+                f"""
+                SELECT f.run_index, e.kind, e.name,
+                       count(*) FILTER (WHERE e.stack_id IS NOT NULL AND m.raw_id IS NULL) AS dangling
+                FROM read_parquet({run_rows.file_list(parts)}, filename = true) e
+                JOIN ingest_event_files f ON f.filename = e.filename
+                LEFT JOIN ingest_stack_map m ON m.run_index = f.run_index AND m.raw_id = e.stack_id
+                GROUP BY ALL
+                ORDER BY ALL
+                """,
             )
         except duckdb.Error as error:
             raise DamagedRunError(f"{parts[0][1].parent}: events unreadable ({first_line(error)})") from None
         finally:
             self.db.unregister("ingest_event_files")
             self.db.unregister("ingest_stack_map")
-        for index, dangling in counts.items():
+        dangling = dict.fromkeys(range(len(batch.runs)), 0)
+        for run in batch.runs:
+            run.event_names = []
+        for index, kind, name, count in names:
+            batch.runs[index].event_names.append((kind, name))
+            dangling[index] += count
+        for index, count in dangling.items():
+            if not count:
+                continue
             run = batch.runs[index]
-            run.notes.append(f"{dangling} events refer to stacks the run does not hold: their stack is NULL")
+            run.notes.append(f"{count} events refer to stacks the run does not hold: their stack is NULL")
             if run.manifest.get("complete"):
                 raise DamagedRunError(f"{run.run_dir}: {'; '.join(run.notes)}")
 

@@ -5,7 +5,7 @@ part DuckDB cannot read) become `QuarantineRun`; any other DuckDB error is a `Da
 
 A night of small runs pays for every statement of every run, so a few facts the ingest would
 otherwise ask for once per run are kept here (`IngestDb.kept`): the next run number and event id,
-and the module keys stored. The ingest lock keeps every other writer out, so only the
+the event names and module keys stored. The ingest lock keeps every other writer out, so only the
 ingest's own statements change them; a rolled-back transaction forgets them all.
 """
 
@@ -49,12 +49,12 @@ class IngestDb:
         except duckdb.Error:
             pass
 
-    def insert(self, sql: str, table: pa.Table) -> None:
+    def insert(self, sql: str, table: pa.Table, params: list[Any] | None = None) -> None:
         """Runs `sql` with `{}` naming `table` (e.g. 'INSERT INTO t BY NAME SELECT * FROM {}')."""
         # DuckDB finds the Arrow table by this local variable's name (a replacement scan): for one
         # statement that costs half of registering and unregistering a view.
         ingest_rows = table  # noqa: F841 - read by DuckDB
-        self.con.execute(sql.format("ingest_rows"))
+        self.con.execute(sql.format("ingest_rows"), params or [])
 
     def transaction(self) -> Transaction:
         return Transaction(self)
