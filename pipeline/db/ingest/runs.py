@@ -350,10 +350,10 @@ class RunLoader:
         return ids[inverse], new
 
     def _scan_events(self, batch: Batch) -> None:
-        """One read of the batch's events: each run's distinct event names (inserted with the run,
-        when the database lacks them), and its events whose stack the run does not hold (a killed
-        process flushed the events but not the stack); a run that closed cleanly with such events is
-        damaged."""
+        """Reads of the whole batch's events (not one per run): each run's distinct event names
+        (inserted with the run, when the database lacks them), and its events whose stack the run
+        does not hold (a killed process flushed the events but not the stack); a run that closed
+        cleanly with such events is damaged."""
         parts = batch.event_files
         if not parts:
             return
@@ -362,16 +362,26 @@ class RunLoader:
         self.db.register("ingest_stack_map", run_rows.stack_map(batch))
         self.db.register("ingest_event_files", run_rows.event_files_table(batch))
         try:
+            files = run_rows.file_list(parts)
             names = query_rows(
                 self.db.con,
                 f"""
-                SELECT f.run_index, e.kind, e.name,
-                       count(*) FILTER (WHERE e.stack_id IS NOT NULL AND m.raw_id IS NULL) AS dangling
-                FROM read_parquet({run_rows.file_list(parts)}, filename = true) e
+                SELECT DISTINCT f.run_index, e.kind, e.name
+                FROM read_parquet({files}, filename = true) e
                 JOIN ingest_event_files f ON f.filename = e.filename
-                LEFT JOIN ingest_stack_map m ON m.run_index = f.run_index AND m.raw_id = e.stack_id
-                GROUP BY ALL
                 ORDER BY ALL
+                """,
+            )
+            dangling = query_rows(
+                self.db.con,
+                f"""
+                SELECT f.run_index, count(*)
+                FROM read_parquet({files}, filename = true) e
+                JOIN ingest_event_files f ON f.filename = e.filename
+                ANTI JOIN ingest_stack_map m ON m.run_index = f.run_index AND m.raw_id = e.stack_id
+                WHERE e.stack_id IS NOT NULL
+                GROUP BY f.run_index
+                ORDER BY f.run_index
                 """,
             )
         except duckdb.Error as error:
@@ -379,15 +389,11 @@ class RunLoader:
         finally:
             self.db.unregister("ingest_event_files")
             self.db.unregister("ingest_stack_map")
-        dangling = dict.fromkeys(range(len(batch.runs)), 0)
         for run in batch.runs:
             run.event_names = []
-        for index, kind, name, count in names:
+        for index, kind, name in names:
             batch.runs[index].event_names.append((kind, name))
-            dangling[index] += count
-        for index, count in dangling.items():
-            if not count:
-                continue
+        for index, count in dangling:
             run = batch.runs[index]
             run.notes.append(f"{count} events refer to stacks the run does not hold: their stack is NULL")
             if run.manifest.get("complete"):
