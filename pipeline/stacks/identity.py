@@ -1,16 +1,18 @@
-"""A stack's portable identity: a 64-bit hash over what its frames mean, computed with numpy.
+"""A stack's portable identity: a 64-bit hash over what its frames mean, defined here with numpy.
 
 Raw stack ids are content hashes too, but over per-process things (module indices, interned code
 ids), so the same stack gets different raw ids in different runs. Here native frames count by
 (module build-ID, ELF address, flags) and Python frames by (file, qualified name, first line,
 line, entry flag), so equal stacks of any run, process or host hash equally and are stored once.
-(The caller, `flatten`, leaves out the address of CPython eval-loop frames: they are replaced by
-the Python frames they ran.)
+(The address of CPython eval-loop frames is left out: they are replaced by the Python frames they
+ran.)
 
 The hash must stay the same across tbpipe and DuckDB versions (it keys `stacks` rows of old
 databases), so it is spelled out here: splitmix64 mixing per frame, then a polynomial over the
 frame keys of each list (position-dependent, so order matters), all in wrapping uint64 arithmetic
-over whole columns at once.
+over whole columns at once. The ingest hashes every raw stack of every run, so `flatten` computes
+the same function in the extension, in one pass over the Arrow columns
+(native/stack_identity.cpp); the tests hold the two equal.
 """
 
 from __future__ import annotations
