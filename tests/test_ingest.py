@@ -542,6 +542,13 @@ def _rewrite(part: Path, change) -> None:
     pq.write_table(change(table), part)
 
 
+def _name_not_utf8(table: pa.Table) -> pa.Table:
+    names = [name.encode() for name in table["name"].to_pylist()]
+    names[0] += b"\xff"
+    column = pa.array(names, pa.binary()).view(pa.string())
+    return table.set_column(table.schema.get_field_index("name"), table.schema.field("name"), column)
+
+
 def _counter(run_dir: Path, key: str, value) -> None:
     counters = json.loads((run_dir / "manifest.json").read_text())["counters"]
     assert key in counters
@@ -627,6 +634,12 @@ DAMAGE = {
             ).replace_schema_metadata(t.schema.metadata),
         ),
         "attributes that are not JSON",
+    ),
+    # pyarrow reads a name that is not UTF-8; DuckDB refuses it. The batch's events are read at
+    # once, and the run whose part fails must be the one quarantined.
+    "badname": (
+        lambda d: _rewrite(d / "events-000001.parquet", _name_not_utf8),
+        "events unreadable",
     ),
     "nomodule": (
         lambda d: _drop_described(d, "native", "module", "modules", "module_index"),

@@ -353,7 +353,7 @@ class RunLoader:
         """Reads of the whole batch's events (not one per run): each run's distinct event names
         (inserted with the run, when the database lacks them), and its events whose stack the run
         does not hold (a killed process flushed the events but not the stack); a run that closed
-        cleanly with such events is damaged."""
+        cleanly with such events is damaged. So is a run whose events DuckDB cannot read."""
         parts = batch.event_files
         if not parts:
             return
@@ -362,30 +362,17 @@ class RunLoader:
         self.db.register("ingest_stack_map", run_rows.stack_map(batch))
         self.db.register("ingest_event_files", run_rows.event_files_table(batch))
         try:
-            files = run_rows.file_list(parts)
-            names = query_rows(
-                self.db.con,
-                f"""
-                SELECT DISTINCT f.run_index, e.kind, e.name
-                FROM read_parquet({files}, filename = true) e
-                JOIN ingest_event_files f ON f.filename = e.filename
-                ORDER BY ALL
-                """,
-            )
-            dangling = query_rows(
-                self.db.con,
-                f"""
-                SELECT f.run_index, count(*)
-                FROM read_parquet({files}, filename = true) e
-                JOIN ingest_event_files f ON f.filename = e.filename
-                ANTI JOIN ingest_stack_map m ON m.run_index = f.run_index AND m.raw_id = e.stack_id
-                WHERE e.stack_id IS NOT NULL
-                GROUP BY f.run_index
-                ORDER BY f.run_index
-                """,
-            )
-        except duckdb.Error as error:
-            raise DamagedRunError(f"{parts[0][1].parent}: events unreadable ({first_line(error)})") from None
+            try:
+                names, dangling = self._event_facts(parts)
+            except duckdb.Error as error:
+                # The batch's read does not say whose part failed: each run's parts read alone do.
+                for index in sorted({i for i, _path, _rows in parts}):
+                    try:
+                        self._event_facts([part for part in parts if part[0] == index])
+                    except duckdb.Error as own:
+                        run_dir = batch.runs[index].run_dir
+                        raise DamagedRunError(f"{run_dir}: events unreadable ({first_line(own)})") from None
+                raise DamagedRunError(f"{parts[0][1].parent}: events unreadable ({first_line(error)})") from None
         finally:
             self.db.unregister("ingest_event_files")
             self.db.unregister("ingest_stack_map")
@@ -398,6 +385,32 @@ class RunLoader:
             run.notes.append(f"{count} events refer to stacks the run does not hold: their stack is NULL")
             if run.manifest.get("complete"):
                 raise DamagedRunError(f"{run.run_dir}: {'; '.join(run.notes)}")
+
+    def _event_facts(self, parts: list[tuple[int, Path, int]]) -> tuple[list[tuple], list[tuple]]:
+        """(run index, kind, name) distinct, and (run index, events without their stack), of the parts."""
+        files = run_rows.file_list(parts)
+        names = query_rows(
+            self.db.con,
+            f"""
+            SELECT DISTINCT f.run_index, e.kind, e.name
+            FROM read_parquet({files}, filename = true) e
+            JOIN ingest_event_files f ON f.filename = e.filename
+            ORDER BY ALL
+            """,
+        )
+        dangling = query_rows(
+            self.db.con,
+            f"""
+            SELECT f.run_index, count(*)
+            FROM read_parquet({files}, filename = true) e
+            JOIN ingest_event_files f ON f.filename = e.filename
+            ANTI JOIN ingest_stack_map m ON m.run_index = f.run_index AND m.raw_id = e.stack_id
+            WHERE e.stack_id IS NOT NULL
+            GROUP BY f.run_index
+            ORDER BY f.run_index
+            """,
+        )
+        return names, dangling
 
     def _slots(self, flat, new_ids: np.ndarray, new_order: np.ndarray):
         """Slots of the new stacks (by stack id)."""
