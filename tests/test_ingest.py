@@ -1053,3 +1053,25 @@ def test_one_run_in_two_folders_goes_in_once(tmp_path, good_run, symbol_cache, m
         assert sorted(o.status for o in summary.outcomes) == ["ingested", "present"]
         assert rows(db, "SELECT count(*), min(run_number) FROM runs") == [(1, 1)]
         assert rows(db, "SELECT count(*) FROM events") == [(read_run(good_run).tables["events"].num_rows,)]
+
+
+def test_a_failed_load_stops_the_thread_preparing_runs(tmp_path, good_run, symbol_cache, monkeypatch) -> None:
+    """The ingest fails on a database error; the thread that prepares runs ahead ends with it rather
+    than waiting, with prepared runs in memory, for a loader that is gone (as in a long-lived service)."""
+    import threading
+
+    from tbpipe.pipeline.db.connection import DatabaseError
+    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
+
+    runs = tmp_path / "runs"
+    for name in ("a", "b", "c", "d"):
+        _copy(good_run, runs, name)
+    monkeypatch.setattr(ingest_runs_module, "BATCH_RUNS", 1)
+
+    def fail(self, batch, index):
+        raise DatabaseError("the disk is full")
+
+    monkeypatch.setattr(ingest_runs_module.RunLoader, "_load_run", fail)
+    with pytest.raises(DatabaseError, match="the disk is full"):
+        ingest(tmp_path / "t.duckdb", runs, cache=symbol_cache)
+    assert not [t for t in threading.enumerate() if t.name == "tbpipe-prepare"]

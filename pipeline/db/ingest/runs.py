@@ -20,6 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -98,8 +99,12 @@ def ingest_runs(
             store_user_code(loader.db, rules)
             summary.user_code = rules
             loader.symbols.refresh_improved_modules()
-            with RunProgress(options.progress, len(run_dirs)) as progress:
-                for batch in loader.batches(run_dirs, progress):
+            # Closed at once when a load fails: the thread preparing runs ahead stops with it.
+            with (
+                RunProgress(options.progress, len(run_dirs)) as progress,
+                closing(loader.batches(run_dirs, progress)) as batches,
+            ):
+                for batch in batches:
                     for outcome in loader.load(batch, progress):
                         summary.outcomes.append(outcome)
                         progress.finish(outcome.events)
