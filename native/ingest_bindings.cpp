@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "buffer_args.h"
 #include "distinct_rows.h"
 #include "stack_identity.h"
 
@@ -15,15 +16,10 @@ namespace py = pybind11;
 namespace tbpipe {
 namespace {
 
-// A contiguous 1-d buffer of `itemsize`-byte items, with its length.
+// The data of a column argument (its view kept in `info`, which holds its length).
 template <typename T>
 const T* column(const py::buffer& buffer, py::buffer_info& info, const char* what) {
-  info = buffer.request();
-  if (info.ndim != 1 || info.itemsize != static_cast<ssize_t>(sizeof(T)) ||
-      (info.strides.size() == 1 && info.strides[0] != static_cast<ssize_t>(sizeof(T)))) {
-    throw py::value_error(std::string(what) + ": expected a contiguous 1-d buffer of " + std::to_string(sizeof(T)) +
-                          "-byte items");
-  }
+  info = integer_buffer(buffer, sizeof(T), what, false);
   return static_cast<const T*>(info.ptr);
 }
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "buffer_args.h"
 #include "line_table.h"
 #include "symcache_lookup.h"
 
@@ -59,16 +60,6 @@ std::string_view bytes_view(const py::bytes& data) {
   Py_ssize_t size = 0;
   if (PyBytes_AsStringAndSize(data.ptr(), &buffer, &size) != 0) throw py::error_already_set();
   return std::string_view(buffer, static_cast<size_t>(size));
-}
-
-// A contiguous buffer of `itemsize`-byte integers (array.array, bytes, numpy).
-py::buffer_info integer_buffer(const py::buffer& buffer, ssize_t itemsize, const char* what, bool writable) {
-  py::buffer_info info = buffer.request(writable);
-  if (info.ndim != 1 || info.itemsize != itemsize || (info.strides.size() == 1 && info.strides[0] != itemsize)) {
-    throw py::value_error(std::string(what) + ": expected a contiguous 1-d buffer of " + std::to_string(itemsize) +
-                          "-byte integers");
-  }
-  return info;
 }
 
 std::vector<uint64_t> u64_vector(const py::buffer& buffer, const char* what) {

@@ -134,39 +134,30 @@ class _BatchFrames:
     stack_base: np.ndarray  # int64: first stack of each run
     module_base: np.ndarray  # int64: first `modules` row of each run
     code_base: np.ndarray  # int64: first `code` row of each run
-    native_lengths: np.ndarray  # of all stacks
-    python_lengths: np.ndarray
 
     def select(self, chosen: np.ndarray) -> tuple[np.ndarray, ...]:
+        if not len(chosen):
+            return self.runs[0]._source.select(chosen)
         run_of = np.searchsorted(self.stack_base, chosen, side="right") - 1
         # Each run's chosen stacks in one go, then the frames put back in the order asked for.
         by_run = np.argsort(run_of, kind="stable")
-        pieces = []
+        pieces, native_lengths, python_lengths = [], [], []
         for run in np.unique(run_of).tolist():
-            mine = by_run[run_of[by_run] == run]
-            n_ref, n_address, n_flags, p_ref, p_line, p_flags = self.runs[run]._source.select(
-                chosen[mine] - self.stack_base[run]
-            )
+            local = chosen[by_run[run_of[by_run] == run]] - self.stack_base[run]
+            n_ref, n_address, n_flags, p_ref, p_line, p_flags = self.runs[run]._source.select(local)
             n_ref = np.where(n_ref >= 0, n_ref + self.module_base[run], -1)
             p_ref = np.where(p_ref >= 0, p_ref + self.code_base[run], -1)
             pieces.append((n_ref, n_address, n_flags, p_ref, p_line, p_flags))
-        if not pieces:
-            return (
-                np.zeros(0, np.int64),
-                np.zeros(0, np.uint64),
-                np.zeros(0, np.uint32),
-                np.zeros(0, np.int64),
-                np.zeros(0, np.int32),
-                np.zeros(0, np.uint32),
-            )
+            native_lengths.append(self.runs[run].native_lengths[local])
+            python_lengths.append(self.runs[run].python_lengths[local])
         joined = [np.concatenate(column) for column in zip(*pieces)]
         if np.all(by_run[:-1] < by_run[1:]):
             return tuple(joined)
         place = np.empty(len(by_run), dtype=np.int64)
         place[by_run] = np.arange(len(by_run), dtype=np.int64)  # position of each chosen stack in run order
-        native = _frames_of(self.native_lengths[chosen[by_run]], place)
-        python = _frames_of(self.python_lengths[chosen[by_run]], place)
-        return tuple(column[native if i < 3 else python] for i, column in enumerate(joined))
+        native = _frames_of(np.concatenate(native_lengths), place)
+        python = _frames_of(np.concatenate(python_lengths), place)
+        return (*(column[native] for column in joined[:3]), *(column[python] for column in joined[3:]))
 
 
 def _frames_of(lengths: np.ndarray, chosen: np.ndarray) -> np.ndarray:
@@ -283,23 +274,19 @@ def concat_flat_runs(runs: list[FlatRun]) -> tuple[FlatRun, np.ndarray]:
     if len(runs) == 1:
         return runs[0], np.zeros(len(runs[0].raw_ids), dtype=np.int64)
     stacks = [len(r.raw_ids) for r in runs]
-    native_lengths = np.concatenate([r.native_lengths for r in runs])
-    python_lengths = np.concatenate([r.python_lengths for r in runs])
     flat = FlatRun(
         modules=pa.concat_tables([r.modules for r in runs]),
         code=pa.concat_tables([r.code for r in runs]),
         raw_ids=np.concatenate([r.raw_ids for r in runs]),
         status=np.concatenate([r.status for r in runs]),
-        native_lengths=native_lengths,
-        python_lengths=python_lengths,
+        native_lengths=np.concatenate([r.native_lengths for r in runs]),
+        python_lengths=np.concatenate([r.python_lengths for r in runs]),
         hashes=np.concatenate([r.hashes for r in runs]),
         _source=_BatchFrames(
             runs=runs,
             stack_base=np.cumsum([0, *stacks[:-1]]).astype(np.int64),
             module_base=np.cumsum([0, *[r.modules.num_rows for r in runs][:-1]]).astype(np.int64),
             code_base=np.cumsum([0, *[r.code.num_rows for r in runs][:-1]]).astype(np.int64),
-            native_lengths=native_lengths,
-            python_lengths=python_lengths,
         ),
     )
     return flat, np.repeat(np.arange(len(runs)), stacks)

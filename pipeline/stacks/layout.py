@@ -337,11 +337,15 @@ def _codes(values: pa.Array) -> np.ndarray:
     values = _flat(values)
     if pa.types.is_dictionary(values.type):
         # A dictionary may hold one text twice (two code rows of one function): one code for both.
-        value_codes = _codes(values.dictionary)
-        indices = pc.fill_null(values.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-        return np.where(indices >= 0, value_codes[np.maximum(indices, 0)] if len(value_codes) else -1, -1)
+        return _per_index(values, _codes(values.dictionary))
     encoded = pc.dictionary_encode(values)
     return pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _per_index(values: pa.DictionaryArray, per_value: np.ndarray) -> np.ndarray:
+    """Each entry's integer from the one computed per dictionary value (-1 for nulls)."""
+    indices = pc.fill_null(values.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return np.where(indices >= 0, per_value[np.maximum(indices, 0)] if len(per_value) else -1, -1)
 
 
 def _index_in(values: pa.Array, value_set: pa.Array) -> np.ndarray:
@@ -349,9 +353,7 @@ def _index_in(values: pa.Array, value_set: pa.Array) -> np.ndarray:
     looked up once."""
     values = _flat(values)
     if pa.types.is_dictionary(values.type):
-        positions = _index_in(values.dictionary, value_set)
-        indices = pc.fill_null(values.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-        return np.where(indices >= 0, positions[np.maximum(indices, 0)] if len(positions) else -1, -1)
+        return _per_index(values, _index_in(values.dictionary, value_set))
     return pc.fill_null(pc.index_in(values, value_set=value_set), -1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 

@@ -255,10 +255,11 @@ def insert_events(db: IngestDb, batch: Batch, index: int) -> None:
         )
         known.update(fresh)
     # Event ids follow the parts' order and their rows' order.
-    first = db.keep(
-        "next_event_id", lambda: int(query_value(con, "SELECT coalesce(max(event_id), 0) + 1 FROM event_rows"))
+    first = db.next_ids(
+        "event_id",
+        sum(rows for _i, _path, rows in parts),
+        lambda: int(query_value(con, "SELECT coalesce(max(event_id), 0) + 1 FROM event_rows")),
     )
-    db.kept["next_event_id"] = first + sum(rows for _i, _path, rows in parts)
     in_run = batch.run_of_stack == index
     db.register(
         "ingest_stack_map",

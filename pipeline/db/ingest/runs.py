@@ -168,11 +168,19 @@ class RunLoader:
         come twice)."""
         if not isinstance(prepared, PreparedRun):
             return prepared
-        existing = self._loaded.get(prepared.run_id)
-        if existing is not None and (existing[0] or existing[1] == prepared.fingerprint):
-            return RunOutcome(prepared.run_dir, "present", run_id=prepared.run_id, complete=existing[0])
-        prepared.replace = existing is not None
+        present = self._present(prepared.run_dir, prepared.run_id, prepared.fingerprint)
+        if present is not None:
+            return present
+        prepared.replace = prepared.run_id in self._loaded
         return prepared
+
+    def _present(self, run_dir: Path, run_id: str, fingerprint: str) -> RunOutcome | None:
+        """The run's outcome when the database holds it complete, or as it is now; None when it
+        must be loaded."""
+        existing = self._loaded.get(run_id)
+        if existing is not None and (existing[0] or existing[1] == fingerprint):
+            return RunOutcome(run_dir, "present", run_id=run_id, complete=existing[0])
+        return None
 
     def prepare(self, run_dir: Path) -> PreparedRun | RunOutcome:
         """A run read, validated and flattened; its outcome when it needs no loading or is damaged."""
@@ -189,9 +197,9 @@ class RunLoader:
         except DamagedRunError as error:
             return RunOutcome(run_dir, "quarantined", reason=str(error))
         run_id = manifest["run_id"]
-        existing = self._loaded.get(run_id)
-        if existing is not None and (existing[0] or existing[1] == fingerprint):
-            return RunOutcome(run_dir, "present", run_id=run_id, complete=existing[0])
+        present = self._present(run_dir, run_id, fingerprint)
+        if present is not None:
+            return present
         try:
             files = part_files(run_dir, manifest)
             event_files = [(path, verify_part(path, "events")) for path in files["events"]]
@@ -204,7 +212,14 @@ class RunLoader:
         except DamagedRunError as error:
             return RunOutcome(run_dir, "quarantined", run_id=run_id, reason=str(error))
         return PreparedRun(
-            run_dir, manifest, fingerprint, event_files, flat, notes, replace=existing is not None, gpu_files=gpu_files
+            run_dir,
+            manifest,
+            fingerprint,
+            event_files,
+            flat,
+            notes,
+            replace=run_id in self._loaded,
+            gpu_files=gpu_files,
         )
 
     # ---------------------------------------------------------------- loading a batch
@@ -258,11 +273,9 @@ class RunLoader:
                 for table in ("run_modules", "runs"):
                     con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run.run_id])
             else:
-                run.run_number = db.keep(
-                    "next_run_number",
-                    lambda: int(query_value(con, "SELECT coalesce(max(run_number), 0) + 1 FROM runs")),
+                run.run_number = db.next_ids(
+                    "run_number", 1, lambda: int(query_value(con, "SELECT coalesce(max(run_number), 0) + 1 FROM runs"))
                 )
-                db.kept["next_run_number"] = run.run_number + 1
             if part.symbols is not None and part.symbols.num_rows:
                 db.insert("INSERT INTO symbols BY NAME SELECT * FROM {}", part.symbols)
             run_rows.insert_modules(db, run, part.statuses)

@@ -36,6 +36,13 @@ class IngestDb:
             self.kept[name] = read()
         return self.kept[name]
 
+    def next_ids(self, column: str, count: int, read_next: Callable[[], int]) -> int:
+        """The first of `count` new values of an increasing id column, counted on from the kept next
+        value (read with `read_next()` the first time)."""
+        first = self.keep(f"next {column}", read_next)
+        self.kept[f"next {column}"] = first + count
+        return first
+
     def register(self, name: str, table: pa.Table) -> None:
         self.con.register(name, table)
 
