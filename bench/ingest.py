@@ -2,6 +2,7 @@
 
     python bench/ingest.py                      # 10M events, 100k unique stacks, 40 runs
     python bench/ingest.py --events 1000000 --stacks 20000 --runs 8
+    python bench/ingest.py --events 10000000 --stacks 20000 --runs 1000 --runs-per-transaction 64
 
 Steps, each timed:
 1. generate the runs (numpy; kept in --work and reused when the parameters match),
@@ -36,6 +37,9 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--cache-dir", type=Path, default=None, help="symbol store [default: WORK/symbols]")
     parser.add_argument("--keep-db", action="store_true", help="keep the database (WORK/bench.duckdb)")
     parser.add_argument("--stages", action="store_true", help="print where the ingest's time goes, per stage")
+    parser.add_argument(
+        "--runs-per-transaction", type=int, default=1, help="as tbpipe ingest --runs-per-transaction [default: 1]"
+    )
     return parser.parse_args()
 
 
@@ -123,7 +127,7 @@ STAGES = [
     ("tbpipe.pipeline.db.ingest.runs", "sites_of_laid_out", "site new stacks (batch)"),
     ("tbpipe.pipeline.db.ingest.runs", "store_sites", "insert sites"),
     ("tbpipe.pipeline.db.ingest.rows", "insert_events", "insert events + counts"),
-    ("tbpipe.pipeline.db.ingest.rows", "insert_run", "insert run"),
+    ("tbpipe.pipeline.db.ingest.rows", "insert_runs", "insert runs"),
     ("tbpipe.pipeline.db.ingest.tables.Transaction", "__exit__", "commit"),
     ("tbpipe.pipeline.db.ingest.runs.RunLoader", "_count_frames", "summary counts"),
 ]
@@ -189,7 +193,7 @@ class _StageTimes:
         print(f"  {'the rest (open, close, checkpoint)':<36} {'':>14} {total_cpu - staged:7.2f} s CPU")
 
 
-def _ingest(runs_dir: Path, db: Path, cache_dir: Path, label: str, stages: bool = False):
+def _ingest(runs_dir: Path, db: Path, cache_dir: Path, label: str, stages: bool = False, per_transaction: int = 1):
     import resource
 
     from tbpipe.pipeline.db import IngestOptions, ingest_runs
@@ -198,7 +202,8 @@ def _ingest(runs_dir: Path, db: Path, cache_dir: Path, label: str, stages: bool 
     cpu_started = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
     started = time.perf_counter()
     try:
-        summary = ingest_runs([runs_dir], IngestOptions(db_path=db, cache_dir=cache_dir, progress=False))
+        options = IngestOptions(db_path=db, cache_dir=cache_dir, progress=False, runs_per_transaction=per_transaction)
+        summary = ingest_runs([runs_dir], options)
     finally:
         if timer is not None:
             timer.restore()
@@ -298,7 +303,8 @@ def main() -> None:
     db = args.work / "bench.duckdb"
     for path in (db, db.with_name(db.name + ".wal")):
         path.unlink(missing_ok=True)
-    summary, seconds = _ingest(runs_dir, db, cache_dir, "ingest", stages=args.stages)
+    label = "ingest" if args.runs_per_transaction == 1 else f"ingest, {args.runs_per_transaction} runs a transaction"
+    summary, seconds = _ingest(runs_dir, db, cache_dir, label, args.stages, args.runs_per_transaction)
     _ingest(runs_dir, db, cache_dir, "re-ingest")
     copy_seconds, copy_cpu = _duckdb_copy(runs_dir, args.work)
     ratio = seconds / copy_seconds

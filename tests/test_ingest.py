@@ -813,11 +813,12 @@ def before_commit(run_id):
 # Guarded: with a cold symbol store the symbolizer starts a forkserver pool, which imports this
 # script again as __mp_main__.
 if __name__ == "__main__":
-    runs, db, cache, victim, marker, release = sys.argv[1:7]
+    runs, db, cache, victim, marker, release, per_transaction = sys.argv[1:8]
     ingest_runs_module._before_commit = before_commit
-    summary = ingest_module.ingest_runs(
-        [Path(runs)], ingest_module.IngestOptions(db_path=Path(db), cache_dir=Path(cache), progress=False)
+    options = ingest_module.IngestOptions(
+        db_path=Path(db), cache_dir=Path(cache), progress=False, runs_per_transaction=int(per_transaction)
     )
+    summary = ingest_module.ingest_runs([Path(runs)], options)
     print("ingested", summary.ingested)
 """
 
@@ -826,13 +827,16 @@ class PausingIngest:
     """An ingest in a child process that stops inside the victim run's transaction, holding the
     database, until `release()` (or until it is killed)."""
 
-    def __init__(self, tmp_path: Path, runs: Path, db: Path, cache: Path, victim: str):
+    def __init__(self, tmp_path: Path, runs: Path, db: Path, cache: Path, victim: str, runs_per_transaction: int = 1):
         script = tmp_path / "pausing_ingest.py"
         script.write_text(PAUSING_INGEST)
         marker = tmp_path / f"marker-{victim}"
         self.release_file = tmp_path / f"release-{victim}"
         self.process = subprocess.Popen(
-            [sys.executable, str(script), str(runs), str(db), str(cache), victim, str(marker), str(self.release_file)],
+            [
+                *(sys.executable, str(script), str(runs), str(db), str(cache), victim),
+                *(str(marker), str(self.release_file), str(runs_per_transaction)),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -884,6 +888,86 @@ def test_killed_ingest_leaves_the_database_as_before(tmp_path, good_run, symbol_
     summary = ingest(db, runs, cache=symbol_cache)
     assert (summary.ingested, summary.present) == (1, 1)
     assert sorted(r[0] for r in rows(db, "SELECT run_id FROM runs")) == sorted([first_id, second_id])
+
+
+def test_killed_ingest_loses_only_the_transaction_in_progress(tmp_path, good_run, symbol_cache) -> None:
+    """Runs sharing a transaction go in together or not at all: a kill inside it loses them all
+    (and nothing else), and the next ingest loads them."""
+    runs = tmp_path / "runs"
+    for name in ("a", "b", "c"):
+        _copy(good_run, runs, name)
+    first_id, second_id, third_id = _run_ids(runs)
+    db = tmp_path / "t.duckdb"
+    holder = PausingIngest(tmp_path, runs, db, symbol_cache, third_id, runs_per_transaction=2)
+    holder.process.send_signal(signal.SIGKILL)  # inside the second transaction: the third run alone
+    holder.process.communicate(timeout=30)
+    assert sorted(rows(db, "SELECT run_id FROM runs")) == sorted([(first_id,), (second_id,)])
+    assert rows(db, "SELECT count(*) FROM event_rows WHERE run_number > 2") == [(0,)]
+    summary = ingest(db, runs, cache=symbol_cache, runs_per_transaction=2)
+    assert (summary.ingested, summary.present) == (1, 2)
+    assert snapshot(db, exclude_ingest_times=True) == snapshot(_ingested_alone(tmp_path, runs, symbol_cache), True)
+
+
+def _ingested_alone(tmp_path: Path, runs: Path, cache: Path) -> Path:
+    """The runs ingested one transaction per run, into a database of their own."""
+    db = tmp_path / "alone.duckdb"
+    ingest(db, runs, cache=cache)
+    return db
+
+
+def test_runs_sharing_a_transaction_load_as_runs_alone(tmp_path, symbol_cache, monkeypatch) -> None:
+    from support.synthetic import SyntheticConfig, generate
+
+    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
+
+    runs = tmp_path / "runs"
+    # Runs that bring in new stacks, symbols, modules and event names of their own, and share others.
+    generate(
+        runs,
+        SyntheticConfig(runs=7, events=7000, unique_stacks=400, native_addresses=600, code_objects=120, max_modules=6),
+    )
+    groups = []
+    load_runs = ingest_runs_module.RunLoader._load_runs
+
+    def counted(self, batch, chosen):
+        groups.append(len(chosen))
+        return load_runs(self, batch, chosen)
+
+    monkeypatch.setattr(ingest_runs_module.RunLoader, "_load_runs", counted)
+    db = tmp_path / "grouped.duckdb"
+    summary = ingest(db, runs, cache=symbol_cache, runs_per_transaction=3)
+    assert summary.ok and summary.ingested == 7 and summary.events == 7000
+    assert groups == [3, 3, 1]
+    assert snapshot(db, exclude_ingest_times=True) == snapshot(_ingested_alone(tmp_path, runs, symbol_cache), True)
+    assert rows(db, "SELECT count(*) FROM stacks s ANTI JOIN stack_sites USING (stack_id)") == [(0,)]
+    assert rows(db, "SELECT list(run_number ORDER BY run_number) FROM runs") == [(list(range(1, 8)),)]
+
+
+def _thread_id_past_int64(run_dir: Path) -> None:
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    _manifest(run_dir, threads={**manifest.get("threads", {}), "9999999999999999999": "huge"})
+
+
+def test_a_run_that_fails_inside_a_shared_transaction_is_quarantined_alone(tmp_path, good_run, symbol_cache) -> None:
+    """A shared transaction whose data fails is loaded again run by run: the run at fault is
+    quarantined for its own reason, the others of its transaction go in, as they would alone."""
+    runs = tmp_path / "runs"
+    _copy(good_run, runs, "a-good")
+    DAMAGE["attrs"][0](_copy(good_run, runs, "b-attrs"))
+    _copy(good_run, runs, "c-good")
+    _thread_id_past_int64(_copy(good_run, runs, "d-threads"))
+    _copy(good_run, runs, "e-good")
+    db = tmp_path / "t.duckdb"
+    summary = ingest(db, runs, cache=symbol_cache, runs_per_transaction=5)
+    alone = _ingested_alone(tmp_path, runs, symbol_cache)
+    reasons = {o.path.name: o.reason for o in summary.quarantined}
+    assert sorted(reasons) == ["b-attrs", "d-threads"]
+    assert "attributes that are not JSON" in reasons["b-attrs"]
+    assert "d-threads" in reasons["d-threads"] and "manifest values cannot be stored" in reasons["d-threads"]
+    assert summary.ingested == 3
+    assert snapshot(db, exclude_ingest_times=True) == snapshot(alone, exclude_ingest_times=True)
+    assert rows(db, "SELECT list(run_number ORDER BY run_number) FROM runs") == [([1, 2, 3],)]
+    assert rows(db, "SELECT count(*) FROM run_modules ANTI JOIN modules USING (module_key)") == [(0,)]
 
 
 def test_concurrent_ingests_wait_or_fail_clearly(tmp_path, good_run, symbol_cache) -> None:
@@ -1068,10 +1152,10 @@ def test_a_failed_load_stops_the_thread_preparing_runs(tmp_path, good_run, symbo
         _copy(good_run, runs, name)
     monkeypatch.setattr(ingest_runs_module, "BATCH_RUNS", 1)
 
-    def fail(self, batch, index):
+    def fail(self, batch, runs):
         raise DatabaseError("the disk is full")
 
-    monkeypatch.setattr(ingest_runs_module.RunLoader, "_load_run", fail)
+    monkeypatch.setattr(ingest_runs_module.RunLoader, "_load_runs", fail)
     with pytest.raises(DatabaseError, match="the disk is full"):
         ingest(tmp_path / "t.duckdb", runs, cache=symbol_cache)
     assert not [t for t in threading.enumerate() if t.name == "tbpipe-prepare"]

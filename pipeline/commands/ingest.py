@@ -44,6 +44,14 @@ def register(app: typer.Typer) -> None:
         progress: bool | None = typer.Option(
             None, "--progress/--no-progress", help="Progress bar (default: on a terminal)."
         ),
+        runs_per_transaction: int = typer.Option(
+            1,
+            "--runs-per-transaction",
+            min=1,
+            help="Load up to N runs in one transaction: a night of small runs goes in several times faster, "
+            "each run still whole or not at all, but a kill loses the runs of the transaction in progress "
+            "(the next ingest loads them).",
+        ),
         engine: str = typer.Option(
             "duckdb",
             "--engine",
@@ -53,7 +61,7 @@ def register(app: typer.Typer) -> None:
         master: str | None = typer.Option(None, "--master", help="Spark master URL (default: local[*])."),
         conf: list[str] | None = typer.Option(None, "--conf", help="Spark setting KEY=VALUE; repeatable."),
     ) -> None:
-        """Load captured runs into the database: one transaction per run, damaged runs quarantined."""
+        """Load captured runs into the database: one transaction per run (or per N runs), damaged runs quarantined."""
         from tbpipe.pipeline.db import IngestOptions, ingest_runs
         from tbpipe.pipeline.reports.ingest_summary import render_ingest_summary
 
@@ -76,6 +84,7 @@ def register(app: typer.Typer) -> None:
             wait_s=wait,
             progress=progress,
             recover_manifests=recover_manifests,
+            runs_per_transaction=runs_per_transaction,
         )
         summary = ingest_runs(list(runs_dirs or []), options)
         render_ingest_summary(summary, Console())

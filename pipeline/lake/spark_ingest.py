@@ -36,7 +36,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -625,29 +624,23 @@ class _Job:
     # ---------------------------------------------------------------- the runs rows
 
     def run_rows(self, ready: list[dict[str, Any]], counts: dict[int, int], new_stacks: dict[int, int]) -> pa.Table:
-        from tbpipe.pipeline.db.ingest.rows import manifest_columns
+        from tbpipe.pipeline.db.ingest.rows import run_row
 
         now = int(time.time() * 1e6)
-        rows = []
-        for run in ready:
-            m = json.loads(run["manifest"])
-            rows.append(
-                {
-                    **manifest_columns(m),
-                    "run_number": run["run_number"],
-                    "started_at": _micros(m.get("started_at")),
-                    "ended_at": _micros(m.get("ended_at")),
-                    "labels": list((m.get("labels") or {}).items()),
-                    "threads": [(int(k), v) for k, v in (m.get("threads") or {}).items()],
-                    "events": run["events"],
-                    "stacks": counts.get(run["run_number"], 0),
-                    "new_stacks": new_stacks.get(run["run_number"], 0),
-                    "ingest_notes": list(run["notes"] or []),
-                    "source_dir": str(Path(run["path"]).resolve()),
-                    "parts": run["fingerprint"],
-                    "ingested_at": now,
-                }
+        rows = [
+            run_row(
+                json.loads(run["manifest"]),
+                run_number=run["run_number"],
+                events=run["events"],
+                stacks=counts.get(run["run_number"], 0),
+                new_stacks=new_stacks.get(run["run_number"], 0),
+                notes=run["notes"],
+                run_dir=Path(run["path"]),
+                fingerprint=run["fingerprint"],
+                ingested_at=now,
             )
+            for run in ready
+        ]
         return pa.Table.from_pylist(rows, schema=TABLES["runs"].schema)
 
     def write_modules(self, prepared: Any, ready: Any, symbolized: Any) -> None:
@@ -732,16 +725,6 @@ class _Job:
         target.mkdir()
         pq.write_table(table, target / "part-0.parquet", compression="zstd")
         store.swap_in(target, store.table_dir(self.lake, "user_code"))
-
-
-def _micros(text: str | None) -> int | None:
-    if not text:
-        return None
-    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    delta = moment - datetime(1970, 1, 1, tzinfo=timezone.utc)
-    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 def lake_rules(lake: Path, user_code: Sequence[str]) -> list[tuple[str, bool, str]]:

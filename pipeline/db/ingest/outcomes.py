@@ -21,6 +21,12 @@ class IngestOptions:
     # A run folder whose manifest is lost is quarantined; with this, what its parts hold is loaded
     # as an incomplete run (rawrun.recovered_manifest), the folder left as it is.
     recover_manifests: bool = False
+    # Runs loaded in one transaction (consecutive runs of a batch). 1: each run alone, so that a kill
+    # loses no run already loaded. More: a night of small runs pays the per-transaction costs (the
+    # commit above all) once per group; each run still goes in whole or not at all, a kill loses the
+    # group in progress (the next ingest loads it), and a group whose data fails is loaded again run
+    # by run to quarantine the run at fault.
+    runs_per_transaction: int = 1
 
 
 @dataclass

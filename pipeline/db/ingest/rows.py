@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,11 @@ import pyarrow.compute as pc
 from tbpipe.pipeline.db.connection import query_rows, query_value
 from tbpipe.pipeline.db.ingest.frames import FrameIds, insert_frame_rows
 from tbpipe.pipeline.db.ingest.symbols import upsert_module_statuses
-from tbpipe.pipeline.db.ingest.tables import IngestDb, sql_text
+from tbpipe.pipeline.db.ingest.tables import IngestDb, QuarantineRun, run_numbers_filter, sql_text
+from tbpipe.pipeline.errors import first_line
 from tbpipe.pipeline.stacks import layout
 from tbpipe.pipeline.stacks.flatten import FlatRun
+from tbpipe.schemas.lake import TABLES
 
 
 @dataclass
@@ -72,6 +75,7 @@ class Batch:
     # Python files of the new frames that the database does not name yet: (portable, root, first run index)
     new_files: dict[str, tuple[str, str | None, int]] = field(default_factory=dict)
 
+    statuses_stored: set[str] = field(default_factory=set)  # module keys whose status a committed part stored
     _symbol_runs: np.ndarray | None = None
     _row_runs: np.ndarray | None = None  # per layout row: the run that brings its stack in
 
@@ -80,29 +84,35 @@ class Batch:
         """(run index, part, rows) of every events part, runs and parts in order."""
         return [(i, path, rows) for i, run in enumerate(self.runs) for path, rows in run.event_files]
 
+    def event_files_of(self, runs: range) -> list[tuple[int, Path, int]]:
+        """(run index, part, rows) of the events parts of the runs `runs`, in order."""
+        return [(i, path, rows) for i in runs for path, rows in self.runs[i].event_files]
+
     def runs_of_new_stacks(self, stack_ids: np.ndarray) -> np.ndarray:
         """The index of the run that brings in each of the given new stacks."""
         new_sorted = self.new_ids[self.new_order]  # increasing
         return self.run_of_stack[self.new_order][np.searchsorted(new_sorted, stack_ids)]
 
-    def part_of(self, index: int) -> RunPart:
-        """What run `index` inserts of the batch's new things: the stacks it brings in, their frame
-        rows and frames, and the new symbols (and module statuses) it is the first to need."""
-        order = self.new_order[self.run_of_stack[self.new_order] == index]
+    def part_of(self, runs: range) -> RunPart:
+        """What the runs `runs` (consecutive indices) insert of the batch's new things: the stacks
+        they bring in, their frame rows and frames, and the new symbols (and module statuses) they
+        are the first to need."""
+        order = self.new_order[_within(self.run_of_stack[self.new_order], runs)]
         rows = frames = None
         if self.frames is not None and len(order):
             if self._row_runs is None:
                 self._row_runs = self.runs_of_new_stacks(self.frames.rows["stack_id"].to_numpy())
-            rows = np.flatnonzero(self._row_runs == index)
-            frames = np.flatnonzero(self.frame_ids.new & (self.frame_first_run == index))
+            rows = np.flatnonzero(_within(self._row_runs, runs))
+            frames = np.flatnonzero(self.frame_ids.new & _within(self.frame_first_run, runs))
         symbols = statuses = None
         if self.symbols is not None and self.symbols.num_rows:
-            mine = pa.array(self._first_runs_of_symbols() == index)
-            symbols = self.symbols.filter(mine)
+            symbols = self.symbols.filter(pa.array(_within(self._first_runs_of_symbols(), runs)))
             if self.statuses is not None:
-                keys = pa.array(sorted(set(symbols["module_key"].to_pylist())), pa.string())
-                statuses = self.statuses.filter(pc.is_in(self.statuses["module_key"], value_set=keys))
-        return RunPart(index, order, rows, frames, symbols, statuses)
+                # A module's status is stored by the first transaction that needs it, not again by
+                # every later one.
+                keys = sorted(set(symbols["module_key"].to_pylist()) - self.statuses_stored)
+                statuses = self.statuses.filter(pc.is_in(self.statuses["module_key"], pa.array(keys, pa.string())))
+        return RunPart(runs, order, rows, frames, symbols, statuses)
 
     def _first_runs_of_symbols(self) -> np.ndarray:
         """Per new `symbols` row: the first run of the batch whose new stacks need its address."""
@@ -127,33 +137,40 @@ class Batch:
         return self._symbol_runs
 
 
+def _within(values: np.ndarray, runs: range) -> np.ndarray:
+    """Whether each run index is one of `runs`."""
+    return (values >= runs.start) & (values < runs.stop)
+
+
 @dataclass
 class RunPart:
-    """One run's share of its batch's new rows."""
+    """The share of its batch's new rows that some of its runs (one transaction's) insert."""
 
-    index: int  # the run's index in the batch
-    new_order: np.ndarray  # flat stack indices of the stacks it brings in, by stack id
+    runs: range  # the runs' indices in the batch
+    new_order: np.ndarray  # flat stack indices of the stacks they bring in, by stack id
     rows: np.ndarray | None  # rows of `Batch.frames.rows` of those stacks
-    frames: np.ndarray | None  # rows of `Batch.frames.frames` to store: new frames this run uses first
-    symbols: pa.Table | None  # new `symbols` rows it is the first to need
+    frames: np.ndarray | None  # rows of `Batch.frames.frames` to store: new frames these runs use first
+    symbols: pa.Table | None  # new `symbols` rows they are the first to need
     statuses: pa.Table | None  # `modules` rows of the modules of those symbols
 
 
-def stack_map(batch: Batch) -> pa.Table:
-    """(run index, raw_id) -> stack_id for every distinct raw stack of the batch's runs."""
+def stack_map(batch: Batch, runs: range | None = None) -> pa.Table:
+    """(run index, raw_id) -> stack_id for every distinct raw stack of the runs `runs` (else of
+    all the batch's runs)."""
+    chosen = slice(None) if runs is None else _within(batch.run_of_stack, runs)
     return pa.table(
         {
-            "run_index": pa.array(batch.run_of_stack, pa.int32()),
-            "raw_id": pa.array(batch.flat.raw_ids, pa.uint64()),
-            "stack_id": pa.array(batch.stack_ids, pa.int64()),
+            "run_index": pa.array(batch.run_of_stack[chosen], pa.int32()),
+            "raw_id": pa.array(batch.flat.raw_ids[chosen], pa.uint64()),
+            "stack_id": pa.array(batch.stack_ids[chosen], pa.int64()),
         }
     )
 
 
-def event_files_table(batch: Batch, index: int | None = None, first_event_id: int = 0) -> pa.Table:
-    """Each events part (of run `index`, else of every run) with its run index, run number and the
-    event id of its first row (the parts numbered on from `first_event_id`)."""
-    parts = [part for part in batch.event_files if index is None or part[0] == index]
+def event_files_table(batch: Batch, runs: range | None = None, first_event_id: int = 0) -> pa.Table:
+    """Each events part (of the runs `runs`, else of every run) with its run index, run number and
+    the event id of its first row (the parts numbered on from `first_event_id`)."""
+    parts = batch.event_files if runs is None else batch.event_files_of(runs)
     sizes = np.array([rows for _i, _path, rows in parts], dtype=np.int64)
     starts = first_event_id + np.cumsum(sizes) - sizes
     numbers = [run.run_number for run in batch.runs]
@@ -171,21 +188,23 @@ def file_list(files: list[tuple[int, Path, int]]) -> str:
     return "[" + ", ".join(sql_text(str(path)) for _i, path, _rows in files) + "]"
 
 
-def insert_modules(db: IngestDb, run: PreparedRun, statuses: pa.Table | None) -> None:
-    """`run_modules` rows of the run, and a `modules` row for every module the database lacks."""
+def insert_modules(db: IngestDb, runs: list[PreparedRun], statuses: pa.Table | None) -> None:
+    """`run_modules` rows of the runs, and a `modules` row for every module the database lacks."""
     if statuses is not None and statuses.num_rows:
         upsert_module_statuses(db, statuses)
+    modules = pa.concat_tables(
+        [
+            run.flat.modules.append_column("run_id", pa.array([run.run_id] * run.flat.modules.num_rows, pa.string()))
+            for run in runs
+        ]
+    )
     db.insert(
-        """
-        INSERT INTO run_modules BY NAME
-        SELECT ? AS run_id, module_index, module_key, path, load_bias, exec_ranges FROM {}
-        """,
-        run.flat.modules,
-        [run.run_id],
+        "INSERT INTO run_modules BY NAME SELECT run_id, module_index, module_key, path, load_bias, exec_ranges FROM {}",
+        modules,
     )
     # Every module a run loaded has a row, even one none of whose addresses needed symbols yet.
     known = db.keep("module_keys", lambda: {key for (key,) in query_rows(db.con, "SELECT module_key FROM modules")})
-    keys = set(run.flat.modules["module_key"].to_pylist())
+    keys = set(modules["module_key"].to_pylist())
     if not keys <= known:
         db.insert(
             """
@@ -196,7 +215,7 @@ def insert_modules(db: IngestDb, run: PreparedRun, statuses: pa.Table | None) ->
             FROM {} ANTI JOIN modules USING (module_key)
             GROUP BY module_key
             """,
-            run.flat.modules,
+            modules,
         )
         known.update(keys)
 
@@ -225,23 +244,23 @@ def insert_stacks(db: IngestDb, batch: Batch, part: RunPart) -> None:
             "symbolized_depth": pa.array(symbolized_depth, pa.int32(), mask=symbolized_depth < 0),
         }
     )
-    run_id = batch.runs[part.index].run_id
-    db.insert("INSERT INTO stacks BY NAME SELECT *, ? AS first_run_id FROM {}", stacks, [run_id])
+    run_ids = [run.run_id for run in batch.runs]
+    first_run_ids = pa.array([run_ids[i] for i in batch.run_of_stack[order].tolist()], pa.string())
+    db.insert("INSERT INTO stacks BY NAME SELECT * FROM {}", stacks.append_column("first_run_id", first_run_ids))
     insert_frame_rows(db, frames, batch.frame_ids, part.rows, part.frames)
 
 
-def insert_events(db: IngestDb, batch: Batch, index: int) -> None:
-    """A run's `event_names` the database lacks (of those the batch's scan found), its `event_rows`
-    straight from its Parquet parts (one statement), and its `event_counts`."""
+def insert_events(db: IngestDb, batch: Batch, runs: range) -> None:
+    """The runs' `event_names` the database lacks (of those the batch's scan found), their
+    `event_rows` straight from their Parquet parts (one statement), and their `event_counts`."""
     con = db.con
-    run = batch.runs[index]
-    parts = [(i, path, rows) for i, path, rows in batch.event_files if i == index]
+    parts = batch.event_files_of(runs)
     if not parts:
         return
     files = file_list(parts)
     # Names the database lacks get the next ids, in (kind, name) order.
     known = db.keep("event_names", lambda: set(query_rows(con, "SELECT kind, name FROM event_names")))
-    fresh = [pair for pair in run.event_names if pair not in known]
+    fresh = sorted({pair for i in runs for pair in batch.runs[i].event_names if pair not in known})
     if fresh:
         db.insert(
             """
@@ -260,47 +279,42 @@ def insert_events(db: IngestDb, batch: Batch, index: int) -> None:
         sum(rows for _i, _path, rows in parts),
         lambda: int(query_value(con, "SELECT coalesce(max(event_id), 0) + 1 FROM event_rows")),
     )
-    in_run = batch.run_of_stack == index
-    db.register(
-        "ingest_stack_map",
-        pa.table(
-            {
-                "raw_id": pa.array(batch.flat.raw_ids[in_run], pa.uint64()),
-                "stack_id": pa.array(batch.stack_ids[in_run], pa.int64()),
-            }
-        ),
+    # Read by DuckDB by these names (replacement scans: no view to register and drop per run;
+    # names no view ever takes, which would come first).
+    loading_stack_map = stack_map(batch, runs)  # noqa: F841
+    loading_event_files = event_files_table(batch, runs, first)  # noqa: F841
+    con.execute(
+        f"""
+        INSERT INTO event_rows BY NAME
+        SELECT f.first_event_id + e.file_row_number AS event_id, f.run_number, e.ts, e.thread_id, n.name_id,
+               m.stack_id, e.attrs
+        FROM read_parquet({files}, filename = true, file_row_number = true) e
+        JOIN loading_event_files f ON f.filename = e.filename
+        JOIN event_names n ON n.kind = e.kind AND n.name = e.name
+        LEFT JOIN loading_stack_map m ON m.run_index = f.run_index AND m.raw_id = e.stack_id
+        """
     )
-    files_table = event_files_table(batch, index, first)
-    db.register("ingest_event_files", files_table)
-    try:
-        con.execute(
-            f"""
-            INSERT INTO event_rows BY NAME
-            SELECT f.first_event_id + e.file_row_number AS event_id, f.run_number, e.ts, e.thread_id, n.name_id,
-                   m.stack_id, e.attrs
-            FROM read_parquet({files}, filename = true, file_row_number = true) e
-            JOIN ingest_event_files f ON f.filename = e.filename
-            JOIN event_names n ON n.kind = e.kind AND n.name = e.name
-            LEFT JOIN ingest_stack_map m ON m.raw_id = e.stack_id
-            """
-        )
-        con.execute(
-            """
-            INSERT INTO event_counts BY NAME
-            SELECT run_number, name_id, stack_id, count(*) AS events
-            FROM event_rows
-            WHERE run_number = ?
-            GROUP BY run_number, name_id, stack_id
-            """,
-            [run.run_number],
-        )
-    finally:
-        db.unregister("ingest_event_files")
-        db.unregister("ingest_stack_map")
-    run.stacks_used = int(
-        query_value(con, "SELECT count(DISTINCT stack_id) FROM event_counts WHERE run_number = ?", [run.run_number])
-        or 0
+    numbers = [batch.runs[i].run_number for i in runs]
+    where, params = run_numbers_filter("run_number", numbers)
+    con.execute(
+        f"""
+        INSERT INTO event_counts BY NAME
+        SELECT run_number, name_id, stack_id, count(*) AS events
+        FROM event_rows
+        WHERE {where}
+        GROUP BY run_number, name_id, stack_id
+        """,
+        params,
     )
+    used = dict(
+        query_rows(
+            con,
+            f"SELECT run_number, count(DISTINCT stack_id) FROM event_counts WHERE {where} GROUP BY run_number",
+            params,
+        )
+    )
+    for i in runs:
+        batch.runs[i].stacks_used = int(used.get(batch.runs[i].run_number) or 0)
 
 
 def manifest_columns(m: dict[str, Any]) -> dict[str, Any]:
@@ -329,60 +343,76 @@ def manifest_columns(m: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def insert_run(db: IngestDb, run: PreparedRun) -> None:
-    """The `runs` row, from the manifest and what the ingest counted."""
-    m = run.manifest
-    labels = m.get("labels") or {}
-    threads = m.get("threads") or {}
-    db.con.execute(
+def _micros(text: str | None) -> int | None:
+    """Microseconds since the epoch of a manifest's ISO-8601 time (checked to carry a zone)."""
+    if not text:
+        return None
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    delta = moment - datetime(1970, 1, 1, tzinfo=timezone.utc)
+    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def run_row(
+    manifest: dict[str, Any],
+    *,
+    run_number: int,
+    events: int,
+    stacks: int,
+    new_stacks: int,
+    notes: list[str],
+    run_dir: Path,
+    fingerprint: str,
+    ingested_at: int | None = None,
+) -> dict[str, Any]:
+    """A `runs` row (shaped as the lake's `runs` table, whose columns the database's match by
+    name) from a run's manifest and what the ingest counted; `ingested_at` in microseconds."""
+    return {
+        **manifest_columns(manifest),
+        "run_number": run_number,
+        "started_at": _micros(manifest.get("started_at")),
+        "ended_at": _micros(manifest.get("ended_at")),
+        "labels": list((manifest.get("labels") or {}).items()),
+        "threads": [(int(k), v) for k, v in (manifest.get("threads") or {}).items()],
+        "events": events,
+        "stacks": stacks,
+        "new_stacks": new_stacks,
+        "ingest_notes": list(notes or []),
+        "source_dir": str(run_dir.resolve()),
+        "parts": fingerprint,
+        "ingested_at": ingested_at,
+    }
+
+
+def insert_runs(db: IngestDb, runs: list[PreparedRun]) -> None:
+    """The `runs` rows, from the manifests and what the ingest counted (one statement for all)."""
+    try:
+        values = pa.Table.from_pylist(
+            [
+                run_row(
+                    run.manifest,
+                    run_number=run.run_number,
+                    events=run.events,
+                    stacks=run.stacks_used,
+                    new_stacks=run.new_stacks,
+                    notes=run.notes,
+                    run_dir=run.run_dir,
+                    fingerprint=run.fingerprint,
+                )
+                for run in runs
+            ],
+            schema=TABLES["runs"].schema,
+        )
+    except (pa.ArrowException, OverflowError, TypeError, ValueError) as error:
+        # A manifest value out of the column's range (a thread id past 2^63, text that is not UTF-8).
+        raise QuarantineRun(f"manifest values cannot be stored ({first_line(error)})") from None
+    db.insert(
         """
-        INSERT INTO runs BY NAME SELECT
-            $run_id AS run_id,
-            $run_number AS run_number,
-            $parent_run_id AS parent_run_id,
-            CAST($started_at AS TIMESTAMPTZ) AS started_at,
-            CAST($ended_at AS TIMESTAMPTZ) AS ended_at,
-            $complete AS complete,
-            $host AS host,
-            $pid AS pid,
-            CAST($argv AS VARCHAR[]) AS argv,
-            $cwd AS cwd,
-            map(CAST($label_keys AS VARCHAR[]), CAST($label_values AS VARCHAR[])) AS labels,
-            $python_version AS python_version,
-            $python_implementation AS python_implementation,
-            $torch_version AS torch_version,
-            $cuda_version AS cuda_version,
-            CAST($sys_path AS VARCHAR[]) AS sys_path,
-            $tbpipe_version AS tbpipe_version,
-            CAST($sources AS VARCHAR[]) AS sources,
-            CAST($capture AS JSON) AS capture,
-            map(CAST($thread_ids AS BIGINT[]), CAST($thread_names AS VARCHAR[])) AS threads,
-            $events_recorded AS events_recorded,
-            $events_dropped AS events_dropped,
-            $events AS events,
-            $stacks AS stacks,
-            $new_stacks AS new_stacks,
-            CAST($capture_errors AS VARCHAR[]) AS capture_errors,
-            CAST($ingest_notes AS VARCHAR[]) AS ingest_notes,
-            $source_dir AS source_dir,
-            $parts AS parts,
-            now() AS ingested_at,
-            CAST($manifest AS JSON) AS manifest
+        INSERT INTO runs BY NAME
+        SELECT * EXCLUDE (capture, manifest, ingested_at),
+               CAST(capture AS JSON) AS capture, CAST(manifest AS JSON) AS manifest, now() AS ingested_at
+        FROM {}
         """,
-        {
-            "run_number": run.run_number,
-            "started_at": m.get("started_at"),
-            "ended_at": m.get("ended_at"),
-            "label_keys": list(labels.keys()),
-            "label_values": list(labels.values()),
-            "thread_ids": [int(k) for k in threads.keys()],
-            "thread_names": list(threads.values()),
-            **manifest_columns(m),
-            "events": run.events,
-            "stacks": run.stacks_used,
-            "new_stacks": run.new_stacks,
-            "ingest_notes": run.notes,
-            "source_dir": str(run.run_dir.resolve()),
-            "parts": run.fingerprint,
-        },
+        values,
     )

@@ -6,19 +6,21 @@ incomplete is loaded again once its files changed), and flatten and hash its sta
 (`stacks.flatten`). Runs are then laid out in batches (a big run alone, small runs together, so a
 night of a thousand small runs does not pay a thousand times for each step): find which stacks the
 database does not know yet, symbolize their new addresses (`symbols`) and lay out their frames
-(`stacks.layout`) once for the batch. Then each run is loaded in one transaction of its own: its
-share of the new symbols, stacks and frames (`rows`), its sites (`siting`), events and run row. A
-kill at any point leaves the database as it was before that run's transaction; a run whose data
-fails to load is quarantined, and the runs after it are laid out again without it. The ingest lock
-keeps two ingests apart.
+(`stacks.layout`) once for the batch. Then each run is loaded in one transaction of its own (or,
+with `runs_per_transaction`, consecutive runs share one): its share of the new symbols, stacks and
+frames (`rows`), its sites (`siting`), events and run row, each step one statement for all the
+transaction's runs. A kill at any point leaves the database as it was before that transaction; a
+run whose data fails to load is quarantined (a shared transaction that fails is tried again run by
+run to find it), and the runs after it are laid out again without it. The ingest lock keeps two
+ingests apart.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from pathlib import Path
@@ -75,6 +77,8 @@ from tbpipe.pipeline.stacks.flatten import concat_flat_runs, flatten_run
 # A batch closes once it holds this many events or runs (a run past the first limit goes alone).
 BATCH_EVENTS = 2_000_000
 BATCH_RUNS = 64
+# Threads reading runs ahead of the loading (a thread per core, up to 4).
+PREPARE_THREADS = max(1, min(4, os.cpu_count() or 1))
 
 
 def ingest_runs(
@@ -134,12 +138,12 @@ class RunLoader:
     def batches(self, run_dirs: list[Path], progress: RunProgress) -> Iterator[list[PreparedRun | RunOutcome]]:
         """Runs in batches; a run that needs no loading (present, quarantined) comes as its outcome.
 
-        Runs are read, checked and hashed (`prepare`) on a thread of their own, up to a batch ahead
-        of the ones being loaded (`_PreparedAhead`): that work is Python, Arrow and zlib, while a
+        Runs are read, checked and hashed (`prepare`) on threads of their own, up to a batch ahead
+        of the ones being loaded (`_PreparedAhead`): that work is Python, Arrow and zstd, while a
         load mostly waits on DuckDB, so the two share the cores."""
         batch: list[PreparedRun | RunOutcome] = []
         events = runs = 0
-        ahead = _PreparedAhead(self.prepare, run_dirs)
+        ahead = _PreparedAhead(self.prepare, run_dirs, PREPARE_THREADS)
         try:
             for run_dir, prepared in ahead:
                 progress.start(run_dir)
@@ -226,10 +230,13 @@ class RunLoader:
 
     def load(self, items: list[PreparedRun | RunOutcome], progress: RunProgress) -> list[RunOutcome]:
         """Outcomes of the batch's runs, in order. The batch is laid out together (stack ids, symbols,
-        frames), then each run is loaded in a transaction of its own; when one fails on its data, it
-        is quarantined and the runs after it are laid out again without it."""
+        frames), then its runs are loaded in transactions of `runs_per_transaction` runs (one each
+        by default). When a transaction of several runs fails on its data, its runs are loaded again
+        one by one; when one run fails, it is quarantined and the runs after it are laid out again
+        without it."""
         runs = [item for item in items if isinstance(item, PreparedRun)]
         loaded: dict[int, RunOutcome] = {}
+        group = max(1, self.options.runs_per_transaction)
         while runs:
             try:
                 batch = self._lay_out(runs, progress)
@@ -240,68 +247,93 @@ class RunLoader:
                 loaded[id(bad)] = RunOutcome(bad.run_dir, "quarantined", run_id=bad.run_id, reason=str(error))
                 runs = [r for r in runs if r is not bad]
                 continue
-            for index, run in enumerate(runs):
-                progress.describe(f"loading {run.events:,} events of {run.run_dir.name}")
-                try:
-                    loaded[id(run)] = self._load_run(batch, index)
-                except (DamagedRunError, QuarantineRun) as error:
-                    reason = str(error) if isinstance(error, DamagedRunError) else f"{run.run_dir}: {error}"
-                    loaded[id(run)] = RunOutcome(run.run_dir, "quarantined", run_id=run.run_id, reason=reason)
-                    runs = runs[index + 1 :]  # stacks it would have brought in: laid out again for the rest
-                    break
-            else:
-                runs = []
+            failed = self._load_groups(batch, group, loaded, progress)
+            runs = runs[failed + 1 :] if failed is not None else []  # stacks it would have brought in: laid out again
             if batch.frames is not None:
                 self._count_frames(batch.frames)
         return [loaded[id(item)] if isinstance(item, PreparedRun) else item for item in items]
 
-    def _load_run(self, batch: Batch, index: int) -> RunOutcome:
-        """One run of a laid-out batch, in one transaction: its share of the batch's new symbols,
-        stacks and frames, its sites, events and run row."""
-        run = batch.runs[index]
+    def _load_groups(
+        self, batch: Batch, group: int, loaded: dict[int, RunOutcome], progress: RunProgress
+    ) -> int | None:
+        """Loads the batch's runs, `group` to a transaction; the index of the first run that failed
+        on its data (quarantined; the runs after it are not loaded), else None."""
+        start = 0
+        while start < len(batch.runs):
+            runs = range(start, min(start + group, len(batch.runs)))
+            events = sum(batch.runs[i].events for i in runs)
+            names = batch.runs[start].run_dir.name + (f" and {len(runs) - 1} more" if len(runs) > 1 else "")
+            progress.describe(f"loading {events:,} events of {names}")
+            try:
+                loaded.update(self._load_runs(batch, runs))
+            except (DamagedRunError, QuarantineRun) as error:
+                if len(runs) > 1:
+                    group = 1  # the runs of this group one by one: which of them fails
+                    continue
+                run = batch.runs[start]
+                reason = str(error) if isinstance(error, DamagedRunError) else f"{run.run_dir}: {error}"
+                loaded[id(run)] = RunOutcome(run.run_dir, "quarantined", run_id=run.run_id, reason=reason)
+                return start
+            start = runs.stop
+        return None
+
+    def _load_runs(self, batch: Batch, runs: range) -> dict[int, RunOutcome]:
+        """Runs of a laid-out batch (consecutive indices), in one transaction: their share of the
+        batch's new symbols, stacks and frames, their sites, events and run rows."""
         db = self.db
-        part = batch.part_of(index)
+        chosen = [batch.runs[i] for i in runs]
+        part = batch.part_of(runs)
         with db.transaction() as con:
-            numbers = (
-                query_rows(con, "SELECT run_number FROM runs WHERE run_id = ?", [run.run_id]) if run.replace else []
-            )
-            if numbers:
-                run.run_number = numbers[0][0]
-                for table in ("event_counts", "event_rows", "site_counts"):
-                    con.execute(f"DELETE FROM {table} WHERE run_number = ?", [run.run_number])
-                run_gpu.delete_run(con, run.run_number)
-                for table in ("run_modules", "runs"):
-                    con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run.run_id])
-            else:
-                run.run_number = db.next_ids(
-                    "run_number", 1, lambda: int(query_value(con, "SELECT coalesce(max(run_number), 0) + 1 FROM runs"))
+            for run in chosen:
+                numbers = (
+                    query_rows(con, "SELECT run_number FROM runs WHERE run_id = ?", [run.run_id]) if run.replace else []
                 )
+                if numbers:
+                    run.run_number = numbers[0][0]
+                    for table in ("event_counts", "event_rows", "site_counts"):
+                        con.execute(f"DELETE FROM {table} WHERE run_number = ?", [run.run_number])
+                    run_gpu.delete_run(con, run.run_number)
+                    for table in ("run_modules", "runs"):
+                        con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run.run_id])
+                else:
+                    run.run_number = db.next_ids(
+                        "run_number",
+                        1,
+                        lambda: int(query_value(con, "SELECT coalesce(max(run_number), 0) + 1 FROM runs")),
+                    )
             if part.symbols is not None and part.symbols.num_rows:
                 db.insert("INSERT INTO symbols BY NAME SELECT * FROM {}", part.symbols)
-            run_rows.insert_modules(db, run, part.statuses)
+            run_rows.insert_modules(db, chosen, part.statuses)
             if part.new_order is not None and len(part.new_order):
                 run_rows.insert_stacks(db, batch, part)
                 record_portable_files(
-                    db, {f: (p, root) for f, (p, root, first) in batch.new_files.items() if first == part.index}
+                    db, {f: (p, root) for f, (p, root, first) in batch.new_files.items() if first in runs}
                 )
-                store_sites(
-                    db, batch.sites.filter(pc.is_in(batch.sites["stack_id"], pa.array(batch.new_ids[part.new_order])))
-                )
-            run_rows.insert_events(db, batch, index)
-            run_gpu.insert_gpu_activity(db, run.run_number, run.gpu_files)
-            count_sites(db, run.run_number)
-            run_rows.insert_run(db, run)
-            _before_commit(run.run_id)
-        self._loaded[run.run_id] = (bool(run.manifest.get("complete")), run.fingerprint)
-        return RunOutcome(
-            run.run_dir,
-            "updated" if run.replace else "ingested",
-            run_id=run.run_id,
-            complete=bool(run.manifest.get("complete")),
-            events=run.events,
-            new_stacks=run.new_stacks,
-            notes=run.notes,
-        )
+                sites = batch.sites.filter(pc.is_in(batch.sites["stack_id"], pa.array(batch.new_ids[part.new_order])))
+                store_sites(db, sites, batch.runs_of_new_stacks(sites["stack_id"].to_numpy()))
+            run_rows.insert_events(db, batch, runs)
+            for run in chosen:
+                run_gpu.insert_gpu_activity(db, run.run_number, run.gpu_files)
+            count_sites(db, [run.run_number for run in chosen])
+            run_rows.insert_runs(db, chosen)
+            for run in chosen:
+                _before_commit(run.run_id)
+        if part.statuses is not None:
+            batch.statuses_stored.update(part.statuses["module_key"].to_pylist())
+        outcomes = {}
+        for run in chosen:
+            complete = bool(run.manifest.get("complete"))
+            self._loaded[run.run_id] = (complete, run.fingerprint)
+            outcomes[id(run)] = RunOutcome(
+                run.run_dir,
+                "updated" if run.replace else "ingested",
+                run_id=run.run_id,
+                complete=complete,
+                events=run.events,
+                new_stacks=run.new_stacks,
+                notes=run.notes,
+            )
+        return outcomes
 
     def _lay_out(self, runs: list[PreparedRun], progress: RunProgress) -> Batch:
         flat, run_of_stack = concat_flat_runs([run.flat for run in runs])
@@ -501,57 +533,71 @@ class RunLoader:
 
 
 class _PreparedAhead:
-    """`prepare` over the run folders on a thread, in order, at most a batch ahead (BATCH_RUNS runs,
-    BATCH_EVENTS events) of the runs taken: a prepared run holds its stacks in memory until then."""
+    """`prepare` over the run folders on worker threads, handed over in order, at most a batch
+    ahead (BATCH_RUNS runs, BATCH_EVENTS events) of the runs taken: a prepared run holds its stacks
+    in memory until then. Reading a run's parts is mostly waiting on Parquet decoding and checksums,
+    which release the GIL: with several workers, a night of small runs is read as fast as it loads."""
 
-    def __init__(self, prepare: Callable[[Path], PreparedRun | RunOutcome], run_dirs: list[Path]):
+    def __init__(self, prepare: Callable[[Path], PreparedRun | RunOutcome], run_dirs: list[Path], workers: int):
         self._prepare = prepare
         self._run_dirs = list(run_dirs)
-        self._ready: deque[tuple[Path, PreparedRun | RunOutcome | BaseException]] = deque()
+        self._ready: dict[int, PreparedRun | RunOutcome | BaseException] = {}
         self._ready_events = 0
+        self._claimed = 0  # runs handed to a worker
+        self._taken = 0  # runs handed over
         self._stopped = False
         self._changed = threading.Condition()
-        self._thread = threading.Thread(target=self._work, name="tbpipe-prepare", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._work, name="tbpipe-prepare", daemon=True) for _ in range(max(1, workers))
+        ]
+        for thread in self._threads:
+            thread.start()
 
     @staticmethod
     def _events(result: object) -> int:
         return result.events if isinstance(result, PreparedRun) else 0
 
+    def _may_claim(self) -> bool:
+        return self._claimed - self._taken < BATCH_RUNS and self._ready_events < BATCH_EVENTS
+
     def _work(self) -> None:
-        for run_dir in self._run_dirs:
+        while True:
             with self._changed:
                 self._changed.wait_for(
-                    lambda: self._stopped or (len(self._ready) < BATCH_RUNS and self._ready_events < BATCH_EVENTS)
+                    lambda: self._stopped or self._claimed >= len(self._run_dirs) or self._may_claim()
                 )
-                if self._stopped:
+                if self._stopped or self._claimed >= len(self._run_dirs):
                     return
+                index = self._claimed
+                self._claimed += 1
             try:
-                result: PreparedRun | RunOutcome | BaseException = self._prepare(run_dir)
+                result: PreparedRun | RunOutcome | BaseException = self._prepare(self._run_dirs[index])
             except BaseException as error:  # raised in the loading thread, at this run
                 result = error
             with self._changed:
-                self._ready.append((run_dir, result))
+                self._ready[index] = result
                 self._ready_events += self._events(result)
                 self._changed.notify_all()
 
     def __iter__(self) -> Iterator[tuple[Path, PreparedRun | RunOutcome]]:
-        for _ in self._run_dirs:
+        for index, run_dir in enumerate(self._run_dirs):
             with self._changed:
-                self._changed.wait_for(lambda: bool(self._ready))
-                run_dir, result = self._ready.popleft()
+                self._changed.wait_for(lambda index=index: index in self._ready)
+                result = self._ready.pop(index)
                 self._ready_events -= self._events(result)
+                self._taken = index + 1
                 self._changed.notify_all()
             if isinstance(result, BaseException):
                 raise result
             yield run_dir, result
 
     def close(self) -> None:
-        """Stops after the run being prepared (if any)."""
+        """Stops after the runs being prepared (if any)."""
         with self._changed:
             self._stopped = True
             self._changed.notify_all()
-        self._thread.join()
+        for thread in self._threads:
+            thread.join()
 
 
 def _before_commit(run_id: str) -> None:

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tbpipe.pipeline.db.connection import query_arrow, query_rows, query_value
-from tbpipe.pipeline.db.ingest.tables import IngestDb
+from tbpipe.pipeline.db.ingest.tables import IngestDb, run_numbers_filter
 from tbpipe.pipeline.errors import UsageError
 
 
@@ -114,7 +114,10 @@ def site_stacks(db: IngestDb, from_stack: int | None) -> None:
     if from_stack is None:
         con.execute("DELETE FROM stack_sites")
         con.execute("DELETE FROM sites")
-    con.execute("CREATE OR REPLACE TEMP TABLE ingest_sites AS SELECT * FROM stack_sites_from(?)", [from_stack or 0])
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE ingest_sites AS SELECT *, 0 AS site_order FROM stack_sites_from(?)",
+        [from_stack or 0],
+    )
     try:
         _insert_sites(con)
     finally:
@@ -130,8 +133,9 @@ def site_stacks(db: IngestDb, from_stack: int | None) -> None:
 SITE_PLACE_ORDER = "struct_pack(n := c.events, f := coalesce(s.site_file, ''), l := coalesce(s.site_line, -1))"
 
 
-def count_sites(db: IngestDb, run_number: int | None) -> None:
-    """`site_counts` of one run (all runs with None) from its `event_counts` and the stacks' sites."""
+def count_sites(db: IngestDb, run_numbers: list[int] | None) -> None:
+    """`site_counts` of the given runs (all runs with None) from their `event_counts` and the stacks' sites."""
+    where, params = run_numbers_filter("c.run_number", run_numbers) if run_numbers is not None else ("true", [])
     db.con.execute(
         f"""
         INSERT INTO site_counts BY NAME
@@ -140,10 +144,10 @@ def count_sites(db: IngestDb, run_number: int | None) -> None:
                arg_max(s.site_line, {SITE_PLACE_ORDER}) AS site_line, bool_or(s.site_is_user) AS site_is_user
         FROM event_counts c
         LEFT JOIN stack_sites s USING (stack_id)
-        {"WHERE c.run_number = ?" if run_number is not None else ""}
+        WHERE {where}
         GROUP BY c.run_number, c.name_id, s.site_id
         """,
-        [run_number] if run_number is not None else [],
+        params,
     )
 
 
@@ -316,9 +320,11 @@ def _lent_rows(
     return lent
 
 
-def store_sites(db: IngestDb, sites: pa.Table) -> None:
-    """`sites` rows for the keys the table lacks and `stack_sites` rows, from `sites_of_laid_out` rows."""
-    db.register("ingest_sites", sites)
+def store_sites(db: IngestDb, sites: pa.Table, site_order: np.ndarray) -> None:
+    """`sites` rows for the keys the table lacks and `stack_sites` rows, from `sites_of_laid_out`
+    rows; new sites are numbered by `site_order` per row (the index of the run bringing in the
+    stack: runs loaded together number their sites as they would one by one), then by key."""
+    db.register("ingest_sites", sites.append_column("site_order", pa.array(site_order, pa.int64())))
     try:
         _insert_sites(db.con)
     finally:
@@ -326,15 +332,17 @@ def store_sites(db: IngestDb, sites: pa.Table) -> None:
 
 
 def _insert_sites(con: Any) -> None:
-    """`sites` and `stack_sites` from the relation `ingest_sites` (shaped like `stack_sites_from`)."""
+    """`sites` and `stack_sites` from the relation `ingest_sites` (shaped like `stack_sites_from`,
+    with a `site_order` column)."""
     con.execute(
         """
         INSERT INTO sites BY NAME
-        SELECT (SELECT coalesce(max(site_id), 0) FROM sites) + row_number() OVER (ORDER BY site_key) AS site_id,
+        SELECT (SELECT coalesce(max(site_id), 0) FROM sites) + row_number() OVER (ORDER BY site_order, site_key)
+                   AS site_id,
                site_key, function, file, line, kind, portable_file, line_offset, module
         FROM (
-            SELECT site_key, any_value(site_function) AS function, any_value(site_file) AS file,
-                   any_value(site_line) AS line, any_value(site_kind) AS kind,
+            SELECT site_key, min(site_order) AS site_order, any_value(site_function) AS function,
+                   any_value(site_file) AS file, any_value(site_line) AS line, any_value(site_kind) AS kind,
                    any_value(site_portable_file) AS portable_file, any_value(site_line_offset) AS line_offset,
                    any_value(regexp_extract(site_module, '[^/]*$')) AS module
             FROM ingest_sites
