@@ -943,6 +943,28 @@ def test_runs_sharing_a_transaction_load_as_runs_alone(tmp_path, symbol_cache, m
     assert rows(db, "SELECT list(run_number ORDER BY run_number) FROM runs") == [(list(range(1, 8)),)]
 
 
+def test_cli_loads_runs_together_on_request(tmp_path, good_run, symbol_cache) -> None:
+    runs = tmp_path / "runs"
+    for name in ("a", "b"):
+        _copy(good_run, runs, name)
+    env = dict(os.environ, TBPIPE_CACHE_DIR=str(symbol_cache), COLUMNS="300")
+    db = tmp_path / "t.duckdb"
+    command = [*TBPIPE, "ingest", str(runs), "--db", str(db), "--runs-per-transaction"]
+    refused = subprocess.run([*command, "0"], capture_output=True, text=True, timeout=120, env=env)
+    assert refused.returncode == 2 and "--runs-per-transaction" in _words(refused.stderr), refused.stderr
+    assert not db.exists()
+    result = subprocess.run([*command, "2"], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    manifest = json.loads((good_run / "manifest.json").read_text())
+    threads = {int(k): v for k, v in manifest["threads"].items()}
+    # The runs rows, built as the lake builds them: times, labels and thread names as the manifest says.
+    assert rows(
+        db,
+        "SELECT run_id, labels, threads, started_at = CAST(? AS TIMESTAMPTZ) FROM runs ORDER BY 1",
+        [manifest["started_at"]],
+    ) == [(run_id, {"suite": "good"}, threads, True) for run_id in _run_ids(runs)]
+
+
 def _thread_id_past_int64(run_dir: Path) -> None:
     manifest = json.loads((run_dir / "manifest.json").read_text())
     _manifest(run_dir, threads={**manifest.get("threads", {}), "9999999999999999999": "huge"})
