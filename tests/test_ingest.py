@@ -965,6 +965,30 @@ def test_cli_loads_runs_together_on_request(tmp_path, good_run, symbol_cache) ->
     ) == [(run_id, {"suite": "good"}, threads, True) for run_id in _run_ids(runs)]
 
 
+def test_a_run_loaded_again_shares_a_transaction_with_new_runs(tmp_path, good_run, symbol_cache) -> None:
+    """A run ingested while incomplete and loaded again keeps its run number: the runs of a shared
+    transaction need not be numbered in a row."""
+    runs = tmp_path / "runs"
+    for name in ("a", "b", "c"):
+        _copy(good_run, runs, name)
+    _manifest(runs / "b", complete=False)
+    grouped, alone = tmp_path / "grouped.duckdb", tmp_path / "alone.duckdb"
+    for db in (grouped, alone):
+        assert ingest(db, runs, cache=symbol_cache).ingested == 3
+    _manifest(runs / "b", complete=True)
+    _copy(good_run, runs, "d")
+    summary = ingest(grouped, runs, cache=symbol_cache, runs_per_transaction=4)
+    assert [o.status for o in summary.outcomes] == ["present", "updated", "present", "ingested"]
+    ingest(alone, runs, cache=symbol_cache)
+    assert rows(grouped, "SELECT run_id, run_number, complete FROM runs ORDER BY run_number") == [
+        (run_id, number, True) for number, run_id in enumerate(_run_ids(runs), 1)
+    ]
+    assert rows(grouped, "SELECT run_number, sum(events) FROM site_counts GROUP BY ALL ORDER BY 1") == rows(
+        alone, "SELECT run_number, sum(events) FROM site_counts GROUP BY ALL ORDER BY 1"
+    )
+    assert snapshot(grouped, exclude_ingest_times=True) == snapshot(alone, exclude_ingest_times=True)
+
+
 def _thread_id_past_int64(run_dir: Path) -> None:
     manifest = json.loads((run_dir / "manifest.json").read_text())
     _manifest(run_dir, threads={**manifest.get("threads", {}), "9999999999999999999": "huge"})
