@@ -1,5 +1,6 @@
-// Binding of the ingest's stack hashing (stack_identity.h): `tbpipe._native.hash_raw_stacks`, over
-// the buffers of a run's Arrow columns (numpy views, no copies). Registered into tbpipe._native by
+// Bindings of the ingest's native steps: stack hashing (stack_identity.h, `hash_raw_stacks`), distinct
+// rows (distinct_rows.h) and the combined order (combined_order.h), over the buffers of Arrow columns
+// and numpy arrays (views, no copies). Registered into tbpipe._native by
 // bindings.cpp through register_ingest_bindings().
 #include <pybind11/pybind11.h>
 
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "buffer_args.h"
+#include "combined_order.h"
 #include "distinct_rows.h"
 #include "stack_identity.h"
 
@@ -102,6 +104,51 @@ py::tuple distinct_rows_binding(const py::buffer& rows, ssize_t width, bool exac
                         py::bytes(reinterpret_cast<const char*>(first.data()), first.size() * sizeof(int64_t)));
 }
 
+template <typename T>
+py::bytes vector_bytes(const std::vector<T>& values) {
+  return py::bytes(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+}
+
+py::tuple combined_order_binding(const py::buffer& native_lengths, const py::buffer& python_lengths,
+                                 const py::buffer& status, const py::buffer& native_flags,
+                                 const py::buffer& python_flags, uint32_t no_native_bit, uint32_t marker_bit,
+                                 uint32_t eval_bit, uint32_t entry_bit) {
+  py::buffer_info infos[5];
+  CombinedOrderInput input;
+  input.native_lengths = column<int64_t>(native_lengths, infos[0], "native lengths");
+  input.python_lengths = column<int64_t>(python_lengths, infos[1], "python lengths");
+  input.status = column<uint32_t>(status, infos[2], "status");
+  input.native_flags = column<uint32_t>(native_flags, infos[3], "native flags");
+  input.python_flags = column<uint32_t>(python_flags, infos[4], "python flags");
+  const ssize_t stacks = infos[2].size;
+  if (infos[0].size != stacks || infos[1].size != stacks) {
+    throw py::value_error("native and python lengths: expected one per stack");
+  }
+  // The frames each stack claims must lie inside the frame columns.
+  ssize_t native_frames = 0, python_frames = 0;
+  for (ssize_t s = 0; s < stacks; ++s) {
+    if (input.native_lengths[s] < 0 || input.python_lengths[s] < 0) throw py::value_error("negative length");
+    native_frames += input.native_lengths[s];
+    python_frames += input.python_lengths[s];
+  }
+  if (native_frames != infos[3].size || python_frames != infos[4].size) {
+    throw py::value_error("lengths do not add up to the frame columns");
+  }
+  input.stacks = static_cast<size_t>(stacks);
+  input.no_native_bit = no_native_bit;
+  input.marker_bit = marker_bit;
+  input.eval_bit = eval_bit;
+  input.entry_bit = entry_bit;
+  CombinedOrder order;
+  {
+    py::gil_scoped_release unlocked;
+    order = combined_order(input);
+  }
+  return py::make_tuple(vector_bytes(order.owner), vector_bytes(order.source), vector_bytes(order.is_python),
+                        vector_bytes(order.slot), vector_bytes(order.has_native), vector_bytes(order.truncated),
+                        vector_bytes(order.leftover));
+}
+
 }  // namespace
 
 void register_ingest_bindings(py::module_& m) {
@@ -114,6 +161,12 @@ void register_ingest_bindings(py::module_& m) {
   m.def("distinct_rows", &distinct_rows_binding, py::arg("rows"), py::arg("width"), py::arg("exact_pass_only") = false,
         "Rows of `width` bytes: (id of each row's value, first row of each id), int64 bytes; ids in order of "
         "first appearance.");
+  m.def("combined_order", &combined_order_binding, py::arg("native_lengths"), py::arg("python_lengths"),
+        py::arg("status"), py::arg("native_flags"), py::arg("python_flags"), py::arg("no_native_bit"),
+        py::arg("marker_bit"), py::arg("eval_bit"), py::arg("entry_bit"),
+        "Combined order of a batch of stacks (pipeline/stacks/layout.py's combined_slots): bytes of per-slot "
+        "owner (int64), source row (int64), is_python (uint8), slot (int32), and per-stack has_native (uint8), "
+        "truncated (uint8), leftover (int64).");
 }
 
 }  // namespace tbpipe

@@ -459,6 +459,27 @@ def test_stack_hashing_refuses_offsets_outside_the_frames() -> None:
     assert len(_native.hash_raw_stacks(status, np.array([0, 3], np.int32), *frames, *python, *keys)) == 8
 
 
+def test_combined_order_refuses_lengths_outside_the_frames() -> None:
+    bits = (1, 2, 4, 8)
+    status, flags = np.zeros(2, np.uint32), np.zeros(3, np.uint32)
+    for native, python, problem in (
+        ([2, 2], [1, 2], "lengths do not add up"),
+        ([4, -1], [1, 2], "negative length"),
+        ([3], [1, 2], "one per stack"),
+    ):
+        with pytest.raises(ValueError, match=problem):
+            _native.combined_order(np.array(native, np.int64), np.array(python, np.int64), status, flags, flags, *bits)
+    # Stack 0: an eval loop standing for two Python frames; stack 1: a native frame, then an eval loop
+    # standing for one Python frame.
+    native_flags, python_flags = np.array([4, 0, 4], np.uint32), np.array([0, 8, 8], np.uint32)
+    lengths = np.array([1, 2], np.int64), np.array([2, 1], np.int64)
+    owner, source, is_python, slot, *_ = _native.combined_order(*lengths, status, native_flags, python_flags, *bits)
+    assert np.frombuffer(owner, np.int64).tolist() == [0, 0, 1, 1]
+    assert np.frombuffer(source, np.int64).tolist() == [0, 1, 1, 2]
+    assert np.frombuffer(is_python, np.bool_).tolist() == [True, True, False, True]
+    assert np.frombuffer(slot, np.int32).tolist() == [0, 1, 0, 1]
+
+
 @pytest.mark.parametrize("exact_pass_only", [False, True])
 def test_distinct_rows_groups_equal_rows_exactly(exact_pass_only) -> None:
     """Ids number the distinct rows in order of first appearance, whichever pass assigns them; rows

@@ -1,4 +1,4 @@
-"""Stack frames in combined order with inline chains, built column by column with numpy.
+"""Stack frames in combined order with inline chains, built over whole batches of stacks.
 
 Two steps, both over whole runs at once:
 
@@ -9,12 +9,12 @@ Two steps, both over whole runs at once:
   (markers never count) takes the k-th group; eval-loop frames beyond the last group stay native
   frames; groups left over follow a native walk that stopped early, and without such a stop they
   mean the two walks disagree and the stack is shown as its Python frames alone. Each placed frame
-  is a *slot*.
+  is a *slot*. The order is found in the extension, one pass over each stack's frames
+  (native/combined_order.cpp); the slots' columns are then gathered with numpy.
 - `expand`: each native slot becomes its address's inline chain from the symbols rows (innermost
   first); the result is shaped like the `stack_frames` table.
 
-Segmented prefix sums stand in for per-stack loops: frames of one stack are contiguous, so a
-global cumulative sum minus its value at the stack's start is the sum within the stack.
+Per-row work is numpy over integer columns; a frame's text is taken once per distinct frame.
 """
 
 from __future__ import annotations
@@ -81,13 +81,6 @@ def _starts(lengths: np.ndarray) -> np.ndarray:
     return np.cumsum(lengths) - lengths
 
 
-def _within(values: np.ndarray, owner: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Inclusive running sum of `values` within each owner's contiguous segment."""
-    running = np.cumsum(values, dtype=np.int64)
-    before = np.concatenate([[0], running])[starts]
-    return running - before[owner]
-
-
 def _take(values: pa.Array, rows: np.ndarray) -> pa.Array:
     """values[rows], null where rows < 0."""
     missing = rows < 0
@@ -134,54 +127,23 @@ def combined_slots(
     `native_ref` / `python_ref` are rows of `modules` (module_key, path) / `code` (filename,
     qualname), -1 for a module or code object the run does not describe.
     """
-    count = len(stack_ids)
-    native_lengths = native_lengths.astype(np.int64)
-    python_lengths = python_lengths.astype(np.int64)
-    n_start, p_start = _starts(native_lengths), _starts(python_lengths)
-    n_owner = np.repeat(np.arange(count), native_lengths)
-    p_owner = np.repeat(np.arange(count), python_lengths)
-    n_idx = np.arange(len(n_owner), dtype=np.int64) - n_start[n_owner]
-    p_idx = np.arange(len(p_owner), dtype=np.int64) - p_start[p_owner]
-
-    is_marker = (native_flags & NATIVE_FRAME_MARKER) != 0
-    is_eval = ((native_flags & NATIVE_FRAME_EVAL_LOOP) != 0) & ~is_marker
-    eval_rank = _within(is_eval.astype(np.int64), n_owner, n_start) - 1
-    evals = np.bincount(n_owner, weights=is_eval, minlength=count).astype(np.int64)
-    truncated = np.bincount(n_owner, weights=is_marker, minlength=count) > 0
-
-    is_entry = ((python_flags & PYTHON_FRAME_ENTRY) != 0).astype(np.int64)
-    group = _within(is_entry, p_owner, p_start) - is_entry  # entry frames before this one
-    last = np.where(python_lengths > 0, p_start + python_lengths - 1, 0)
-    groups = np.where(python_lengths > 0, group[last] + 1 if len(group) else 0, 0)
-    unclaimed = group >= evals[p_owner]
-    leftover = np.bincount(p_owner, weights=unclaimed, minlength=count).astype(np.int64)
-    has_native = ((status & STACK_NO_NATIVE) == 0) & (native_lengths > 0)
-    python_only = ~has_native | ((leftover > 0) & ~truncated)
-
-    # Native frames that stay: all but the eval-loop frames replaced by their Python group.
-    keep_native = ~python_only[n_owner] & ~(is_eval & (eval_rank < groups[n_owner]))
-    # Python frames: under their eval-loop frame, after all native frames (walk stopped), or alone.
-    p_alone = python_only[p_owner]
-    claimed = ~p_alone & ~unclaimed
-    eval_frames = np.flatnonzero(is_eval)
-    eval_start = _starts(evals)
-    eval_of = np.where(claimed, eval_start[p_owner] + group, 0)
-    p_major = np.where(
-        p_alone,
-        p_idx,
-        np.where(claimed, n_idx[eval_frames[eval_of]] if len(eval_frames) else 0, native_lengths[p_owner] + p_idx),
+    # Where each frame goes: one pass per stack in the extension (native/combined_order.cpp).
+    order = _native.combined_order(
+        np.ascontiguousarray(native_lengths, dtype=np.int64),
+        np.ascontiguousarray(python_lengths, dtype=np.int64),
+        np.ascontiguousarray(status, dtype=np.uint32),
+        np.ascontiguousarray(native_flags, dtype=np.uint32),
+        np.ascontiguousarray(python_flags, dtype=np.uint32),
+        STACK_NO_NATIVE,
+        NATIVE_FRAME_MARKER,
+        NATIVE_FRAME_EVAL_LOOP,
+        PYTHON_FRAME_ENTRY,
     )
-    p_minor = np.where(claimed, p_idx + 1, 0)
-
-    native_rows = np.flatnonzero(keep_native)
-    owner = np.concatenate([n_owner[native_rows], p_owner])
-    major = np.concatenate([n_idx[native_rows], p_major])
-    minor = np.concatenate([np.zeros(len(native_rows), dtype=np.int64), p_minor])
-    source = np.concatenate([native_rows, np.arange(len(p_owner))])  # row in native or python frames
-    is_python = np.concatenate([np.zeros(len(native_rows), dtype=bool), np.ones(len(p_owner), dtype=bool)])
-    order = np.lexsort((minor, major, owner))
-    owner, source, is_python = owner[order], source[order], is_python[order]
-    slot = np.arange(len(owner), dtype=np.int64) - np.searchsorted(owner, owner)
+    owner, source, is_python, slot, has_native, truncated, leftover = (
+        np.frombuffer(data, dtype)
+        for data, dtype in zip(order, (np.int64, np.int64, np.bool_, np.int32, np.bool_, np.bool_, np.int64))
+    )
+    is_marker = (native_flags & NATIVE_FRAME_MARKER) != 0
 
     native_source = np.where(is_python, -1, source)
     python_source = np.where(is_python, source, -1)

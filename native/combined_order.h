@@ -1,0 +1,41 @@
+// The combined order of a batch of stacks: where each raw frame goes when Python frames are placed
+// among native ones (pipeline/stacks/layout.py's `combined_slots`, whose docstring gives the rule,
+// and pipeline/stacks/order.py, the per-stack definition the tests hold both to). One pass over the
+// frames of each stack instead of a sort of the whole batch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace tbpipe {
+
+struct CombinedOrderInput {
+  size_t stacks = 0;
+  const int64_t* native_lengths = nullptr;  // per stack; the stacks' frames lie one after another
+  const int64_t* python_lengths = nullptr;
+  const uint32_t* status = nullptr;        // per stack
+  const uint32_t* native_flags = nullptr;  // per native frame
+  const uint32_t* python_flags = nullptr;  // per Python frame
+  // The raw format's bits (schemas/raw.py), passed in so that they are defined once.
+  uint32_t no_native_bit = 0;  // stack status: the native walk did not run
+  uint32_t marker_bit = 0;     // native frame: a marker (why the walk stopped), never an eval loop
+  uint32_t eval_bit = 0;       // native frame: CPython's eval loop
+  uint32_t entry_bit = 0;      // Python frame: the first the eval loop runs (ends a group)
+};
+
+// Slots, stack after stack in combined order, and per stack what `combined_slots` reports on.
+struct CombinedOrder {
+  std::vector<int64_t> owner;       // per slot: the stack's index
+  std::vector<int64_t> source;      // per slot: the row in the native or Python frames
+  std::vector<uint8_t> is_python;   // per slot: 1 for a Python frame
+  std::vector<int32_t> slot;        // per slot: its position in its stack
+  std::vector<uint8_t> has_native;  // per stack: the native walk ran and found frames
+  std::vector<uint8_t> truncated;   // per stack: a marker says the native walk stopped early
+  std::vector<int64_t> leftover;    // per stack: Python frames no eval-loop frame claims
+};
+
+// The lengths must be non-negative and add up to the frame columns' lengths (the caller checks).
+CombinedOrder combined_order(const CombinedOrderInput& input);
+
+}  // namespace tbpipe
