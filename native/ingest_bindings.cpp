@@ -125,9 +125,14 @@ py::tuple combined_order_binding(const py::buffer& native_lengths, const py::buf
     throw py::value_error("native and python lengths: expected one per stack");
   }
   // The frames each stack claims must lie inside the frame columns.
+  // Each length is checked against what is left of its column before it is added: no sum can wrap.
   ssize_t native_frames = 0, python_frames = 0;
   for (ssize_t s = 0; s < stacks; ++s) {
     if (input.native_lengths[s] < 0 || input.python_lengths[s] < 0) throw py::value_error("negative length");
+    if (input.native_lengths[s] > infos[3].size - native_frames ||
+        input.python_lengths[s] > infos[4].size - python_frames) {
+      throw py::value_error("lengths do not add up to the frame columns");
+    }
     native_frames += input.native_lengths[s];
     python_frames += input.python_lengths[s];
   }

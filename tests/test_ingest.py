@@ -897,6 +897,8 @@ def test_killed_ingest_loses_only_the_transaction_in_progress(tmp_path, good_run
     for name in ("a", "b", "c"):
         _copy(good_run, runs, name)
     first_id, second_id, third_id = _run_ids(runs)
+    # The symbol store warmed first: a symbolizer pool started by the killed ingest would outlive it.
+    ingest(tmp_path / "warm.duckdb", runs / "a", cache=symbol_cache)
     db = tmp_path / "t.duckdb"
     holder = PausingIngest(tmp_path, runs, db, symbol_cache, third_id, runs_per_transaction=2)
     holder.process.send_signal(signal.SIGKILL)  # inside the second transaction: the third run alone
@@ -965,28 +967,52 @@ def test_cli_loads_runs_together_on_request(tmp_path, good_run, symbol_cache) ->
     ) == [(run_id, {"suite": "good"}, threads, True) for run_id in _run_ids(runs)]
 
 
-def test_a_run_loaded_again_shares_a_transaction_with_new_runs(tmp_path, good_run, symbol_cache) -> None:
-    """A run ingested while incomplete and loaded again keeps its run number: the runs of a shared
-    transaction need not be numbered in a row."""
+def _rename_events(run_dir: Path, name: str) -> None:
+    for part in run_dir.glob("events-*.parquet"):
+        _rewrite(
+            part,
+            lambda t: t.set_column(
+                t.schema.get_field_index("name"), t.schema.field("name"), pa.array([name] * t.num_rows, pa.string())
+            ),
+        )
+
+
+def test_runs_loaded_together_number_what_they_add_as_one_by_one(tmp_path, good_run, symbol_cache) -> None:
+    """Runs, events and event names numbered as if loaded one by one, whichever runs share a
+    transaction: a run loaded again (incomplete before) keeps its number, so the runs of a
+    transaction need not be numbered in a row, and new runs beside it get numbers and event ids
+    after the ones it held."""
     runs = tmp_path / "runs"
-    for name in ("a", "b", "c"):
-        _copy(good_run, runs, name)
-    _manifest(runs / "b", complete=False)
     grouped, alone = tmp_path / "grouped.duckdb", tmp_path / "alone.duckdb"
-    for db in (grouped, alone):
-        assert ingest(db, runs, cache=symbol_cache).ingested == 3
-    _manifest(runs / "b", complete=True)
-    _copy(good_run, runs, "d")
-    summary = ingest(grouped, runs, cache=symbol_cache, runs_per_transaction=4)
-    assert [o.status for o in summary.outcomes] == ["present", "updated", "present", "ingested"]
-    ingest(alone, runs, cache=symbol_cache)
-    assert rows(grouped, "SELECT run_id, run_number, complete FROM runs ORDER BY run_number") == [
-        (run_id, number, True) for number, run_id in enumerate(_run_ids(runs), 1)
+
+    def ingest_both(statuses: list[str]) -> None:
+        summary = ingest(grouped, runs, cache=symbol_cache, runs_per_transaction=4)
+        assert [o.status for o in summary.outcomes] == statuses
+        ingest(alone, runs, cache=symbol_cache)
+        assert snapshot(grouped, exclude_ingest_times=True) == snapshot(alone, exclude_ingest_times=True)
+
+    for name in ("a", "c"):
+        _copy(good_run, runs, name)
+    _manifest(runs / "c", complete=False)
+    ingest_both(["ingested", "ingested"])
+    # A new run before the one loaded again (which holds the highest event ids), and one after it;
+    # both bring event names of their own.
+    _manifest(runs / "c", complete=True)
+    _rename_events(_copy(good_run, runs, "b"), "zzz-new-in-b")
+    _rename_events(_copy(good_run, runs, "d"), "aaa-new-in-d")
+    _manifest(runs / "d", complete=False)
+    ingest_both(["present", "ingested", "updated", "ingested"])
+    new_names = "SELECT name FROM event_names WHERE name LIKE '%-new-in-%' GROUP BY name ORDER BY min(name_id)"
+    assert rows(grouped, new_names) == [("zzz-new-in-b",), ("aaa-new-in-d",)]
+    # The run loaded again first in its transaction, holding the highest run number.
+    _manifest(runs / "d", complete=True)
+    _copy(good_run, runs, "e")
+    ingest_both(["present", "present", "present", "updated", "ingested"])
+    run_id = dict(zip("abcde", _run_ids(runs)))
+    assert rows(grouped, "SELECT run_id, run_number FROM runs ORDER BY run_number") == [
+        (run_id[name], number) for name, number in (("a", 1), ("c", 2), ("b", 3), ("d", 4), ("e", 5))
     ]
-    assert rows(grouped, "SELECT run_number, sum(events) FROM site_counts GROUP BY ALL ORDER BY 1") == rows(
-        alone, "SELECT run_number, sum(events) FROM site_counts GROUP BY ALL ORDER BY 1"
-    )
-    assert snapshot(grouped, exclude_ingest_times=True) == snapshot(alone, exclude_ingest_times=True)
+    assert rows(grouped, "SELECT count(DISTINCT event_id) = count(*) FROM event_rows") == [(True,)]
 
 
 def _thread_id_past_int64(run_dir: Path) -> None:

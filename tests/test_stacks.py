@@ -464,8 +464,9 @@ def test_combined_order_refuses_lengths_outside_the_frames() -> None:
     status, flags = np.zeros(2, np.uint32), np.zeros(3, np.uint32)
     for native, python, problem in (
         ([2, 2], [1, 2], "lengths do not add up"),
-        ([4, -1], [1, 2], "negative length"),
+        ([-1, 4], [1, 2], "negative length"),
         ([3], [1, 2], "one per stack"),
+        ([2**63 - 1, 2**63 - 1], [1, 2], "lengths do not add up"),  # a sum that would wrap to 0 - 2
     ):
         with pytest.raises(ValueError, match=problem):
             _native.combined_order(np.array(native, np.int64), np.array(python, np.int64), status, flags, flags, *bits)

@@ -198,6 +198,7 @@ def insert_modules(db: IngestDb, runs: list[PreparedRun], statuses: pa.Table | N
             for run in runs
         ]
     )
+    modules = modules.append_column("position", pa.array(np.arange(modules.num_rows), pa.int64()))
     db.insert(
         "INSERT INTO run_modules BY NAME SELECT run_id, module_index, module_key, path, load_bias, exec_ranges FROM {}",
         modules,
@@ -209,7 +210,7 @@ def insert_modules(db: IngestDb, runs: list[PreparedRun], statuses: pa.Table | N
         db.insert(
             """
             INSERT INTO modules BY NAME
-            SELECT module_key, any_value(path) AS path,
+            SELECT module_key, arg_min(path, position) AS path,  -- as the first run loaded says
                    CASE WHEN NOT starts_with(module_key, 'path:') AND NOT starts_with(module_key, 'invalid:')
                         THEN module_key END AS build_id
             FROM {} ANTI JOIN modules USING (module_key)
@@ -250,6 +251,20 @@ def insert_stacks(db: IngestDb, batch: Batch, part: RunPart) -> None:
     insert_frame_rows(db, frames, batch.frame_ids, part.rows, part.frames)
 
 
+def next_run_numbers(db: IngestDb, count: int) -> int:
+    """The first of `count` new run numbers (0: the next one, taking none)."""
+    return db.next_ids(
+        "run_number", count, lambda: int(query_value(db.con, "SELECT coalesce(max(run_number), 0) + 1 FROM runs"))
+    )
+
+
+def next_event_ids(db: IngestDb, count: int) -> int:
+    """The first of `count` new event ids (0: the next one, taking none)."""
+    return db.next_ids(
+        "event_id", count, lambda: int(query_value(db.con, "SELECT coalesce(max(event_id), 0) + 1 FROM event_rows"))
+    )
+
+
 def insert_events(db: IngestDb, batch: Batch, runs: range) -> None:
     """The runs' `event_names` the database lacks (of those the batch's scan found), their
     `event_rows` straight from their Parquet parts (one statement), and their `event_counts`."""
@@ -258,27 +273,32 @@ def insert_events(db: IngestDb, batch: Batch, runs: range) -> None:
     if not parts:
         return
     files = file_list(parts)
-    # Names the database lacks get the next ids, in (kind, name) order.
+    # Names the database lacks get the next ids: run after run, each run's in (kind, name) order
+    # (as when the runs are loaded one by one).
     known = db.keep("event_names", lambda: set(query_rows(con, "SELECT kind, name FROM event_names")))
-    fresh = sorted({pair for i in runs for pair in batch.runs[i].event_names if pair not in known})
-    if fresh:
+    fresh: list[tuple[str, str]] = []
+    for i in runs:
+        for pair in sorted(batch.runs[i].event_names):
+            if pair not in known:
+                known.add(pair)
+                fresh.append(pair)
+    if fresh:  # (a failed transaction forgets `known` with the rest of what the ingest keeps)
         db.insert(
             """
             INSERT INTO event_names BY NAME
-            SELECT (SELECT coalesce(max(name_id), 0) FROM event_names) + row_number() OVER (ORDER BY kind, name)
-                       AS name_id,
-                   kind, name
+            SELECT (SELECT coalesce(max(name_id), 0) FROM event_names) + position AS name_id, kind, name
             FROM {}
             """,
-            pa.table({"kind": pa.array([k for k, _n in fresh], pa.string()), "name": [n for _k, n in fresh]}),
+            pa.table(
+                {
+                    "position": pa.array(np.arange(1, len(fresh) + 1), pa.int64()),
+                    "kind": pa.array([k for k, _n in fresh], pa.string()),
+                    "name": pa.array([n for _k, n in fresh], pa.string()),
+                }
+            ),
         )
-        known.update(fresh)
     # Event ids follow the parts' order and their rows' order.
-    first = db.next_ids(
-        "event_id",
-        sum(rows for _i, _path, rows in parts),
-        lambda: int(query_value(con, "SELECT coalesce(max(event_id), 0) + 1 FROM event_rows")),
-    )
+    first = next_event_ids(db, sum(rows for _i, _path, rows in parts))
     # Read by DuckDB by these names (replacement scans: no view to register and drop per run;
     # names no view ever takes, which would come first).
     loading_stack_map = stack_map(batch, runs)  # noqa: F841

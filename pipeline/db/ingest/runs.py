@@ -258,9 +258,9 @@ class RunLoader:
     ) -> int | None:
         """Loads the batch's runs, `group` to a transaction; the index of the first run that failed
         on its data (quarantined; the runs after it are not loaded), else None."""
-        start = 0
+        start = alone_until = 0
         while start < len(batch.runs):
-            runs = range(start, min(start + group, len(batch.runs)))
+            runs = range(start, min(start + (1 if start < alone_until else group), len(batch.runs)))
             events = sum(batch.runs[i].events for i in runs)
             names = batch.runs[start].run_dir.name + (f" and {len(runs) - 1} more" if len(runs) > 1 else "")
             progress.describe(f"loading {events:,} events of {names}")
@@ -268,7 +268,7 @@ class RunLoader:
                 loaded.update(self._load_runs(batch, runs))
             except (DamagedRunError, QuarantineRun) as error:
                 if len(runs) > 1:
-                    group = 1  # the runs of this group one by one: which of them fails
+                    alone_until = runs.stop  # the runs of this group one by one: which of them fails
                     continue
                 run = batch.runs[start]
                 reason = str(error) if isinstance(error, DamagedRunError) else f"{run.run_dir}: {error}"
@@ -284,23 +284,25 @@ class RunLoader:
         chosen = [batch.runs[i] for i in runs]
         part = batch.part_of(runs)
         with db.transaction() as con:
+            # Numbers first, deletes after: a new run must not be given the number (or event ids)
+            # of a run loaded again, whose rows the deletes take away.
+            run_rows.next_event_ids(db, 0)
+            replaced = []
             for run in chosen:
                 numbers = (
                     query_rows(con, "SELECT run_number FROM runs WHERE run_id = ?", [run.run_id]) if run.replace else []
                 )
                 if numbers:
                     run.run_number = numbers[0][0]
-                    for table in ("event_counts", "event_rows", "site_counts"):
-                        con.execute(f"DELETE FROM {table} WHERE run_number = ?", [run.run_number])
-                    run_gpu.delete_run(con, run.run_number)
-                    for table in ("run_modules", "runs"):
-                        con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run.run_id])
+                    replaced.append(run)
                 else:
-                    run.run_number = db.next_ids(
-                        "run_number",
-                        1,
-                        lambda: int(query_value(con, "SELECT coalesce(max(run_number), 0) + 1 FROM runs")),
-                    )
+                    run.run_number = run_rows.next_run_numbers(db, 1)
+            for run in replaced:
+                for table in ("event_counts", "event_rows", "site_counts"):
+                    con.execute(f"DELETE FROM {table} WHERE run_number = ?", [run.run_number])
+                run_gpu.delete_run(con, run.run_number)
+                for table in ("run_modules", "runs"):
+                    con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run.run_id])
             if part.symbols is not None and part.symbols.num_rows:
                 db.insert("INSERT INTO symbols BY NAME SELECT * FROM {}", part.symbols)
             run_rows.insert_modules(db, chosen, part.statuses)
