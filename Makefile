@@ -4,6 +4,12 @@ PYTHON ?= python3
 VENV ?= .venv
 # Extra interpreters for the test matrix; pyenv's are found by version.
 MATRIX_VERSIONS ?= 3.10 3.12 3.13
+# Those of them that also run the Spark tests (with PySpark installed). None by default: the Spark
+# lake's tests run on the default interpreter, and on every version they would cost a JVM's minute
+# or more each, past CI's 20 minutes; `make test-matrix MATRIX_SPARK_VERSIONS="3.12 3.13"` adds them.
+MATRIX_SPARK_VERSIONS ?=
+# The package's extras a venv gets.
+EXTRAS ?= test,spark
 PIP_FLAGS ?= -q --disable-pip-version-check
 
 NATIVE_SOURCES := $(wildcard native/*.cpp native/*.h native/testing/*.cpp native/torch_observer/*.cpp) CMakeLists.txt pyproject.toml
@@ -20,7 +26,7 @@ $(VENV)/.installed: $(NATIVE_SOURCES)
 	$(VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
 	# The development install also builds tbpipe._native_test, the suite's extension; a plain
 	# `pip install .` (the wheel users get) leaves it out.
-	$(VENV)/bin/pip install $(PIP_FLAGS) -e '.[test,spark]' --config-settings=cmake.define.TBPIPE_BUILD_TESTING=ON
+	$(VENV)/bin/pip install $(PIP_FLAGS) -e '.[$(EXTRAS)]' --config-settings=cmake.define.TBPIPE_BUILD_TESTING=ON
 	# torch (a local CPU wheel, for 3.11 only here) is the anchor some tests compare
 	# against and the torch-ops source's subject; Triton's launch hooks are tested
 	# against the real package.
@@ -66,16 +72,21 @@ test-default: install
 		-n $(TEST_WORKERS) --dist loadfile $(TEST_SELECTION) tests
 
 # The same suite on the other supported CPython versions, each in its own venv, less the tests
-# marked default_interpreter_only: the Spark lake's slower cases, whose work is the JVM's (one
-# Spark ingest against the DuckDB one still runs on every version that has PySpark), and the pages,
-# reports and exports checked in Chromium or by Go's pprof (the same files on every version).
+# marked default_interpreter_only: the Spark lake's slower cases, whose work is the JVM's, and the
+# pages, reports and exports checked in Chromium or by Go's pprof (the same files on every version).
+# The Spark tests left (one Spark ingest against the DuckDB one: the lake's steps in Spark's Python
+# workers) run on MATRIX_SPARK_VERSIONS only; the other versions get no PySpark.
 test-matrix:
 	@for version in $(MATRIX_VERSIONS); do \
 		interpreter=$$(ls -d $$HOME/.pyenv/versions/$$version.*/bin/python 2>/dev/null | tail -n 1); \
 		if [ -z "$$interpreter" ]; then interpreter=$$(command -v python$$version); fi; \
 		if [ -z "$$interpreter" ]; then echo "CPython $$version not found: install it (pyenv install $$version)"; exit 1; fi; \
-		$(MAKE) --no-print-directory test-default PYTHON=$$interpreter VENV=.venv-$$version \
-			TEST_SELECTION="-m 'not default_interpreter_only'" || exit 1; \
+		case " $(MATRIX_SPARK_VERSIONS) " in \
+			*" $$version "*) extras=test,spark; selection="not default_interpreter_only";; \
+			*) extras=test; selection="not default_interpreter_only and not spark";; \
+		esac; \
+		$(MAKE) --no-print-directory test-default PYTHON=$$interpreter VENV=.venv-$$version EXTRAS=$$extras \
+			TEST_SELECTION="-m '$$selection'" || exit 1; \
 	done
 
 bench: install

@@ -16,6 +16,14 @@ import pytest
 TBPIPE = [sys.executable, "-m", "tbpipe.pipeline"]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that starts Spark (the `spark` session fixture, directly or through another fixture)
+    is marked `spark`: the matrix runs those on one interpreter besides the default one."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+
+
 def run_python(
     code: str, *, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess:
