@@ -82,7 +82,7 @@ class Batch:
     @property
     def event_files(self) -> list[tuple[int, Path, int]]:
         """(run index, part, rows) of every events part, runs and parts in order."""
-        return [(i, path, rows) for i, run in enumerate(self.runs) for path, rows in run.event_files]
+        return self.event_files_of(range(len(self.runs)))
 
     def event_files_of(self, runs: range) -> list[tuple[int, Path, int]]:
         """(run index, part, rows) of the events parts of the runs `runs`, in order."""
@@ -245,8 +245,8 @@ def insert_stacks(db: IngestDb, batch: Batch, part: RunPart) -> None:
             "symbolized_depth": pa.array(symbolized_depth, pa.int32(), mask=symbolized_depth < 0),
         }
     )
-    run_ids = [run.run_id for run in batch.runs]
-    first_run_ids = pa.array([run_ids[i] for i in batch.run_of_stack[order].tolist()], pa.string())
+    run_ids = pa.array([run.run_id for run in batch.runs], pa.string())
+    first_run_ids = run_ids.take(pa.array(batch.run_of_stack[order]))
     db.insert("INSERT INTO stacks BY NAME SELECT * FROM {}", stacks.append_column("first_run_id", first_run_ids))
     insert_frame_rows(db, frames, batch.frame_ids, part.rows, part.frames)
 
