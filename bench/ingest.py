@@ -113,11 +113,11 @@ def _warm_symbols(runs_dir: Path, cache_dir: Path) -> None:
 # The ingest's stages, as (module, function): timed by wrapping them for one ingest (--stages).
 STAGES = [
     ("tbpipe.pipeline.db.ingest.runs", "read_manifest", "manifest"),
-    ("tbpipe.pipeline.db.ingest.runs", "verify_part", "events parts' checksums"),
     ("tbpipe.pipeline.db.ingest.runs", "read_tables", "read stacks/modules/code parts"),
     ("tbpipe.pipeline.db.ingest.runs", "flatten_run", "flatten + hash stacks"),
     ("tbpipe.pipeline.db.ingest.runs.RunLoader", "_stack_ids", "find known stacks"),
-    ("tbpipe.pipeline.db.ingest.runs.RunLoader", "_scan_events", "scan events (names, dangling stacks)"),
+    ("tbpipe.pipeline.db.ingest.runs", "events_part_names", "events parts: checksums, names"),
+    ("tbpipe.pipeline.db.ingest.runs.RunLoader", "_find_dangling_events", "events without their stack (batch)"),
     ("tbpipe.pipeline.db.ingest.runs.RunLoader", "_slots", "combined order (slots)"),
     ("tbpipe.pipeline.db.ingest.symbols.SymbolLoader", "symbols_for", "symbols for new frames"),
     ("tbpipe.pipeline.db.ingest.runs.layout", "expand", "inline expansion, distinct frames"),

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -265,16 +266,52 @@ def verify_part(path: Path, table: str) -> int:
     """`check_part`, and every page checked against its checksum; returns the row count. For parts
     that DuckDB loads itself: its Parquet reader checks no page checksums. The pages are not decoded
     unless one carries no checksum (a part not written by the capture): decoding is then the check."""
+    return _verified(path, table)[1].num_rows
+
+
+def _verified(path: Path, table: str) -> tuple[bytes, pq.FileMetaData]:
+    """A part's bytes and footer, its footer and page checksums checked (see `verify_part`)."""
     metadata = _footer(path, table)
     try:
-        checked = verify_page_checksums(path.read_bytes(), metadata)
+        data = path.read_bytes()
+        checked = verify_page_checksums(data, metadata)
     except OSError as error:
         raise _fail(path, f"unreadable ({first_line(error, 300)})") from None
     except PageDamage as damage:
         raise _fail(path, f"unreadable Parquet ({damage})") from None
     if not checked:
         _read_part(path, table)
-    return metadata.num_rows
+    return data, metadata
+
+
+def events_part_names(path: Path) -> tuple[int, set[tuple[str, str]]]:
+    """An events part verified as `verify_part` does, and its distinct (kind, name) pairs, read from
+    the same bytes as the part's dictionaries (not a string per event); with its row count."""
+    data, metadata = _verified(path, "events")
+    try:
+        with pq.ParquetFile(pa.BufferReader(data), metadata=metadata, read_dictionary=["kind", "name"]) as parquet:
+            batches = parquet.read(columns=["kind", "name"]).to_batches()
+    except (OSError, pa.ArrowException, ValueError) as error:
+        raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
+    names: set[tuple[str, str]] = set()
+    for kinds, texts in (batch.columns for batch in batches):
+        if kinds.null_count or texts.null_count:
+            raise _fail(path, "events without a kind or a name")
+        try:  # Arrow reads text that is not UTF-8 as it is; DuckDB would refuse it.
+            kinds.dictionary.validate(full=True)
+            texts.dictionary.validate(full=True)
+        except pa.ArrowInvalid as error:
+            raise _fail(path, f"events unreadable ({first_line(error, 300)})") from None
+        # The pairs used, by their pair of dictionary indices.
+        width = max(len(texts.dictionary), 1)
+        codes = kinds.indices.to_numpy().astype(np.int64) * width + texts.indices.to_numpy()
+        if len(kinds.dictionary) * width <= 1 << 16:
+            pairs = np.flatnonzero(np.bincount(codes, minlength=len(kinds.dictionary) * width))
+        else:
+            pairs = np.unique(codes)
+        kind_text, name_text = kinds.dictionary.to_pylist(), texts.dictionary.to_pylist()
+        names.update(zip([kind_text[i] for i in pairs // width], [name_text[i] for i in pairs % width]))
+    return metadata.num_rows, names
 
 
 def read_tables(files: dict[str, list[Path]], names: tuple[str, ...]) -> dict[str, pa.Table]:

@@ -635,8 +635,8 @@ DAMAGE = {
         ),
         "attributes that are not JSON",
     ),
-    # pyarrow reads a name that is not UTF-8; DuckDB refuses it. The batch's events are read at
-    # once, and the run whose part fails must be the one quarantined.
+    # pyarrow reads a name that is not UTF-8 as it is; DuckDB refuses it. The run whose part holds
+    # it must be the one quarantined, not the runs read beside it.
     "badname": (
         lambda d: _rewrite(d / "events-000001.parquet", _name_not_utf8),
         "events unreadable",

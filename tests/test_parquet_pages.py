@@ -11,7 +11,7 @@ import pytest
 
 from tbpipe import capture
 from tbpipe.pipeline.parquet_pages import PageDamage, page_spans, verify_page_checksums
-from tbpipe.pipeline.rawrun import DamagedRunError, verify_part
+from tbpipe.pipeline.rawrun import DamagedRunError, events_part_names, verify_part
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +135,25 @@ def test_many_pages_of_either_data_page_version(version: str) -> None:
     damaged[(middle.body + middle.end) // 2] ^= 0x10
     with pytest.raises(PageDamage, match=f"column '{middle.column}'"):
         verify_page_checksums(bytes(damaged), metadata)
+
+
+def test_events_part_names_are_the_distinct_kinds_and_names_of_every_row_group(
+    events_part: Path, tmp_path: Path
+) -> None:
+    """The names come from each row group's dictionaries: a part of several row groups, whose
+    dictionaries differ (a name only in the second, the same names at other indices), gives the
+    pairs DuckDB reads, and its rows; the part is verified as `verify_part` does."""
+    table = pq.read_table(events_part)
+    rows, names = events_part_names(events_part)
+    assert rows == 600 and names == {("kernel_launch", f"kernel_{i}") for i in range(7)}
+    # Rewritten in row groups of 100 rows, the last group's names changed and in another order.
+    renamed = table.set_column(
+        table.schema.get_field_index("name"),
+        table.schema.field("name"),
+        pa.array([f"late_{n}" if i >= 500 else n for i, n in enumerate(table["name"].to_pylist())], pa.string()),
+    )
+    split = tmp_path / events_part.name
+    pq.write_table(renamed[::-1], split, row_group_size=100, write_page_checksum=True)
+    expected = set(duckdb.execute("SELECT DISTINCT kind, name FROM read_parquet(?)", [str(split)]).fetchall())
+    assert pq.read_metadata(split).num_row_groups == 6 and len(expected) == 14
+    assert events_part_names(split) == (600, expected)

@@ -349,15 +349,16 @@ def test_html_report_in_chromium(db, tmp_path) -> None:
 
 
 def _downgrade_to_schema_2(path: Path) -> None:
-    """Turns a database into what tbpipe wrote before schema 3: schema 8's record gone (its table goes
-    with schema 4's), schema 7's indexes, schema 6's GPU tables and schema 5's table gone, schema 4's
-    compact tables back into the wide ones, schema 3's columns and table gone, sites keyed the old way."""
+    """Turns a database into what tbpipe wrote before schema 3: schema 9's and 8's records gone (8's
+    table goes with schema 4's), schema 7's indexes (those 9 left), schema 6's GPU tables and schema
+    5's table gone, schema 4's compact tables back into the wide ones, schema 3's columns and table
+    gone, sites keyed the old way."""
     con = duckdb.connect(str(path))
     try:
         for statement in (
+            "DELETE FROM schema_versions WHERE version = 9",
             "DELETE FROM schema_versions WHERE version = 8",
             "DROP INDEX sites_by_key",
-            "DROP INDEX stack_frame_rows_by_stack",
             "DROP INDEX event_counts_by_stack",
             "DROP INDEX site_counts_by_site",
             "DELETE FROM schema_versions WHERE version = 7",

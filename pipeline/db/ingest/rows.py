@@ -43,7 +43,7 @@ class PreparedRun:
     run_number: int = 0  # set when the batch is loaded
     new_stacks: int = 0  # stacks this run brings into the database
     stacks_used: int = 0
-    event_names: list[tuple[str, str]] = field(default_factory=list)  # distinct (kind, name), set with the batch
+    event_names: list[tuple[str, str]] = field(default_factory=list)  # distinct (kind, name) of its events
 
     @property
     def run_id(self) -> str:
@@ -266,7 +266,7 @@ def next_event_ids(db: IngestDb, count: int) -> int:
 
 
 def insert_events(db: IngestDb, batch: Batch, runs: range) -> None:
-    """The runs' `event_names` the database lacks (of those the batch's scan found), their
+    """The runs' `event_names` the database lacks (of those their parts hold), their
     `event_rows` straight from their Parquet parts (one statement), and their `event_counts`."""
     con = db.con
     parts = batch.event_files_of(runs)

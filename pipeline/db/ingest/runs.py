@@ -62,6 +62,7 @@ from tbpipe.pipeline.rawrun import (
     DamagedRunError,
     MissingManifestError,
     code_first_lines,
+    events_part_names,
     find_run_dirs,
     part_files,
     parts_fingerprint,
@@ -206,24 +207,27 @@ class RunLoader:
             return present
         try:
             files = part_files(run_dir, manifest)
-            event_files = [(path, verify_part(path, "events")) for path in files["events"]]
             gpu_files = {table: [p for p in files[table] if verify_part(p, table) >= 0] for table in run_gpu.GPU_TABLES}
             tables = read_tables(files, ("stacks", "modules", "code", "code_origins"))
             notes += reference_problems(tables)
             if notes and manifest.get("complete") and not manifest.get("recovered"):
                 raise DamagedRunError(f"{run_dir}: {'; '.join(notes)}")
             flat = flatten_run(tables)
+            # Checked and their names read here, in the preparing thread (DuckDB reads them once
+            # more, to load them): a night of small runs paid a batch-wide query for the names.
+            events = [events_part_names(path) for path in files["events"]]
         except DamagedRunError as error:
             return RunOutcome(run_dir, "quarantined", run_id=run_id, reason=str(error))
         return PreparedRun(
             run_dir,
             manifest,
             fingerprint,
-            event_files,
+            [(path, rows) for path, (rows, _names) in zip(files["events"], events)],
             flat,
             notes,
             replace=run_id in self._loaded,
             gpu_files=gpu_files,
+            event_names=sorted(set().union(*(names for _rows, names in events))),
         )
 
     # ---------------------------------------------------------------- loading a batch
@@ -347,7 +351,7 @@ class RunLoader:
         brought = np.bincount(run_of_stack[new_order], minlength=len(runs))
         for run, count in zip(runs, brought):
             run.new_stacks = int(count)
-        self._scan_events(batch)
+        self._find_dangling_events(batch)
         # The folders of generated code the runs name, before any stack is sited: never a site.
         store_generated_code(self.db, [run.manifest for run in runs])
         if len(new_order):
@@ -401,11 +405,10 @@ class RunLoader:
         new[first[missing]] = ids[missing]
         return ids[inverse], new
 
-    def _scan_events(self, batch: Batch) -> None:
-        """Reads of the whole batch's events (not one per run): each run's distinct event names
-        (inserted with the run, when the database lacks them), and its events whose stack the run
-        does not hold (a killed process flushed the events but not the stack); a run that closed
-        cleanly with such events is damaged. So is a run whose events DuckDB cannot read."""
+    def _find_dangling_events(self, batch: Batch) -> None:
+        """Per run, its events whose stack the run does not hold (a killed process flushed the
+        events but not the stack), in one read of the whole batch's parts (not one per run); a run
+        that closed cleanly with such events is damaged. So is a run whose events DuckDB cannot read."""
         parts = batch.event_files
         if not parts:
             return
@@ -415,12 +418,12 @@ class RunLoader:
         self.db.register("ingest_event_files", run_rows.event_files_table(batch))
         try:
             try:
-                names, dangling = self._event_facts(parts)
+                dangling = self._dangling_events(parts)
             except duckdb.Error as error:
                 # The batch's read does not say whose part failed: each run's parts read alone do.
                 for index in sorted({i for i, _path, _rows in parts}):
                     try:
-                        self._event_facts([part for part in parts if part[0] == index])
+                        self._dangling_events([part for part in parts if part[0] == index])
                     except duckdb.Error as own:
                         run_dir = batch.runs[index].run_dir
                         raise DamagedRunError(f"{run_dir}: events unreadable ({first_line(own)})") from None
@@ -428,33 +431,19 @@ class RunLoader:
         finally:
             self.db.unregister("ingest_event_files")
             self.db.unregister("ingest_stack_map")
-        for run in batch.runs:
-            run.event_names = []
-        for index, kind, name in names:
-            batch.runs[index].event_names.append((kind, name))
         for index, count in dangling:
             run = batch.runs[index]
             run.notes.append(f"{count} events refer to stacks the run does not hold: their stack is NULL")
             if run.manifest.get("complete"):
                 raise DamagedRunError(f"{run.run_dir}: {'; '.join(run.notes)}")
 
-    def _event_facts(self, parts: list[tuple[int, Path, int]]) -> tuple[list[tuple], list[tuple]]:
-        """(run index, kind, name) distinct, and (run index, events without their stack), of the parts."""
-        files = run_rows.file_list(parts)
-        names = query_rows(
-            self.db.con,
-            f"""
-            SELECT DISTINCT f.run_index, e.kind, e.name
-            FROM read_parquet({files}, filename = true) e
-            JOIN ingest_event_files f ON f.filename = e.filename
-            ORDER BY ALL
-            """,
-        )
-        dangling = query_rows(
+    def _dangling_events(self, parts: list[tuple[int, Path, int]]) -> list[tuple]:
+        """(run index, events without their stack) of the parts."""
+        return query_rows(
             self.db.con,
             f"""
             SELECT f.run_index, count(*)
-            FROM read_parquet({files}, filename = true) e
+            FROM read_parquet({run_rows.file_list(parts)}, filename = true) e
             JOIN ingest_event_files f ON f.filename = e.filename
             ANTI JOIN ingest_stack_map m ON m.run_index = f.run_index AND m.raw_id = e.stack_id
             WHERE e.stack_id IS NOT NULL
@@ -462,7 +451,6 @@ class RunLoader:
             ORDER BY f.run_index
             """,
         )
-        return names, dangling
 
     def _slots(self, flat, new_ids: np.ndarray, new_order: np.ndarray):
         """Slots of the new stacks (by stack id)."""
