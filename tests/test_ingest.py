@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -1231,3 +1232,52 @@ def test_a_failed_load_stops_the_thread_preparing_runs(tmp_path, good_run, symbo
     with pytest.raises(DatabaseError, match="the disk is full"):
         ingest(tmp_path / "t.duckdb", runs, cache=symbol_cache)
     assert not [t for t in threading.enumerate() if t.name == "tbpipe-prepare"]
+
+
+def _blocks(db: Path) -> tuple[int, int]:
+    """(blocks in the file, free blocks among them)."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        total, free = con.execute("SELECT total_blocks, free_blocks FROM pragma_database_size()").fetchone()
+    finally:
+        con.close()
+    return total, free
+
+
+def test_runs_of_many_events_leave_no_free_blocks_and_a_reloaded_run_its_space_back(tmp_path, symbol_cache) -> None:
+    """Runs past a row group of events each (122,880 rows) end in a partial row group; DuckDB's
+    vacuum would merge those at the closing checkpoint and leave the blocks they were in free in
+    the file. The ingest pauses it, unless it deleted rows: a run loaded again gets its old rows'
+    space back (the file does not grow by the rows it replaced)."""
+    from support.synthetic import SyntheticConfig, generate
+
+    runs = tmp_path / "runs"
+    generate(
+        runs,
+        SyntheticConfig(
+            runs=3, events=390_000, unique_stacks=300, native_addresses=500, code_objects=100, max_modules=4
+        ),
+    )
+    db = tmp_path / "t.duckdb"
+    summary = ingest(db, runs, cache=symbol_cache)
+    assert summary.ok and summary.events == 390_000
+    total, free = _blocks(db)
+    assert free == 0, f"{free} of {total} blocks free after a fresh ingest"
+    assert rows(
+        db, "SELECT count(DISTINCT row_group_id) > 390_000 // 122_880 FROM pragma_storage_info('event_rows')"
+    ) == [(True,)]  # the partial row groups were kept, not merged
+
+    # One run, loaded while incomplete, is loaded again once complete: its rows are deleted and
+    # inserted again, and the closing checkpoint vacuums (the deleted rows' blocks are reused).
+    first = sorted(p for p in runs.iterdir() if p.is_dir())[0]
+    manifest = json.loads((first / "manifest.json").read_text())
+    (first / "manifest.json").write_text(json.dumps({**manifest, "complete": False}))
+    db2 = tmp_path / "t2.duckdb"
+    assert ingest(db2, runs, cache=symbol_cache).ok
+    before, _free = _blocks(db2)
+    (first / "manifest.json").write_text(json.dumps(manifest))
+    summary = ingest(db2, runs, cache=symbol_cache)
+    assert summary.ok and [o.status for o in summary.outcomes].count("updated") == 1
+    assert rows(db2, "SELECT count(*) FROM event_rows") == [(390_000,)]
+    after, free = _blocks(db2)
+    assert after - free <= before * 1.05, (before, after, free)

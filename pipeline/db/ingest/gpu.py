@@ -162,7 +162,7 @@ def _drop_quietly(con, table: str) -> None:
         pass
 
 
-def delete_run(con, run_number: int) -> None:
+def delete_run(db: IngestDb, run_number: int) -> None:
     """Removes a run's GPU rows (before it is loaded again)."""
     for table in ("gpu_activity", "gpu_time_counts"):
-        con.execute(f"DELETE FROM {table} WHERE run_number = ?", [run_number])
+        db.delete(f"DELETE FROM {table} WHERE run_number = ?", [run_number])

@@ -112,8 +112,8 @@ def site_stacks(db: IngestDb, from_stack: int | None) -> None:
     """Fills `stack_sites` (and `sites`) for stacks >= from_stack; None: all stacks, anew."""
     con = db.con
     if from_stack is None:
-        con.execute("DELETE FROM stack_sites")
-        con.execute("DELETE FROM sites")
+        db.delete("DELETE FROM stack_sites")
+        db.delete("DELETE FROM sites")
     con.execute(
         "CREATE OR REPLACE TEMP TABLE ingest_sites AS SELECT *, 0 AS site_order FROM stack_sites_from(?)",
         [from_stack or 0],
@@ -123,7 +123,7 @@ def site_stacks(db: IngestDb, from_stack: int | None) -> None:
     finally:
         con.execute("DROP TABLE IF EXISTS temp.ingest_sites")
     if from_stack is None:
-        con.execute("DELETE FROM site_counts")
+        db.delete("DELETE FROM site_counts")
         count_sites(db, None)
 
 

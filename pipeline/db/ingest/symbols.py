@@ -191,10 +191,10 @@ class SymbolLoader:
         requests = _requests(wanted)
         symbols, statuses = self._symbolize(requests)
         refreshed = pa.table({"module_key": pa.array(list(requests), pa.string())})
-        with db.transaction() as con:
+        with db.transaction():
             db.register("ingest_refreshed", refreshed)
             try:
-                con.execute("DELETE FROM symbols WHERE module_key IN (SELECT module_key FROM ingest_refreshed)")
+                db.delete("DELETE FROM symbols WHERE module_key IN (SELECT module_key FROM ingest_refreshed)")
                 db.insert("INSERT INTO symbols BY NAME SELECT * FROM {}", symbols)
                 upsert_module_statuses(db, statuses)
                 if self._rebuild_stacks_using("ingest_refreshed"):
@@ -226,7 +226,7 @@ class SymbolLoader:
         rebuilt = layout.expand(slots, known)
         db.register("ingest_rebuilt", pa.table({"stack_id": pa.array(rebuilt.stack_order, pa.int64())}))
         try:
-            db.con.execute("DELETE FROM stack_frame_rows WHERE stack_id IN (SELECT stack_id FROM ingest_rebuilt)")
+            db.delete("DELETE FROM stack_frame_rows WHERE stack_id IN (SELECT stack_id FROM ingest_rebuilt)")
             store_all_frame_rows(db, rebuilt)
             db.insert(
                 """

@@ -29,6 +29,9 @@ class IngestDb:
     def __init__(self, con: Any):
         self.con = con
         self.kept: dict[str, Any] = {}
+        # Whether the ingest deleted rows (a run loaded again, sites or symbols rebuilt): their space
+        # is reclaimed by the checkpoint that closes the database (`RunLoader.close`).
+        self.rows_deleted = False
 
     def keep(self, name: str, read: Callable[[], Any]) -> Any:
         """The kept fact `name`, read with `read()` the first time (or after a rollback)."""
@@ -55,6 +58,11 @@ class IngestDb:
             self.con.unregister(name)
         except duckdb.Error:
             pass
+
+    def delete(self, sql: str, params: list[Any] | None = None) -> None:
+        """Runs a DELETE statement, noting whether it deleted any row."""
+        (count,) = self.con.execute(sql, params or []).fetchone()
+        self.rows_deleted = self.rows_deleted or count > 0
 
     def insert(self, sql: str, table: pa.Table, params: list[Any] | None = None) -> None:
         """Runs `sql` with `{}` naming `table` (e.g. 'INSERT INTO t BY NAME SELECT * FROM {}')."""
