@@ -12,7 +12,7 @@ Steps, each timed:
    ingest within 2x of it),
 4. ingest again (every run already present),
 5. `call_sites` top-20 over all events (target <= 0.5 s), cold and warm,
-6. database bytes per event.
+6. database bytes per event, against the raw runs' (target: no more).
 """
 
 from __future__ import annotations
@@ -315,12 +315,15 @@ def main() -> None:
     first, warm = _query(db)
     size, used = _sizes(db)
     events = max(summary.events, 1)
+    raw = sum(p.stat().st_size for p in runs_dir.rglob("*.parquet")) / events
     print(
         f"size: {size / 1e6:.0f} MB database file, {size / events:.1f} bytes per event "
-        f"({used / 1e6:.0f} MB in used blocks: {used / events:.1f} bytes per event)"
+        f"({used / 1e6:.0f} MB in used blocks: {used / events:.1f} bytes per event); the raw runs' Parquet "
+        f"{raw:.1f} bytes per event"
     )
     verdict = []
     verdict.append(f"ingest vs DuckDB's copy {'OK' if ratio <= 2 else 'SLOW'} ({ratio:.1f}x vs 2x)")
+    verdict.append(f"size {'OK' if size <= raw * events else 'BIG'} ({size / events:.1f} vs {raw:.1f} bytes per event)")
     if info["events"] >= 10_000_000:
         verdict.append(f"ingest {'OK' if seconds <= 10 else 'SLOW'} ({seconds:.1f} s vs 10 s)")
         verdict.append(f"query {'OK' if warm <= 0.5 else 'SLOW'} ({warm:.2f} s vs 0.5 s)")
