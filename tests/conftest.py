@@ -16,12 +16,22 @@ import pytest
 TBPIPE = [sys.executable, "-m", "tbpipe.pipeline"]
 
 
+# Test modules of what is drawn from the database for people (reports, the service), whose code
+# nothing of the interpreter's internals reaches: run on the default interpreter only. They build
+# nights of captures and serve them, two of the matrix's three slowest modules; every version still
+# imports them (collection), and the capture, native and ingest tests run on every version.
+PRESENTATION_MODULES = {"test_serve.py", "test_report.py", "test_report_gpu.py"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that starts Spark (the `spark` session fixture, directly or through another fixture)
-    is marked `spark`: the matrix runs those on one interpreter besides the default one."""
+    is marked `spark`: the matrix runs those on one interpreter besides the default one. Tests of
+    PRESENTATION_MODULES are marked `default_interpreter_only`."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.spark)
+        if item.path.name in PRESENTATION_MODULES:
+            item.add_marker(pytest.mark.default_interpreter_only)
 
 
 def run_python(
