@@ -304,11 +304,7 @@ def events_part_names(path: Path) -> tuple[int, set[tuple[str, str]]]:
             raise _fail(path, f"events unreadable ({first_line(error, 300)})") from None
         # The pairs used, by their pair of dictionary indices.
         width = max(len(texts.dictionary), 1)
-        codes = kinds.indices.to_numpy().astype(np.int64) * width + texts.indices.to_numpy()
-        if len(kinds.dictionary) * width <= 1 << 16:
-            pairs = np.flatnonzero(np.bincount(codes, minlength=len(kinds.dictionary) * width))
-        else:
-            pairs = np.unique(codes)
+        pairs = np.unique(kinds.indices.to_numpy().astype(np.int64) * width + texts.indices.to_numpy())
         kind_text, name_text = kinds.dictionary.to_pylist(), texts.dictionary.to_pylist()
         names.update(zip([kind_text[i] for i in pairs // width], [name_text[i] for i in pairs % width]))
     return metadata.num_rows, names
