@@ -16,7 +16,7 @@ import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -284,13 +284,26 @@ def _verified(path: Path, table: str) -> tuple[bytes, pq.FileMetaData]:
     return data, metadata
 
 
-def events_part_names(path: Path) -> tuple[int, set[tuple[str, str]]]:
-    """An events part verified as `verify_part` does, and its distinct (kind, name) pairs, read from
-    the same bytes as the part's dictionaries (not a string per event); with its row count."""
+class EventsPart(NamedTuple):
+    """What the ingest needs to know of an events part before DuckDB loads it."""
+
+    rows: int
+    without_stack: int  # events that took no stack (a NULL stack id)
+    names: set[tuple[str, str]]  # the distinct (kind, name) pairs
+
+
+def events_part(path: Path) -> EventsPart:
+    """An events part verified as `verify_part` does, with its distinct (kind, name) pairs (read
+    from the part's dictionaries in the same bytes, not a string per event) and its events without
+    a stack (from the footer's statistics; the column is read only where the writer kept none). The
+    ingest tells the events whose stack the run does not hold from these after loading them."""
     data, metadata = _verified(path, "events")
     try:
         with pq.ParquetFile(pa.BufferReader(data), metadata=metadata, read_dictionary=["kind", "name"]) as parquet:
             batches = parquet.read(columns=["kind", "name"]).to_batches()
+            without_stack = _null_count(metadata, "stack_id")
+            if without_stack is None:
+                without_stack = parquet.read(columns=["stack_id"]).column(0).null_count
     except (OSError, pa.ArrowException, ValueError) as error:
         raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
     names: set[tuple[str, str]] = set()
@@ -307,7 +320,27 @@ def events_part_names(path: Path) -> tuple[int, set[tuple[str, str]]]:
         pairs = np.unique(kinds.indices.to_numpy().astype(np.int64) * width + texts.indices.to_numpy())
         kind_text, name_text = kinds.dictionary.to_pylist(), texts.dictionary.to_pylist()
         names.update(zip([kind_text[i] for i in pairs // width], [name_text[i] for i in pairs % width]))
-    return metadata.num_rows, names
+    return EventsPart(metadata.num_rows, without_stack, names)
+
+
+def dangling_events_note(count: int) -> str:
+    """The note of a run with events whose stack it does not hold (a killed process flushed the
+    events but not the stack): damage in a run that closed cleanly."""
+    return f"{count} events refer to stacks the run does not hold: their stack is NULL"
+
+
+def _null_count(metadata: pq.FileMetaData, column: str) -> int | None:
+    """The column's NULLs over every row group, as the footer's statistics count them; None when a
+    row group has no such count."""
+    schema = metadata.schema
+    index = next(i for i in range(len(schema)) if schema.column(i).path == column)
+    total = 0
+    for group in range(metadata.num_row_groups):
+        statistics = metadata.row_group(group).column(index).statistics
+        if statistics is None or not statistics.has_null_count:
+            return None
+        total += statistics.null_count
+    return total
 
 
 def read_tables(files: dict[str, list[Path]], names: tuple[str, ...]) -> dict[str, pa.Table]:

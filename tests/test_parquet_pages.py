@@ -11,11 +11,11 @@ import pytest
 
 from tbpipe import capture
 from tbpipe.pipeline.parquet_pages import PageDamage, page_spans, verify_page_checksums
-from tbpipe.pipeline.rawrun import DamagedRunError, events_part_names, verify_part
+from tbpipe.pipeline.rawrun import DamagedRunError, events_part, verify_part
 
 
 @pytest.fixture(scope="module")
-def events_part(tmp_path_factory) -> Path:
+def captured_events(tmp_path_factory) -> Path:
     """An events part as the capture writes it (delta-encoded times, dictionaries, JSON attributes)."""
     out = tmp_path_factory.mktemp("pages")
     with capture.session(out / "runs", flush_interval_s=60):
@@ -31,19 +31,19 @@ def _read_back(con: duckdb.DuckDBPyConnection, path: Path) -> list[tuple]:
     ).fetchall()
 
 
-def test_every_page_the_capture_writes_carries_a_checksum(events_part: Path) -> None:
-    metadata = pq.read_metadata(events_part)
-    spans = list(page_spans(events_part.read_bytes(), metadata))
+def test_every_page_the_capture_writes_carries_a_checksum(captured_events: Path) -> None:
+    metadata = pq.read_metadata(captured_events)
+    spans = list(page_spans(captured_events.read_bytes(), metadata))
     assert {s.column for s in spans} == set(metadata.schema.to_arrow_schema().names)
     assert all(s.crc is not None and s.header < s.body <= s.end for s in spans)
-    assert verify_page_checksums(events_part.read_bytes(), metadata)
-    assert verify_part(events_part, "events") == metadata.num_rows == 600
+    assert verify_page_checksums(captured_events.read_bytes(), metadata)
+    assert verify_part(captured_events, "events") == metadata.num_rows == 600
 
 
-def test_a_flipped_bit_in_any_page_is_refused(events_part: Path, tmp_path: Path) -> None:
-    original = events_part.read_bytes()
-    metadata = pq.read_metadata(events_part)
-    damaged_path = tmp_path / events_part.name
+def test_a_flipped_bit_in_any_page_is_refused(captured_events: Path, tmp_path: Path) -> None:
+    original = captured_events.read_bytes()
+    metadata = pq.read_metadata(captured_events)
+    damaged_path = tmp_path / captured_events.name
     for span in page_spans(original, metadata):
         for position in range(span.body, span.end, max(1, (span.end - span.body) // 16)):
             damaged = bytearray(original)
@@ -55,15 +55,15 @@ def test_a_flipped_bit_in_any_page_is_refused(events_part: Path, tmp_path: Path)
                 verify_part(damaged_path, "events")
 
 
-def test_a_damaged_page_header_is_refused_or_reads_the_same_rows(events_part: Path, tmp_path: Path) -> None:
+def test_a_damaged_page_header_is_refused_or_reads_the_same_rows(captured_events: Path, tmp_path: Path) -> None:
     """A page header is not under the page's checksum. Every bit of every header is flipped in turn:
     the part is refused, or DuckDB cannot read it (the ingest quarantines the run then), or it reads
     back the very same rows (a field nothing reads). Never other rows in silence."""
-    original = events_part.read_bytes()
-    metadata = pq.read_metadata(events_part)
+    original = captured_events.read_bytes()
+    metadata = pq.read_metadata(captured_events)
     con = duckdb.connect()
-    expected = _read_back(con, events_part)
-    damaged_path = tmp_path / events_part.name
+    expected = _read_back(con, captured_events)
+    damaged_path = tmp_path / captured_events.name
     outcomes = {"refused": 0, "unreadable": 0, "same rows": 0}
     for span in page_spans(original, metadata):
         for position in range(span.header, span.body):
@@ -87,9 +87,9 @@ def test_a_damaged_page_header_is_refused_or_reads_the_same_rows(events_part: Pa
     assert outcomes["refused"] > 0 and outcomes["same rows"] > 0, outcomes
 
 
-def test_parts_without_checksums_are_decoded_instead(events_part: Path, tmp_path: Path) -> None:
-    table = pq.read_table(events_part)
-    plain = tmp_path / events_part.name
+def test_parts_without_checksums_are_decoded_instead(captured_events: Path, tmp_path: Path) -> None:
+    table = pq.read_table(captured_events)
+    plain = tmp_path / captured_events.name
     pq.write_table(table, plain, compression="zstd", write_page_checksum=False)
     assert not verify_page_checksums(plain.read_bytes(), pq.read_metadata(plain))
     assert verify_part(plain, "events") == 600
@@ -138,22 +138,37 @@ def test_many_pages_of_either_data_page_version(version: str) -> None:
 
 
 def test_events_part_names_are_the_distinct_kinds_and_names_of_every_row_group(
-    events_part: Path, tmp_path: Path
+    captured_events: Path, tmp_path: Path
 ) -> None:
     """The names come from each row group's dictionaries: a part of several row groups, whose
     dictionaries differ (a name only in the second, the same names at other indices), gives the
     pairs DuckDB reads, and its rows; the part is verified as `verify_part` does."""
-    table = pq.read_table(events_part)
-    rows, names = events_part_names(events_part)
-    assert rows == 600 and names == {("kernel_launch", f"kernel_{i}") for i in range(7)}
+    table = pq.read_table(captured_events)
+    part = events_part(captured_events)
+    assert part.rows == 600 and part.names == {("kernel_launch", f"kernel_{i}") for i in range(7)}
     # Rewritten in row groups of 100 rows, the last group's names changed and in another order.
     renamed = table.set_column(
         table.schema.get_field_index("name"),
         table.schema.field("name"),
         pa.array([f"late_{n}" if i >= 500 else n for i, n in enumerate(table["name"].to_pylist())], pa.string()),
     )
-    split = tmp_path / events_part.name
+    split = tmp_path / captured_events.name
     pq.write_table(renamed[::-1], split, row_group_size=100, write_page_checksum=True)
     expected = set(duckdb.execute("SELECT DISTINCT kind, name FROM read_parquet(?)", [str(split)]).fetchall())
     assert pq.read_metadata(split).num_row_groups == 6 and len(expected) == 14
-    assert events_part_names(split) == (600, expected)
+    assert events_part(split)[::2] == (600, expected)
+
+
+@pytest.mark.parametrize("statistics", [True, False], ids=["footer statistics", "no statistics"])
+def test_events_part_counts_the_events_without_a_stack(captured_events: Path, tmp_path: Path, statistics: bool) -> None:
+    """Events that took no stack are counted from the footer's statistics, or from the column
+    itself when a writer kept none; the count is DuckDB's over several row groups."""
+    table = pq.read_table(captured_events)
+    stack_ids = pa.array([None if i % 3 == 0 else 1000 + i for i in range(table.num_rows)], pa.uint64())
+    index = table.schema.get_field_index("stack_id")
+    table = table.set_column(index, table.schema.field(index), stack_ids)
+    path = tmp_path / captured_events.name
+    pq.write_table(table, path, row_group_size=128, write_statistics=statistics, write_page_checksum=True)
+    (nulls,) = duckdb.execute("SELECT count(*) FROM read_parquet(?) WHERE stack_id IS NULL", [str(path)]).fetchone()
+    assert nulls == 200 and pq.read_metadata(path).num_row_groups == 5
+    assert events_part(path).without_stack == nulls

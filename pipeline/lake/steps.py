@@ -122,6 +122,7 @@ def prepare_run(
     from tbpipe.pipeline.rawrun import (
         DamagedRunError,
         MissingManifestError,
+        dangling_events_note,
         part_files,
         parts_fingerprint,
         read_manifest,
@@ -161,7 +162,7 @@ def prepare_run(
         flat = flatten_run(tables)
         dangling = _dangling_events(event_files, flat.raw_ids)
         if dangling:
-            notes.append(f"{dangling} events refer to stacks the run does not hold: their stack is NULL")
+            notes.append(dangling_events_note(dangling))
         if dangling and manifest.get("complete"):
             raise DamagedRunError(f"{run_dir}: {'; '.join(notes)}")
         if gpu_parts:

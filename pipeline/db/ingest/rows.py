@@ -23,6 +23,7 @@ from tbpipe.pipeline.db.ingest.frames import FrameIds, insert_frame_rows
 from tbpipe.pipeline.db.ingest.symbols import upsert_module_statuses
 from tbpipe.pipeline.db.ingest.tables import IngestDb, QuarantineRun, run_numbers_filter, sql_text
 from tbpipe.pipeline.errors import first_line
+from tbpipe.pipeline.rawrun import dangling_events_note
 from tbpipe.pipeline.stacks import layout
 from tbpipe.pipeline.stacks.flatten import FlatRun
 from tbpipe.schemas.lake import TABLES
@@ -44,10 +45,18 @@ class PreparedRun:
     new_stacks: int = 0  # stacks this run brings into the database
     stacks_used: int = 0
     event_names: list[tuple[str, str]] = field(default_factory=list)  # distinct (kind, name) of its events
+    events_without_stack: int = 0  # events whose part says they took no stack
+    # Set when its events are loaded: events whose stack the run does not hold (their stack is NULL).
+    dangling_events: int = 0
 
     @property
     def run_id(self) -> str:
         return self.manifest["run_id"]
+
+    @property
+    def loaded_notes(self) -> list[str]:
+        """The run's notes, with what loading its events found."""
+        return self.notes + ([dangling_events_note(self.dangling_events)] if self.dangling_events else [])
 
     @property
     def events(self) -> int:
@@ -78,11 +87,6 @@ class Batch:
     statuses_stored: set[str] = field(default_factory=set)  # module keys whose status a committed part stored
     _symbol_runs: np.ndarray | None = None
     _row_runs: np.ndarray | None = None  # per layout row: the run that brings its stack in
-
-    @property
-    def event_files(self) -> list[tuple[int, Path, int]]:
-        """(run index, part, rows) of every events part, runs and parts in order."""
-        return self.event_files_of(range(len(self.runs)))
 
     def event_files_of(self, runs: range) -> list[tuple[int, Path, int]]:
         """(run index, part, rows) of the events parts of the runs `runs`, in order."""
@@ -154,10 +158,9 @@ class RunPart:
     statuses: pa.Table | None  # `modules` rows of the modules of those symbols
 
 
-def stack_map(batch: Batch, runs: range | None = None) -> pa.Table:
-    """(run index, raw_id) -> stack_id for every distinct raw stack of the runs `runs` (else of
-    all the batch's runs)."""
-    chosen = slice(None) if runs is None else _within(batch.run_of_stack, runs)
+def stack_map(batch: Batch, runs: range) -> pa.Table:
+    """(run index, raw_id) -> stack_id for every distinct raw stack of the runs `runs`."""
+    chosen = _within(batch.run_of_stack, runs)
     return pa.table(
         {
             "run_index": pa.array(batch.run_of_stack[chosen], pa.int32()),
@@ -167,10 +170,10 @@ def stack_map(batch: Batch, runs: range | None = None) -> pa.Table:
     )
 
 
-def event_files_table(batch: Batch, runs: range | None = None, first_event_id: int = 0) -> pa.Table:
-    """Each events part (of the runs `runs`, else of every run) with its run index, run number and
-    the event id of its first row (the parts numbered on from `first_event_id`)."""
-    parts = batch.event_files if runs is None else batch.event_files_of(runs)
+def event_files_table(batch: Batch, runs: range, first_event_id: int) -> pa.Table:
+    """Each events part of the runs `runs` with its run index, run number and the event id of its
+    first row (the parts numbered on from `first_event_id`)."""
+    parts = batch.event_files_of(runs)
     sizes = np.array([rows for _i, _path, rows in parts], dtype=np.int64)
     starts = first_event_id + np.cumsum(sizes) - sizes
     numbers = [run.run_number for run in batch.runs]
@@ -326,15 +329,27 @@ def insert_events(db: IngestDb, batch: Batch, runs: range) -> None:
         """,
         params,
     )
-    used = dict(
-        query_rows(
+    # Events whose stack the run does not hold (a killed process flushed the events but not the
+    # stack) are those loaded without a stack beyond the ones that took none; a run that closed
+    # cleanly with such events is damaged.
+    counted = {
+        number: (stacks, without_stack)
+        for number, stacks, without_stack in query_rows(
             con,
-            f"SELECT run_number, count(DISTINCT stack_id) FROM event_counts WHERE {where} GROUP BY run_number",
+            f"""
+            SELECT run_number, count(DISTINCT stack_id), coalesce(sum(events) FILTER (stack_id IS NULL), 0)
+            FROM event_counts WHERE {where} GROUP BY run_number
+            """,
             params,
         )
-    )
+    }
     for i in runs:
-        batch.runs[i].stacks_used = int(used.get(batch.runs[i].run_number) or 0)
+        run = batch.runs[i]
+        stacks, without_stack = counted.get(run.run_number, (0, 0))
+        run.stacks_used = int(stacks)
+        run.dangling_events = int(without_stack) - run.events_without_stack
+        if run.dangling_events and run.manifest.get("complete"):
+            raise QuarantineRun(dangling_events_note(run.dangling_events))
 
 
 def manifest_columns(m: dict[str, Any]) -> dict[str, Any]:
@@ -416,7 +431,7 @@ def insert_runs(db: IngestDb, runs: list[PreparedRun]) -> None:
                     events=run.events,
                     stacks=run.stacks_used,
                     new_stacks=run.new_stacks,
-                    notes=run.notes,
+                    notes=run.loaded_notes,
                     run_dir=run.run_dir,
                     fingerprint=run.fingerprint,
                 )

@@ -57,13 +57,12 @@ from tbpipe.pipeline.db.ingest.siting import (
 )
 from tbpipe.pipeline.db.ingest.symbols import SymbolLoader
 from tbpipe.pipeline.db.ingest.tables import IngestDb, QuarantineRun
-from tbpipe.pipeline.errors import first_line
 from tbpipe.pipeline.progress import RunProgress
 from tbpipe.pipeline.rawrun import (
     DamagedRunError,
     MissingManifestError,
     code_first_lines,
-    events_part_names,
+    events_part,
     find_run_dirs,
     part_files,
     parts_fingerprint,
@@ -227,21 +226,23 @@ class RunLoader:
             if notes and manifest.get("complete") and not manifest.get("recovered"):
                 raise DamagedRunError(f"{run_dir}: {'; '.join(notes)}")
             flat = flatten_run(tables)
-            # Checked and their names read here, in the preparing thread (DuckDB reads them once
-            # more, to load them): a night of small runs paid a batch-wide query for the names.
-            events = [events_part_names(path) for path in files["events"]]
+            # Checked, their names read and their events without a stack counted here, in the
+            # preparing thread (DuckDB reads them once more, to load them): a night of small runs
+            # paid a batch-wide query for these.
+            events = [events_part(path) for path in files["events"]]
         except DamagedRunError as error:
             return RunOutcome(run_dir, "quarantined", run_id=run_id, reason=str(error))
         return PreparedRun(
             run_dir,
             manifest,
             fingerprint,
-            [(path, rows) for path, (rows, _names) in zip(files["events"], events)],
+            [(path, part.rows) for path, part in zip(files["events"], events)],
             flat,
             notes,
             replace=run_id in self._loaded,
             gpu_files=gpu_files,
-            event_names=sorted(set().union(*(names for _rows, names in events))),
+            event_names=sorted(set().union(*(part.names for part in events))),
+            events_without_stack=sum(part.without_stack for part in events),
         )
 
     # ---------------------------------------------------------------- loading a batch
@@ -256,15 +257,7 @@ class RunLoader:
         loaded: dict[int, RunOutcome] = {}
         group = max(1, self.options.runs_per_transaction)
         while runs:
-            try:
-                batch = self._lay_out(runs, progress)
-            except DamagedRunError as error:
-                # A run of the batch is damaged (e.g. dangling events in a complete run): lay out
-                # the others without it.
-                bad = next((r for r in runs if str(r.run_dir) in str(error)), runs[0])
-                loaded[id(bad)] = RunOutcome(bad.run_dir, "quarantined", run_id=bad.run_id, reason=str(error))
-                runs = [r for r in runs if r is not bad]
-                continue
+            batch = self._lay_out(runs, progress)
             failed = self._load_groups(batch, group, loaded, progress)
             runs = runs[failed + 1 :] if failed is not None else []  # stacks it would have brought in: laid out again
             if batch.frames is not None:
@@ -351,7 +344,7 @@ class RunLoader:
                 complete=complete,
                 events=run.events,
                 new_stacks=run.new_stacks,
-                notes=run.notes,
+                notes=run.loaded_notes,
             )
         return outcomes
 
@@ -365,7 +358,6 @@ class RunLoader:
         brought = np.bincount(run_of_stack[new_order], minlength=len(runs))
         for run, count in zip(runs, brought):
             run.new_stacks = int(count)
-        self._find_dangling_events(batch)
         # The folders of generated code the runs name, before any stack is sited: never a site.
         store_generated_code(self.db, [run.manifest for run in runs])
         if len(new_order):
@@ -418,53 +410,6 @@ class RunLoader:
         # One raw stack stands for each new hash (the first run of the batch that has it brings it in).
         new[first[missing]] = ids[missing]
         return ids[inverse], new
-
-    def _find_dangling_events(self, batch: Batch) -> None:
-        """Per run, its events whose stack the run does not hold (a killed process flushed the
-        events but not the stack), in one read of the whole batch's parts (not one per run); a run
-        that closed cleanly with such events is damaged. So is a run whose events DuckDB cannot read."""
-        parts = batch.event_files
-        if not parts:
-            return
-        import duckdb
-
-        self.db.register("ingest_stack_map", run_rows.stack_map(batch))
-        self.db.register("ingest_event_files", run_rows.event_files_table(batch))
-        try:
-            try:
-                dangling = self._dangling_events(parts)
-            except duckdb.Error as error:
-                # The batch's read does not say whose part failed: each run's parts read alone do.
-                for index in sorted({i for i, _path, _rows in parts}):
-                    try:
-                        self._dangling_events([part for part in parts if part[0] == index])
-                    except duckdb.Error as own:
-                        run_dir = batch.runs[index].run_dir
-                        raise DamagedRunError(f"{run_dir}: events unreadable ({first_line(own)})") from None
-                raise DamagedRunError(f"{parts[0][1].parent}: events unreadable ({first_line(error)})") from None
-        finally:
-            self.db.unregister("ingest_event_files")
-            self.db.unregister("ingest_stack_map")
-        for index, count in dangling:
-            run = batch.runs[index]
-            run.notes.append(f"{count} events refer to stacks the run does not hold: their stack is NULL")
-            if run.manifest.get("complete"):
-                raise DamagedRunError(f"{run.run_dir}: {'; '.join(run.notes)}")
-
-    def _dangling_events(self, parts: list[tuple[int, Path, int]]) -> list[tuple]:
-        """(run index, events without their stack) of the parts."""
-        return query_rows(
-            self.db.con,
-            f"""
-            SELECT f.run_index, count(*)
-            FROM read_parquet({run_rows.file_list(parts)}, filename = true) e
-            JOIN ingest_event_files f ON f.filename = e.filename
-            ANTI JOIN ingest_stack_map m ON m.run_index = f.run_index AND m.raw_id = e.stack_id
-            WHERE e.stack_id IS NOT NULL
-            GROUP BY f.run_index
-            ORDER BY f.run_index
-            """,
-        )
 
     def _slots(self, flat, new_ids: np.ndarray, new_order: np.ndarray):
         """Slots of the new stacks (by stack id)."""
