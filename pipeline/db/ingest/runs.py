@@ -323,7 +323,7 @@ class RunLoader:
                     db, {f: (p, root) for f, (p, root, first) in batch.new_files.items() if first in runs}
                 )
                 sites = batch.sites.filter(pc.is_in(batch.sites["stack_id"], pa.array(batch.new_ids[part.new_order])))
-                store_sites(db, sites, batch.runs_of_new_stacks(sites["stack_id"].to_numpy()))
+                store_sites(db, sites, batch.runs_of_new_stacks(sites["stack_id"].to_numpy()), batch.sites)
             run_rows.insert_events(db, batch, runs)
             for run in chosen:
                 run_gpu.insert_gpu_activity(db, run.run_number, run.gpu_files)

@@ -110,18 +110,14 @@ def store_generated_code(db: IngestDb, manifests: Sequence[dict[str, Any]]) -> N
 
 def site_stacks(db: IngestDb, from_stack: int | None) -> None:
     """Fills `stack_sites` (and `sites`) for stacks >= from_stack; None: all stacks, anew."""
-    con = db.con
     if from_stack is None:
         db.delete("DELETE FROM stack_sites")
         db.delete("DELETE FROM sites")
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE ingest_sites AS SELECT *, 0 AS site_order FROM stack_sites_from(?)",
-        [from_stack or 0],
-    )
-    try:
-        _insert_sites(con)
-    finally:
-        con.execute("DROP TABLE IF EXISTS temp.ingest_sites")
+    # Site ids read or counted before are stale once sites are deleted.
+    db.kept.pop(_SITE_IDS, None)
+    db.kept.pop(_NEXT_SITE_ID, None)
+    sites = query_arrow(db.con, "SELECT * FROM stack_sites_from(?)", [from_stack or 0])
+    store_sites(db, sites, np.zeros(sites.num_rows, dtype=np.int64), sites)
     if from_stack is None:
         db.delete("DELETE FROM site_counts")
         count_sites(db, None)
@@ -320,44 +316,81 @@ def _lent_rows(
     return lent
 
 
-def store_sites(db: IngestDb, sites: pa.Table, site_order: np.ndarray) -> None:
-    """`sites` rows for the keys the table lacks and `stack_sites` rows, from `sites_of_laid_out`
-    rows; new sites are numbered by `site_order` per row (the index of the run bringing in the
-    stack: runs loaded together number their sites as they would one by one), then by key."""
-    db.register("ingest_sites", sites.append_column("site_order", pa.array(site_order, pa.int64())))
+# What `IngestDb.kept` holds them under: (the rows whose keys were looked up, {site_key: site_id}),
+# and the next site id.
+_SITE_IDS = "site ids"
+_NEXT_SITE_ID = "next site_id"
+
+
+def store_sites(db: IngestDb, sites: pa.Table, site_order: np.ndarray, batch_sites: pa.Table) -> None:
+    """`sites` rows for the keys the table lacks and `stack_sites` rows, from rows shaped like
+    `stack_sites_from`'s; new sites are numbered by `site_order` per row (the index of the run
+    bringing in the stack: runs loaded together number their sites as they would one by one), then
+    by key. `batch_sites` holds `sites`' rows and those of the transactions to come with the same
+    batch: the ids of their keys are looked up in the database once for them all (a lookup per transaction
+    scanned the whole `sites` table, which grows with every night), and kept with the ids the
+    transactions give new sites (a rollback forgets them, and they are looked up again)."""
+    ids = _site_ids(db, batch_sites)
+    keys = sites["site_key"].to_pylist()
+    order = site_order.tolist()
+    first: dict[str, int] = {}  # a new key's row with the smallest site_order (the first such)
+    for row, key in enumerate(keys):
+        if key is not None and key not in ids and (key not in first or order[row] < order[first[key]]):
+            first[key] = row
+    if first:
+        new_keys = sorted(first, key=lambda key: (order[first[key]], key))
+        start = db.next_ids(
+            "site_id", len(new_keys), lambda: query_value(db.con, "SELECT coalesce(max(site_id), 0) + 1 FROM sites")
+        )
+        ids.update(zip(new_keys, range(start, start + len(new_keys))))
+        new = sites.take(pa.array([first[key] for key in new_keys], pa.int64()))
+        db.insert(
+            "INSERT INTO sites BY NAME SELECT * FROM {}",
+            pa.table(
+                {
+                    "site_id": pa.array(np.arange(start, start + len(new_keys)), pa.int64()),
+                    "site_key": new["site_key"],
+                    "function": new["site_function"],
+                    "file": new["site_file"],
+                    "line": new["site_line"],
+                    "kind": new["site_kind"],
+                    "portable_file": new["site_portable_file"],
+                    "line_offset": new["site_line_offset"],
+                    "module": pc.replace_substring_regex(new["site_module"], "^.*/", ""),  # the file name
+                }
+            ),
+        )
+    db.insert(
+        "INSERT INTO stack_sites BY NAME SELECT * FROM {}",
+        pa.table(
+            {
+                "stack_id": sites["stack_id"],
+                "site_id": pa.array([None if key is None else ids[key] for key in keys], pa.int64()),
+                "site_depth": sites["site_depth"],
+                "site_kind": sites["site_kind"],
+                "site_is_user": sites["site_is_user"],
+                "site_file": sites["site_file"],
+                "site_line": sites["site_line"],
+            }
+        ),
+    )
+
+
+def _site_ids(db: IngestDb, batch_sites: pa.Table) -> dict[str, int]:
+    """{site_key: site_id} of the database's sites among the keys of `batch_sites`, kept while the
+    same table is asked for."""
+    kept = db.kept.get(_SITE_IDS)
+    if kept is not None and kept[0] is batch_sites:
+        return kept[1]
+    db.register("ingest_site_keys", pa.table({"site_key": pc.unique(batch_sites["site_key"]).drop_null()}))
     try:
-        _insert_sites(db.con)
+        ids = dict(
+            query_rows(db.con, "SELECT site_key, site_id FROM sites SEMI JOIN ingest_site_keys USING (site_key)")
+        )
     finally:
-        db.unregister("ingest_sites")
-
-
-def _insert_sites(con: Any) -> None:
-    """`sites` and `stack_sites` from the relation `ingest_sites` (shaped like `stack_sites_from`,
-    with a `site_order` column)."""
-    con.execute(
-        """
-        INSERT INTO sites BY NAME
-        SELECT (SELECT coalesce(max(site_id), 0) FROM sites) + row_number() OVER (ORDER BY site_order, site_key)
-                   AS site_id,
-               site_key, function, file, line, kind, portable_file, line_offset, module
-        FROM (
-            SELECT site_key, min(site_order) AS site_order, any_value(site_function) AS function,
-                   any_value(site_file) AS file, any_value(site_line) AS line, any_value(site_kind) AS kind,
-                   any_value(site_portable_file) AS portable_file, any_value(site_line_offset) AS line_offset,
-                   any_value(regexp_extract(site_module, '[^/]*$')) AS module
-            FROM ingest_sites
-            WHERE site_key IS NOT NULL
-            GROUP BY site_key
-        ) ANTI JOIN sites USING (site_key)
-        """
-    )
-    con.execute(
-        """
-        INSERT INTO stack_sites BY NAME
-        SELECT i.stack_id, t.site_id, i.site_depth, i.site_kind, i.site_is_user, i.site_file, i.site_line
-        FROM ingest_sites i LEFT JOIN sites t USING (site_key)
-        """
-    )
+        db.unregister("ingest_site_keys")
+    db.kept[_SITE_IDS] = (batch_sites, ids)
+    return ids
 
 
 # ------------------------------------------------------------------------------------------ portable file names
