@@ -80,6 +80,11 @@ BATCH_EVENTS = 2_000_000
 BATCH_RUNS = 64
 # Threads reading runs ahead of the loading (a thread per core, up to 4).
 PREPARE_THREADS = max(1, min(4, os.cpu_count() or 1))
+# A transaction of fewer events runs DuckDB on one thread: a small run's statements move a few
+# thousand rows each, and handing that work between threads costs more than it saves, while the
+# other cores prepare the next runs. Bigger transactions keep DuckDB's threads (their events insert
+# and counts scale with them).
+ONE_THREAD_BELOW_EVENTS = 100_000
 
 
 def ingest_runs(
@@ -135,17 +140,25 @@ class RunLoader:
         # 2 s of the close); without the merge the partial groups stay as they are (a few per run).
         # Deleted rows are reclaimed by the same vacuum: `close` turns it back on when there are some.
         self._vacuum_paused = _pause_vacuum(db.con)
+        self._default_threads = self._threads = int(query_value(db.con, "SELECT current_setting('threads')"))
         self._loaded = {
             run_id: (complete, parts)
             for run_id, complete, parts in query_rows(db.con, "SELECT run_id, complete, parts FROM runs")
         }
 
     def close(self) -> None:
-        """Before the database closes (and checkpoints): the symbolizer stopped, and DuckDB's vacuum
-        back on when the ingest deleted rows, so that their space is reclaimed."""
+        """Before the database closes (and checkpoints): the symbolizer stopped, DuckDB's threads as
+        they were, and its vacuum back on when the ingest deleted rows, so that their space is
+        reclaimed."""
         self.symbols.close()
+        self._use_threads(self._default_threads)  # for the closing checkpoint
         if self._vacuum_paused and self.db.rows_deleted:
             self.db.con.execute("RESET max_vacuum_tasks")
+
+    def _use_threads(self, threads: int) -> None:
+        if threads != self._threads:
+            self.db.con.execute(f"SET threads = {int(threads)}")
+            self._threads = threads
 
     # ---------------------------------------------------------------- reading runs, making batches
 
@@ -294,6 +307,8 @@ class RunLoader:
         db = self.db
         chosen = [batch.runs[i] for i in runs]
         part = batch.part_of(runs)
+        small = sum(run.events for run in chosen) < ONE_THREAD_BELOW_EVENTS
+        self._use_threads(1 if small else self._default_threads)
         with db.transaction() as con:
             # Numbers first, deletes after: a new run must not be given the number (or event ids)
             # of a run loaded again, whose rows the deletes take away.
