@@ -7,7 +7,8 @@
 Steps, each timed:
 1. generate the runs (numpy; kept in --work and reused when the parameters match),
 2. warm the symbol store: every distinct native address symbolized once (the "cold" cost),
-3. ingest every run into a fresh database (symbols known: the target is <= 10 s for 10M events),
+3. ingest every run into a fresh database (symbols known: the target is <= 10 s for 10M events,
+   <= 15 s for 10M events in 1,000 runs),
    and, as the anchor, DuckDB alone copying the same events Parquet into a table (target: the
    ingest within 2x of it),
 4. ingest again (every run already present),
@@ -324,7 +325,9 @@ def main() -> None:
     verdict.append(f"ingest vs DuckDB's copy {'OK' if ratio <= 2 else 'SLOW'} ({ratio:.1f}x vs 2x)")
     verdict.append(f"size {'OK' if size <= raw * events else 'BIG'} ({size / events:.1f} vs {raw:.1f} bytes per event)")
     if info["events"] >= 10_000_000:
-        verdict.append(f"ingest {'OK' if seconds <= 10 else 'SLOW'} ({seconds:.1f} s vs 10 s)")
+        # The two nights of the targets: 10M events in a few big runs (<= 10 s), or in 1,000 small ones (<= 15 s).
+        limit = 15 if info["runs"] >= 1000 else 10
+        verdict.append(f"ingest {'OK' if seconds <= limit else 'SLOW'} ({seconds:.1f} s vs {limit} s)")
         verdict.append(f"query {'OK' if warm <= 0.5 else 'SLOW'} ({warm:.2f} s vs 0.5 s)")
     if verdict:
         print("targets: " + "; ".join(verdict))
