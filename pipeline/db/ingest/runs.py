@@ -439,9 +439,15 @@ class RunLoader:
         """The portable name of every Python file of the batch's new frames: the database's for files
         it knows, else relative to the import roots of the first run whose new stacks use the file
         (kept in `batch.new_files` for that run's transaction to insert)."""
-        frames = batch.frames
-        kinds, files = frames.frames["kind"].to_pylist(), frames.frames["file"].to_pylist()
-        wanted = sorted({f for k, f in zip(kinds, files) if k == "python" and f is not None})
+        table = batch.frames.frames
+        python = pc.and_(pc.equal(table["kind"], "python"), pc.is_valid(table["file"]))
+        # Each file once, with the first run whose new stacks use it (not a Python step per frame).
+        first_run = (
+            pa.table({"file": table["file"].filter(python), "run": pa.array(batch.frame_first_run).filter(python)})
+            .group_by("file")
+            .aggregate([("run", "min")])
+        )
+        wanted = first_run["file"].to_pylist()
         if not wanted:
             return {}
         known = dict(
@@ -449,17 +455,11 @@ class RunLoader:
                 self.db.con, "SELECT file, portable_file FROM source_files WHERE list_contains(?, file)", [wanted]
             )
         )
-        first_run = batch.frame_first_run
         roots_of: dict[int, list[str]] = {}
-        for frame, (kind, file) in enumerate(zip(kinds, files)):
-            if kind != "python" or file is None or file in known:
-                continue
-            run = int(first_run[frame])
-            previous = batch.new_files.get(file)
-            if previous is not None and previous[2] <= run:
-                continue
-            roots = roots_of.setdefault(run, import_roots(batch.runs[run].manifest))
-            batch.new_files[file] = (*portable_file(file, roots), run)
+        for file, run in zip(wanted, first_run["run_min"].to_pylist()):
+            if file not in known:
+                roots = roots_of.setdefault(run, import_roots(batch.runs[run].manifest))
+                batch.new_files[file] = (*portable_file(file, roots), run)
         return {**known, **{f: named[0] for f, named in batch.new_files.items()}}
 
     def _count_frames(self, frames: layout.Frames) -> None:
