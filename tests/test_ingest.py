@@ -1280,4 +1280,6 @@ def test_runs_of_many_events_leave_no_free_blocks_and_a_reloaded_run_its_space_b
     assert summary.ok and [o.status for o in summary.outcomes].count("updated") == 1
     assert rows(db2, "SELECT count(*) FROM event_rows") == [(390_000,)]
     after, free = _blocks(db2)
-    assert after - free <= before * 1.05, (before, after, free)
+    # The replaced rows left in place would add the run's share, about a third of the blocks; how
+    # DuckDB's threads split the inserts moves the count by a few blocks either way.
+    assert after - free <= before * 1.15, (before, after, free)
