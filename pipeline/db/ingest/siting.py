@@ -316,8 +316,8 @@ def _lent_rows(
     return lent
 
 
-# What `IngestDb.kept` holds them under: (the rows whose keys were looked up, {site_key: site_id}),
-# and the next site id.
+# What `IngestDb.kept` holds them under: (the rows whose keys were looked up, a table of site_key,
+# site_id), and the next site id.
 _SITE_IDS = "site ids"
 _NEXT_SITE_ID = "next site_id"
 
@@ -327,28 +327,32 @@ def store_sites(db: IngestDb, sites: pa.Table, site_order: np.ndarray, batch_sit
     `stack_sites_from`'s; new sites are numbered by `site_order` per row (the index of the run
     bringing in the stack: runs loaded together number their sites as they would one by one), then
     by key. `batch_sites` holds `sites`' rows and those of the transactions to come with the same
-    batch: the ids of their keys are looked up in the database once for them all (a lookup per transaction
-    scanned the whole `sites` table, which grows with every night), and kept with the ids the
-    transactions give new sites (a rollback forgets them, and they are looked up again)."""
-    ids = _site_ids(db, batch_sites)
-    keys = sites["site_key"].to_pylist()
-    order = site_order.tolist()
-    first: dict[str, int] = {}  # a new key's row with the smallest site_order (the first such)
-    for row, key in enumerate(keys):
-        if key is not None and key not in ids and (key not in first or order[row] < order[first[key]]):
-            first[key] = row
-    if first:
-        new_keys = sorted(first, key=lambda key: (order[first[key]], key))
+    batch: the ids of their keys are looked up in the database once for them all (a lookup per
+    transaction scanned the whole `sites` table, which grows with every night), and kept with the
+    ids the transactions give new sites (a rollback forgets them, and they are looked up again)."""
+    numbered = _site_ids(db, batch_sites)
+    keys = sites["site_key"].combine_chunks().cast(pa.string())
+    at = pc.fill_null(pc.index_in(keys, value_set=numbered["site_key"].combine_chunks()), -1).to_numpy(
+        zero_copy_only=False
+    )
+    new_rows = np.flatnonzero(pc.is_valid(keys).to_numpy(zero_copy_only=False) & (at < 0))
+    if len(new_rows):
+        # Each new key's first row among those of its smallest site_order; numbered by (site_order, key).
+        by_order = new_rows[np.argsort(site_order[new_rows], kind="stable")]
+        codes = pc.dictionary_encode(keys.take(by_order)).indices.to_numpy(zero_copy_only=False)
+        firsts = by_order[np.unique(codes, return_index=True)[1]]
+        ranked = pa.table({"order": site_order[firsts], "key": keys.take(firsts)})
+        firsts = firsts[pc.sort_indices(ranked, [("order", "ascending"), ("key", "ascending")]).to_numpy()]
         start = db.next_ids(
-            "site_id", len(new_keys), lambda: query_value(db.con, "SELECT coalesce(max(site_id), 0) + 1 FROM sites")
+            "site_id", len(firsts), lambda: query_value(db.con, "SELECT coalesce(max(site_id), 0) + 1 FROM sites")
         )
-        ids.update(zip(new_keys, range(start, start + len(new_keys))))
-        new = sites.take(pa.array([first[key] for key in new_keys], pa.int64()))
+        new = sites.take(pa.array(firsts, pa.int64()))
+        site_ids = pa.array(np.arange(start, start + len(firsts)), pa.int64())
         db.insert(
             "INSERT INTO sites BY NAME SELECT * FROM {}",
             pa.table(
                 {
-                    "site_id": pa.array(np.arange(start, start + len(new_keys)), pa.int64()),
+                    "site_id": site_ids,
                     "site_key": new["site_key"],
                     "function": new["site_function"],
                     "file": new["site_file"],
@@ -360,12 +364,17 @@ def store_sites(db: IngestDb, sites: pa.Table, site_order: np.ndarray, batch_sit
                 }
             ),
         )
+        numbered = pa.concat_tables([numbered, pa.table({"site_key": keys.take(firsts), "site_id": site_ids})])
+        db.kept[_SITE_IDS] = (batch_sites, numbered)
+        at = pc.fill_null(pc.index_in(keys, value_set=numbered["site_key"].combine_chunks()), -1).to_numpy(
+            zero_copy_only=False
+        )
     db.insert(
         "INSERT INTO stack_sites BY NAME SELECT * FROM {}",
         pa.table(
             {
                 "stack_id": sites["stack_id"],
-                "site_id": pa.array([None if key is None else ids[key] for key in keys], pa.int64()),
+                "site_id": numbered["site_id"].take(pa.array(at, pa.int64(), mask=at < 0)),
                 "site_depth": sites["site_depth"],
                 "site_kind": sites["site_kind"],
                 "site_is_user": sites["site_is_user"],
@@ -376,19 +385,18 @@ def store_sites(db: IngestDb, sites: pa.Table, site_order: np.ndarray, batch_sit
     )
 
 
-def _site_ids(db: IngestDb, batch_sites: pa.Table) -> dict[str, int]:
-    """{site_key: site_id} of the database's sites among the keys of `batch_sites`, kept while the
+def _site_ids(db: IngestDb, batch_sites: pa.Table) -> pa.Table:
+    """(site_key, site_id) of the database's sites among the keys of `batch_sites`, kept while the
     same table is asked for."""
     kept = db.kept.get(_SITE_IDS)
     if kept is not None and kept[0] is batch_sites:
         return kept[1]
     db.register("ingest_site_keys", pa.table({"site_key": pc.unique(batch_sites["site_key"]).drop_null()}))
     try:
-        ids = dict(
-            query_rows(db.con, "SELECT site_key, site_id FROM sites SEMI JOIN ingest_site_keys USING (site_key)")
-        )
+        ids = query_arrow(db.con, "SELECT site_key, site_id FROM sites SEMI JOIN ingest_site_keys USING (site_key)")
     finally:
         db.unregister("ingest_site_keys")
+    ids = pa.table({"site_key": ids["site_key"].cast(pa.string()), "site_id": ids["site_id"].cast(pa.int64())})
     db.kept[_SITE_IDS] = (batch_sites, ids)
     return ids
 
