@@ -248,15 +248,37 @@ def _python_inlined(kind: np.ndarray, table: pa.Table) -> np.ndarray | None:
     return inlined if inlined.any() else None
 
 
-def _distinct(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, an id of its combination of values over the columns (ids in order of first
-    appearance), and the first row of each id: exact, found by hashing the packed rows in the
-    extension (`tbpipe._native.distinct_rows`) rather than by sorting."""
-    packed = np.empty(len(columns[0]), np.dtype([(f"c{i}", column.dtype) for i, column in enumerate(columns)]))
+def _distinct_rows(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, an id of its combination of values over the integer columns (ids in order of first
+    appearance), and the first row of each id: exact, found by hashing the rows in the extension
+    (`tbpipe._native.distinct_rows`) rather than by sorting. The columns are laid side by side in
+    one integer type (a contiguous copy; a record type would copy field by field)."""
+    width = max(column.dtype.itemsize for column in columns)
+    packed = np.empty((len(columns[0]), len(columns)), dtype=np.int64 if width > 4 else np.int32)
     for i, column in enumerate(columns):
-        packed[f"c{i}"] = column
-    ids, first = _native.distinct_rows(packed.view(np.uint8), packed.dtype.itemsize)
+        packed[:, i] = column
+    ids, first = _native.distinct_rows(packed.reshape(-1).view(np.uint8), packed.shape[1] * packed.itemsize)
     return np.frombuffer(ids, dtype=np.int64), np.frombuffer(first, dtype=np.int64)
+
+
+def _distinct_groups(count: int, groups: list[tuple[np.ndarray, list[np.ndarray]]]) -> tuple[np.ndarray, np.ndarray]:
+    """`_distinct_rows` over `count` rows split into groups that never share a value, each group its
+    rows and their key columns: one id per distinct value, numbered in order of first appearance over
+    all the rows, and the first row of each."""
+    ids = np.empty(count, dtype=np.int64)
+    firsts, members = [], []
+    for rows, key in groups:
+        if len(rows):
+            group_ids, group_first = _distinct_rows(*key)
+            members.append((rows, group_ids, sum(len(f) for f in firsts)))
+            firsts.append(rows[group_first])
+    first = np.concatenate(firsts) if firsts else np.zeros(0, np.int64)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    for rows, group_ids, offset in members:
+        ids[rows] = rank[offset + group_ids]
+    return ids, first[order]
 
 
 @dataclass
@@ -343,10 +365,9 @@ def expand(slots: Slots, symbols: pa.Table) -> Frames:
 
     # One id per distinct key over slots and symbols rows; chains = symbols rows sorted by (id, depth).
     looked_up = native & (slot_codes >= 0)
-    ids, _ = _distinct(
-        np.concatenate([np.maximum(slot_codes, 0), sym_codes]).astype(np.int32),
-        np.concatenate([slots.address, sym_address]).astype(np.uint64),
-        np.concatenate([slots.exact, sym_exact]).astype(bool),
+    ids, _ = _distinct_rows(
+        np.concatenate([slots.address, sym_address]).astype(np.int64),
+        np.concatenate([np.maximum(slot_codes, 0) * 2 + slots.exact, sym_codes * 2 + sym_exact]),
     )
     slot_ids, sym_ids = ids[:n], ids[n:]
     chain_length = np.bincount(sym_ids, minlength=int(ids.max()) + 1 if len(ids) else 0)
@@ -367,26 +388,32 @@ def expand(slots: Slots, symbols: pa.Table) -> Frames:
         -1,
     )
 
-    # Distinct frames, found with integers only.
-    row_kind = slots.kind[owner].astype(np.int64)
-    python_row = row_kind == PYTHON
+    # Distinct frames, found with integers only: a row of an inline chain is its symbols row in its
+    # module; any other row is its slot's frame (a Python frame, a marker, an unsymbolized address),
+    # so those are told apart by their slots' columns. The three kinds never share a frame.
+    python_slot = slots.kind == PYTHON
     module_code, function_code, file_code = _codes(slots.module), _codes(slots.function), _codes(slots.file)
-    line_or_address = np.where(python_row, slots.line[owner], slots.address[owner].astype(np.int64))
-    frame_columns = [
-        row_kind.astype(np.int8),
-        sym_row.astype(np.int32),
-        np.where(row_chain, -1, module_code[owner] if n else 0).astype(np.int32),
-        np.where(row_chain | python_row, -1, slot_codes[owner] if n else 0).astype(np.int32),
-        np.where(row_chain, -1, line_or_address),
-        np.where(row_chain | python_row, -1, slots.exact[owner].astype(np.int8)).astype(np.int8),
-        np.where(python_row, function_code[owner] if n else 0, -1).astype(np.int32),
-        np.where(python_row, file_code[owner] if n else 0, -1).astype(np.int32),
-        np.where(python_row, slots.first_line[owner], -1).astype(np.int32),
-        np.where(row_chain, module_code[owner] if n else 0, -1).astype(np.int32),
-    ]
+    chain_rows = np.flatnonzero(row_chain)
+    chain_key = [sym_row[chain_rows], module_code[owner[chain_rows]]]
     if slots.inlined is not None:  # origin frames differ from the same line run for real
-        frame_columns.append(slots.inlined[owner])
-    frame_of_row, representative = _distinct(*frame_columns)
+        chain_key.append(slots.inlined[owner[chain_rows]])
+    own_rows = np.flatnonzero(~row_chain)
+    own_slots = owner[own_rows]
+    python_own = python_slot[own_slots]
+    python_rows, python_slots = own_rows[python_own], own_slots[python_own]
+    python_key = [function_code[python_slots], file_code[python_slots], slots.line[python_slots]]
+    python_key.append(slots.first_line[python_slots])
+    if slots.inlined is not None:
+        python_key.append(slots.inlined[python_slots])
+    other_rows, other_slots = own_rows[~python_own], own_slots[~python_own]
+    other_key = [
+        slots.address[other_slots].astype(np.int64),
+        module_code[other_slots] * (1 << 32) + slot_codes[other_slots],
+        slots.kind[other_slots].astype(np.int64) * 2 + slots.exact[other_slots],
+    ]
+    frame_of_row, representative = _distinct_groups(
+        len(owner), [(chain_rows, chain_key), (python_rows, python_key), (other_rows, other_key)]
+    )
     frames, symbolized_frame = _frame_contents(slots, symbols, representative, owner, row_chain, sym_row, slot_codes)
 
     rows = pa.table(
@@ -400,11 +427,11 @@ def expand(slots: Slots, symbols: pa.Table) -> Frames:
     )
 
     # Per stack: frame count and the innermost symbolized frame (the call site without a user frame).
-    stacks, first, counts = np.unique(stack, return_index=True, return_counts=True)
+    stacks, first, counts = _unique(stack)
     symbolized = symbolized_frame[frame_of_row] if len(frame_of_row) else np.zeros(0, bool)
     sym_depth_out = np.full(len(stacks), -1, dtype=np.int32)
     if symbolized.any():
-        with_frame, first_symbolized = np.unique(stack[symbolized], return_index=True)
+        with_frame, first_symbolized, _ = _unique(stack[symbolized])
         sym_depth_out[np.searchsorted(stacks, with_frame)] = depth[np.flatnonzero(symbolized)[first_symbolized]]
     return Frames(rows, frames, counts.astype(np.int64), stacks.astype(np.int64), sym_depth_out)
 
@@ -467,6 +494,16 @@ def _frame_contents(
     )
     symbolized = (kind_codes != MARKER) & pc.is_valid(function).to_numpy(zero_copy_only=False)
     return frames, symbolized
+
+
+def _unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """np.unique(values, return_index=True, return_counts=True), in one pass where the values are
+    already in order (a layout's rows come stack after stack, by increasing id) rather than a sort."""
+    if len(values) and not np.all(values[1:] >= values[:-1]):
+        return np.unique(values, return_index=True, return_counts=True)
+    first = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]])) if len(values) else np.zeros(0, np.int64)
+    counts = np.diff(np.append(first, len(values)))
+    return values[first], first, counts
 
 
 def _first_index(values: np.ndarray) -> np.ndarray:
