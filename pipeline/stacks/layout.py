@@ -501,7 +501,9 @@ def _unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     already in order (a layout's rows come stack after stack, by increasing id) rather than a sort."""
     if len(values) and not np.all(values[1:] >= values[:-1]):
         return np.unique(values, return_index=True, return_counts=True)
-    first = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]])) if len(values) else np.zeros(0, np.int64)
+    first = (
+        np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]])) if len(values) else np.zeros(0, np.int64)
+    )
     counts = np.diff(np.append(first, len(values)))
     return values[first], first, counts
 
