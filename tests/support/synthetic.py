@@ -67,7 +67,7 @@ def manifest_for(run_id: str, *, complete: bool = True, labels: dict[str, str] |
 
 
 # Bumped whenever the parts are written differently, so that benches regenerate what they keep.
-PARTS_FORMAT = 2  # 2: the capture's write options (page checksums, encodings)
+PARTS_FORMAT = 3  # 2: the capture's write options (page checksums, encodings); 3: events at zstd level 1
 
 
 def write_part(run_dir: Path, table_name: str, sequence: int, table: pa.Table) -> str:
