@@ -1,5 +1,7 @@
 #include "combined_order.h"
 
+#include <stdexcept>
+
 namespace tbpipe {
 
 CombinedOrder combined_order(const CombinedOrderInput& in) {
@@ -76,6 +78,54 @@ CombinedOrder combined_order(const CombinedOrderInput& in) {
     while (next_python < python_count) put(python_start + next_python++, true);
     native_start += native_count;
     python_start += python_count;
+  }
+  return out;
+}
+
+SlotColumns slot_columns(const SlotColumnsInput& in) {
+  SlotColumns out;
+  const size_t n = in.slots;
+  out.kind.resize(n);
+  out.module_row.resize(n);
+  out.code_row.resize(n);
+  out.address.resize(n);
+  out.exact.resize(n);
+  out.line.resize(n);
+  out.inlined.resize(n);
+  out.first_line.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t source = in.source[i];
+    if (in.is_python[i]) {
+      if (source < 0 || static_cast<size_t>(source) >= in.python_frames) {
+        throw std::out_of_range("a slot's Python frame is outside the frame columns");
+      }
+      const int64_t code_row = in.python_ref[source];
+      if (code_row >= 0 && static_cast<size_t>(code_row) >= in.code_rows) {
+        throw std::out_of_range("a Python frame's code row is outside the code table");
+      }
+      out.kind[i] = in.python_kind;
+      out.module_row[i] = -1;
+      out.code_row[i] = code_row;
+      out.address[i] = 0;
+      out.exact[i] = 0;
+      out.line[i] = in.python_line[source];
+      out.inlined[i] = (in.python_flags[source] & in.origin_bit) != 0;
+      out.first_line[i] = code_row >= 0 ? in.code_first_line[code_row] : -1;
+    } else {
+      if (source < 0 || static_cast<size_t>(source) >= in.native_frames) {
+        throw std::out_of_range("a slot's native frame is outside the frame columns");
+      }
+      const uint32_t flags = in.native_flags[source];
+      const bool marker = (flags & in.marker_bit) != 0;
+      out.kind[i] = marker ? in.marker_kind : in.native_kind;
+      out.module_row[i] = marker ? -1 : in.native_ref[source];
+      out.code_row[i] = -1;
+      out.address[i] = in.native_address[source];
+      out.exact[i] = !marker && (flags & in.exact_bit) != 0;
+      out.line[i] = -1;
+      out.inlined[i] = 0;
+      out.first_line[i] = -1;
+    }
   }
   return out;
 }

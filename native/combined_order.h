@@ -38,4 +38,38 @@ struct CombinedOrder {
 // The lengths must be non-negative and add up to the frame columns' lengths (the caller checks).
 CombinedOrder combined_order(const CombinedOrderInput& input);
 
+// What `combined_slots` shows of each slot, gathered from the frame columns in one pass (numpy took a
+// pass over all the slots per column and condition).
+struct SlotColumnsInput {
+  size_t slots = 0;
+  const int64_t* source = nullptr;     // per slot: CombinedOrder::source
+  const uint8_t* is_python = nullptr;  // per slot: CombinedOrder::is_python
+  size_t native_frames = 0;
+  const int64_t* native_ref = nullptr;  // per native frame: row of the modules table, -1 none
+  const uint64_t* native_address = nullptr;
+  const uint32_t* native_flags = nullptr;
+  size_t python_frames = 0;
+  const int64_t* python_ref = nullptr;  // per Python frame: row of the code table, -1 none
+  const int32_t* python_line = nullptr;
+  const uint32_t* python_flags = nullptr;
+  size_t code_rows = 0;
+  const int32_t* code_first_line = nullptr;                  // per code row
+  uint32_t marker_bit = 0, exact_bit = 0, origin_bit = 0;    // native marker, native exact PC, Python origin
+  int8_t python_kind = 0, native_kind = 1, marker_kind = 2;  // the layout's kind codes
+};
+
+struct SlotColumns {
+  std::vector<int8_t> kind;
+  std::vector<int64_t> module_row;  // native frames: row of the modules table; else -1
+  std::vector<int64_t> code_row;    // Python frames: row of the code table; else -1
+  std::vector<uint64_t> address;    // native frames and markers (the stop reason); Python 0
+  std::vector<uint8_t> exact;       // native frames: not a return address
+  std::vector<int32_t> line;        // Python frames; else -1
+  std::vector<uint8_t> inlined;     // Python frames placed from code origins
+  std::vector<int32_t> first_line;  // Python frames of a known code row; else -1
+};
+
+// Throws std::out_of_range when a source row or code row lies outside its column.
+SlotColumns slot_columns(const SlotColumnsInput& input);
+
 }  // namespace tbpipe

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,56 @@ py::tuple combined_order_binding(const py::buffer& native_lengths, const py::buf
                         vector_bytes(order.leftover));
 }
 
+py::tuple slot_columns_binding(const py::buffer& source, const py::buffer& is_python, const py::buffer& native_ref,
+                               const py::buffer& native_address, const py::buffer& native_flags,
+                               const py::buffer& python_ref, const py::buffer& python_line,
+                               const py::buffer& python_flags, const py::buffer& code_first_line, uint32_t marker_bit,
+                               uint32_t exact_bit, uint32_t origin_bit, int8_t python_kind, int8_t native_kind,
+                               int8_t marker_kind) {
+  py::buffer_info infos[9];
+  SlotColumnsInput input;
+  input.source = column<int64_t>(source, infos[0], "source");
+  input.is_python = column<uint8_t>(is_python, infos[1], "is_python");
+  input.native_ref = column<int64_t>(native_ref, infos[2], "native_ref");
+  input.native_address = column<uint64_t>(native_address, infos[3], "native_address");
+  input.native_flags = column<uint32_t>(native_flags, infos[4], "native_flags");
+  input.python_ref = column<int64_t>(python_ref, infos[5], "python_ref");
+  input.python_line = column<int32_t>(python_line, infos[6], "python_line");
+  input.python_flags = column<uint32_t>(python_flags, infos[7], "python_flags");
+  input.code_first_line = column<int32_t>(code_first_line, infos[8], "code_first_line");
+  if (infos[1].size != infos[0].size) throw py::value_error("source and is_python: expected one each per slot");
+  if (infos[3].size != infos[2].size || infos[4].size != infos[2].size) {
+    throw py::value_error("native frame columns of different lengths");
+  }
+  if (infos[6].size != infos[5].size || infos[7].size != infos[5].size) {
+    throw py::value_error("Python frame columns of different lengths");
+  }
+  input.slots = static_cast<size_t>(infos[0].size);
+  input.native_frames = static_cast<size_t>(infos[2].size);
+  input.python_frames = static_cast<size_t>(infos[5].size);
+  input.code_rows = static_cast<size_t>(infos[8].size);
+  input.marker_bit = marker_bit;
+  input.exact_bit = exact_bit;
+  input.origin_bit = origin_bit;
+  input.python_kind = python_kind;
+  input.native_kind = native_kind;
+  input.marker_kind = marker_kind;
+  SlotColumns columns;
+  std::string problem;
+  {
+    py::gil_scoped_release unlocked;
+    try {
+      columns = slot_columns(input);
+    } catch (const std::out_of_range& error) {
+      problem = error.what();
+    }
+  }
+  if (!problem.empty()) throw py::value_error(problem);
+  return py::make_tuple(vector_bytes(columns.kind), vector_bytes(columns.module_row), vector_bytes(columns.code_row),
+                        vector_bytes(columns.address), vector_bytes(columns.exact), vector_bytes(columns.line),
+                        vector_bytes(columns.inlined), vector_bytes(columns.first_line));
+}
+
 }  // namespace
 
 void register_ingest_bindings(py::module_& m) {
@@ -172,6 +223,13 @@ void register_ingest_bindings(py::module_& m) {
         "Combined order of a batch of stacks (pipeline/stacks/layout.py's combined_slots): bytes of per-slot "
         "owner (int64), source row (int64), is_python (uint8), slot (int32), and per-stack has_native (uint8), "
         "truncated (uint8), leftover (int64).");
+  m.def("slot_columns", &slot_columns_binding, py::arg("source"), py::arg("is_python"), py::arg("native_ref"),
+        py::arg("native_address"), py::arg("native_flags"), py::arg("python_ref"), py::arg("python_line"),
+        py::arg("python_flags"), py::arg("code_first_line"), py::arg("marker_bit"), py::arg("exact_bit"),
+        py::arg("origin_bit"), py::arg("python_kind"), py::arg("native_kind"), py::arg("marker_kind"),
+        "The columns combined_slots shows of each slot of a combined order, in one pass: bytes of kind (int8), "
+        "module row (int64), code row (int64), address (uint64), exact (uint8), line (int32), inlined (uint8), "
+        "first line (int32).");
 }
 
 }  // namespace tbpipe

@@ -481,6 +481,52 @@ def test_combined_order_refuses_lengths_outside_the_frames() -> None:
     assert np.frombuffer(slot, np.int32).tolist() == [0, 1, 0, 1]
 
 
+def test_slot_columns_gathers_each_slot_and_refuses_rows_outside_the_columns() -> None:
+    """Slots: a Python frame of code row 1 placed from code origins, a native frame at an exact PC,
+    a marker (its address the stop reason), a Python frame of no known code object."""
+    marker, exact, origin = raw.NATIVE_FRAME_MARKER, raw.NATIVE_FRAME_EXACT_PC, 1 << 16
+    native = (np.array([3, -1], np.int64), np.array([0x1234, 2], np.uint64), np.array([exact, marker], np.uint32))
+    python = (np.array([1, -1], np.int64), np.array([10, 20], np.int32), np.array([origin, 0], np.uint32))
+    first_lines = np.array([5, 7], np.int32)
+    kinds = (layout.PYTHON, layout.NATIVE, layout.MARKER)
+
+    def gather(source, is_python, python_ref=python[0]):
+        return _native.slot_columns(
+            np.array(source, np.int64),
+            np.array(is_python, np.uint8),
+            *native,
+            python_ref,
+            *python[1:],
+            first_lines,
+            marker,
+            exact,
+            origin,
+            *kinds,
+        )
+
+    columns = gather([0, 0, 1, 1], [1, 0, 0, 1])
+    dtypes = (np.int8, np.int64, np.int64, np.uint64, np.bool_, np.int32, np.bool_, np.int32)
+    kind, module_row, code_row, address, is_exact, line, inlined, first_line = (
+        np.frombuffer(data, dtype).tolist() for data, dtype in zip(columns, dtypes)
+    )
+    assert kind == [layout.PYTHON, layout.NATIVE, layout.MARKER, layout.PYTHON]
+    assert module_row == [-1, 3, -1, -1]
+    assert code_row == [1, -1, -1, -1]
+    assert address == [0, 0x1234, 2, 0]
+    assert is_exact == [False, True, False, False]
+    assert line == [10, -1, -1, 20]
+    assert inlined == [True, False, False, False]
+    assert first_line == [7, -1, -1, -1]
+    for source, is_python, refs, problem in (
+        ([2], [0], python[0], "native frame is outside"),
+        ([-1], [1], python[0], "Python frame is outside"),
+        ([0], [1], np.array([2, -1], np.int64), "code row is outside"),
+        ([0, 1], [1], python[0], "one each per slot"),
+    ):
+        with pytest.raises(ValueError, match=problem):
+            gather(source, is_python, refs)
+
+
 @pytest.mark.parametrize("exact_pass_only", [False, True])
 def test_distinct_rows_groups_equal_rows_exactly(exact_pass_only) -> None:
     """Ids number the distinct rows in order of first appearance, whichever pass assigns them; rows

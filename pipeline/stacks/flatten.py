@@ -95,6 +95,22 @@ def _lookup(sorted_keys: np.ndarray, order: np.ndarray, wanted: np.ndarray) -> n
     return np.where(found, order[pos_clipped], -1).astype(np.int64)
 
 
+# Module indices up to this are looked up in a table indexed by them rather than by binary search.
+_DENSE_MODULE_INDEX = 1 << 16
+
+
+def _module_rows(module_index_sorted: np.ndarray, module_order: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """`_lookup` for module indices: a process numbers its modules from 0, so each frame's module
+    row is read from an array indexed by module index (markers' -1 and unknown indices give -1)."""
+    if not len(module_index_sorted) or module_index_sorted[0] < 0 or module_index_sorted[-1] >= _DENSE_MODULE_INDEX:
+        return _lookup(module_index_sorted, module_order, wanted)
+    row_of = np.full(int(module_index_sorted[-1]) + 1, -1, dtype=np.int64)
+    first = np.concatenate([[True], module_index_sorted[1:] != module_index_sorted[:-1]])  # of equal indices
+    row_of[module_index_sorted[first]] = module_order[first]
+    inside = (wanted >= 0) & (wanted < len(row_of))
+    return np.where(inside, row_of[np.where(inside, wanted, 0)], -1)
+
+
 def _is_identity(rows: np.ndarray, count: int) -> bool:
     return len(rows) == count and bool(np.array_equal(rows, np.arange(count)))
 
@@ -117,7 +133,7 @@ class _RunFrames:
         native_module = _numpy(pc.struct_field(native, "module"), np.int64)
         python_code = _numpy(pc.struct_field(python, "code_id"), np.uint64)
         return (
-            _lookup(self.module_index_sorted, self.module_order, native_module),
+            _module_rows(self.module_index_sorted, self.module_order, native_module),
             _numpy(pc.struct_field(native, "offset"), np.uint64),
             _numpy(pc.struct_field(native, "flags"), np.uint32),
             _lookup(self.code_ids, np.arange(len(self.code_ids), dtype=np.int64), python_code),

@@ -10,7 +10,7 @@ Two steps, both over whole runs at once:
   frames; groups left over follow a native walk that stopped early, and without such a stop they
   mean the two walks disagree and the stack is shown as its Python frames alone. Each placed frame
   is a *slot*. The order is found in the extension, one pass over each stack's frames
-  (native/combined_order.cpp); the slots' columns are then gathered with numpy.
+  (native/combined_order.cpp), and so are the slots' columns (`slot_columns`, one pass).
 - `expand`: each native slot becomes its address's inline chain from the symbols rows (innermost
   first); the result is shaped like the `stack_frames` table.
 
@@ -143,33 +143,35 @@ def combined_slots(
         np.frombuffer(data, dtype)
         for data, dtype in zip(order, (np.int64, np.int64, np.bool_, np.int32, np.bool_, np.bool_, np.int64))
     )
-    is_marker = (native_flags & NATIVE_FRAME_MARKER) != 0
-
-    native_source = np.where(is_python, -1, source)
-    python_source = np.where(is_python, source, -1)
-    marker = (
-        ~is_python & is_marker[np.maximum(native_source, 0)] if len(is_marker) else np.zeros(len(owner), dtype=bool)
+    code_first_line = (
+        _flat(code["first_line"]).to_numpy(zero_copy_only=False).astype(np.int32)
+        if code.num_rows
+        else np.zeros(0, np.int32)
     )
-    kind = np.where(is_python, PYTHON, np.where(marker, MARKER, NATIVE)).astype(np.int8)
-    native_real = kind == NATIVE
-
-    module_row = np.where(native_real, native_ref[np.maximum(native_source, 0)] if len(native_ref) else -1, -1)
-    code_row = np.where(is_python, python_ref[np.maximum(python_source, 0)] if len(python_ref) else -1, -1)
-    address = np.where(
-        ~is_python, native_address[np.maximum(native_source, 0)] if len(native_address) else 0, 0
-    ).astype(np.uint64)
-    exact = native_real & (
-        (native_flags[np.maximum(native_source, 0)] & NATIVE_FRAME_EXACT_PC) != 0 if len(native_flags) else False
+    # What each slot shows, gathered from the frame columns in one pass in the extension.
+    columns = _native.slot_columns(
+        source,
+        is_python.view(np.uint8),
+        np.ascontiguousarray(native_ref, dtype=np.int64),
+        np.ascontiguousarray(native_address, dtype=np.uint64),
+        np.ascontiguousarray(native_flags, dtype=np.uint32),
+        np.ascontiguousarray(python_ref, dtype=np.int64),
+        np.ascontiguousarray(python_line, dtype=np.int32),
+        np.ascontiguousarray(python_flags, dtype=np.uint32),
+        code_first_line,
+        NATIVE_FRAME_MARKER,
+        NATIVE_FRAME_EXACT_PC,
+        ORIGIN_FLAG,
+        PYTHON,
+        NATIVE,
+        MARKER,
     )
-    line = np.where(is_python, python_line[np.maximum(python_source, 0)] if len(python_line) else -1, -1).astype(
-        np.int32
+    kind, module_row, code_row, address, exact, line, inlined, first_line = (
+        np.frombuffer(data, dtype)
+        for data, dtype in zip(
+            columns, (np.int8, np.int64, np.int64, np.uint64, np.bool_, np.int32, np.bool_, np.int32)
+        )
     )
-    inlined = is_python & (
-        (python_flags[np.maximum(python_source, 0)] & ORIGIN_FLAG) != 0 if len(python_flags) else False
-    )
-
-    code_first_line = _flat(code["first_line"]).to_numpy(zero_copy_only=False) if code.num_rows else np.zeros(0)
-    first_line = np.where(code_row >= 0, code_first_line[np.maximum(code_row, 0)] if code.num_rows else -1, -1)
     qualnames = code["qualname"] if code.num_rows else pa.array([], pa.string())
     function = _dictionary(qualnames, code_row)
     file = _dictionary(code["filename"] if code.num_rows else pa.array([], pa.string()), code_row)
@@ -192,7 +194,7 @@ def combined_slots(
         function=function,
         file=file,
         line=line,
-        first_line=first_line.astype(np.int32),
+        first_line=first_line,
         module=_dictionary(modules["path"] if modules.num_rows else empty, module_row),
         module_key=_dictionary(modules["module_key"] if modules.num_rows else empty, module_row),
         address=address,
