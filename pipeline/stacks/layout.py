@@ -108,6 +108,11 @@ def _stop_texts(codes: np.ndarray) -> tuple[pa.Array, pa.Array, np.ndarray]:
     return pa.array(texts, pa.string()), pa.array(reasons, pa.string()), inverse.ravel().astype(np.int64)
 
 
+def _arrays(buffers: tuple[bytes, ...], dtypes: tuple) -> tuple[np.ndarray, ...]:
+    """The extension's columns (bytes) as numpy arrays of the given types (read-only views)."""
+    return tuple(np.frombuffer(data, dtype) for data, dtype in zip(buffers, dtypes))
+
+
 def combined_slots(
     stack_ids: np.ndarray,
     status: np.ndarray,
@@ -127,50 +132,48 @@ def combined_slots(
     `native_ref` / `python_ref` are rows of `modules` (module_key, path) / `code` (filename,
     qualname), -1 for a module or code object the run does not describe.
     """
+    native_flags = np.ascontiguousarray(native_flags, dtype=np.uint32)
+    python_flags = np.ascontiguousarray(python_flags, dtype=np.uint32)
     # Where each frame goes: one pass per stack in the extension (native/combined_order.cpp).
-    order = _native.combined_order(
-        np.ascontiguousarray(native_lengths, dtype=np.int64),
-        np.ascontiguousarray(python_lengths, dtype=np.int64),
-        np.ascontiguousarray(status, dtype=np.uint32),
-        np.ascontiguousarray(native_flags, dtype=np.uint32),
-        np.ascontiguousarray(python_flags, dtype=np.uint32),
-        STACK_NO_NATIVE,
-        NATIVE_FRAME_MARKER,
-        NATIVE_FRAME_EVAL_LOOP,
-        PYTHON_FRAME_ENTRY,
-    )
-    owner, source, is_python, slot, has_native, truncated, leftover = (
-        np.frombuffer(data, dtype)
-        for data, dtype in zip(order, (np.int64, np.int64, np.bool_, np.int32, np.bool_, np.bool_, np.int64))
+    owner, source, is_python, slot, has_native, truncated, leftover = _arrays(
+        _native.combined_order(
+            np.ascontiguousarray(native_lengths, dtype=np.int64),
+            np.ascontiguousarray(python_lengths, dtype=np.int64),
+            np.ascontiguousarray(status, dtype=np.uint32),
+            native_flags,
+            python_flags,
+            STACK_NO_NATIVE,
+            NATIVE_FRAME_MARKER,
+            NATIVE_FRAME_EVAL_LOOP,
+            PYTHON_FRAME_ENTRY,
+        ),
+        (np.int64, np.int64, np.bool_, np.int32, np.bool_, np.bool_, np.int64),
     )
     code_first_line = (
         _flat(code["first_line"]).to_numpy(zero_copy_only=False).astype(np.int32)
         if code.num_rows
         else np.zeros(0, np.int32)
     )
-    # What each slot shows, gathered from the frame columns in one pass in the extension.
-    columns = _native.slot_columns(
-        source,
-        is_python.view(np.uint8),
-        np.ascontiguousarray(native_ref, dtype=np.int64),
-        np.ascontiguousarray(native_address, dtype=np.uint64),
-        np.ascontiguousarray(native_flags, dtype=np.uint32),
-        np.ascontiguousarray(python_ref, dtype=np.int64),
-        np.ascontiguousarray(python_line, dtype=np.int32),
-        np.ascontiguousarray(python_flags, dtype=np.uint32),
-        code_first_line,
-        NATIVE_FRAME_MARKER,
-        NATIVE_FRAME_EXACT_PC,
-        ORIGIN_FLAG,
-        PYTHON,
-        NATIVE,
-        MARKER,
-    )
-    kind, module_row, code_row, address, exact, line, inlined, first_line = (
-        np.frombuffer(data, dtype)
-        for data, dtype in zip(
-            columns, (np.int8, np.int64, np.int64, np.uint64, np.bool_, np.int32, np.bool_, np.int32)
-        )
+    # What each slot shows, gathered from the frame columns in one pass, also in the extension.
+    kind, module_row, code_row, address, exact, line, inlined, first_line = _arrays(
+        _native.slot_columns(
+            source,
+            is_python.view(np.uint8),
+            np.ascontiguousarray(native_ref, dtype=np.int64),
+            np.ascontiguousarray(native_address, dtype=np.uint64),
+            native_flags,
+            np.ascontiguousarray(python_ref, dtype=np.int64),
+            np.ascontiguousarray(python_line, dtype=np.int32),
+            python_flags,
+            code_first_line,
+            NATIVE_FRAME_MARKER,
+            NATIVE_FRAME_EXACT_PC,
+            ORIGIN_FLAG,
+            PYTHON,
+            NATIVE,
+            MARKER,
+        ),
+        (np.int8, np.int64, np.int64, np.uint64, np.bool_, np.int32, np.bool_, np.int32),
     )
     qualnames = code["qualname"] if code.num_rows else pa.array([], pa.string())
     function = _dictionary(qualnames, code_row)
