@@ -332,9 +332,11 @@ def _codes(values: pa.Array) -> np.ndarray:
 
 
 def _per_index(values: pa.DictionaryArray, per_value: np.ndarray) -> np.ndarray:
-    """Each entry's integer from the one computed per dictionary value (-1 for nulls)."""
-    indices = pc.fill_null(values.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-    return np.where(indices >= 0, per_value[np.maximum(indices, 0)] if len(per_value) else -1, -1)
+    """Each entry's integer from the one computed per dictionary value (-1 for nulls): one gather
+    from the per-value integers with a -1 appended, nulls pointing at it."""
+    lookup = np.append(np.asarray(per_value, dtype=np.int64), -1)
+    indices = pc.fill_null(values.indices, len(per_value)).to_numpy(zero_copy_only=False)
+    return lookup[indices]
 
 
 def _index_in(values: pa.Array, value_set: pa.Array) -> np.ndarray:
@@ -344,6 +346,15 @@ def _index_in(values: pa.Array, value_set: pa.Array) -> np.ndarray:
     if pa.types.is_dictionary(values.type):
         return _per_index(values, _index_in(values.dictionary, value_set))
     return pc.fill_null(pc.index_in(values, value_set=value_set), -1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def distinct_native_slots(slots: Slots) -> np.ndarray:
+    """The first of the native slots of each distinct (module key, address, exact) whose module the
+    run describes: what the symbols are looked up for (most addresses recur in many stacks)."""
+    codes = _codes(slots.module_key)
+    rows = np.flatnonzero((slots.kind == NATIVE) & (codes >= 0))
+    _, first = _distinct_rows(slots.address[rows].astype(np.int64), codes[rows] * 2 + slots.exact[rows])
+    return rows[first]
 
 
 def expand(slots: Slots, symbols: pa.Table) -> Frames:

@@ -60,13 +60,13 @@ class SymbolLoader:
 
     def symbols_for(self, slots: layout.Slots) -> tuple[pa.Table, pa.Table | None, pa.Table | None]:
         """(every `symbols` row the slots need, the new ones among them, `modules` rows of the modules symbolized)."""
-        native = slots.kind == layout.NATIVE
+        rows = layout.distinct_native_slots(slots)
         keys = pa.table(
             {
-                "module_key": slots.module_key.filter(pa.array(native)),
-                "module": slots.module.filter(pa.array(native)),
-                "address": pa.array(slots.address[native], pa.uint64()),
-                "exact": pa.array(slots.exact[native], pa.bool_()),
+                "module_key": slots.module_key.take(pa.array(rows)),
+                "module": slots.module.take(pa.array(rows)),
+                "address": pa.array(slots.address[rows], pa.uint64()),
+                "exact": pa.array(slots.exact[rows], pa.bool_()),
             }
         )
         con = self.db.con
