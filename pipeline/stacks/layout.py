@@ -380,12 +380,16 @@ def expand(slots: Slots, symbols: pa.Table) -> Frames:
     sym_depth = symbols["depth"].to_numpy() if symbols.num_rows else np.zeros(0, np.int32)
 
     # One id per distinct key over slots and symbols rows; chains = symbols rows sorted by (id, depth).
+    # Only native slots of a described module are looked up (the others get id 0, never used).
     looked_up = native & (slot_codes >= 0)
+    looked = np.flatnonzero(looked_up)
     ids, _ = _distinct_rows(
-        np.concatenate([slots.address, sym_address]).astype(np.int64),
-        np.concatenate([np.maximum(slot_codes, 0) * 2 + slots.exact, sym_codes * 2 + sym_exact]),
+        np.concatenate([slots.address[looked], sym_address]).astype(np.int64),
+        np.concatenate([slot_codes[looked] * 2 + slots.exact[looked], sym_codes * 2 + sym_exact]),
     )
-    slot_ids, sym_ids = ids[:n], ids[n:]
+    slot_ids = np.zeros(n, dtype=np.int64)
+    slot_ids[looked] = ids[: len(looked)]
+    sym_ids = ids[len(looked) :]
     chain_length = np.bincount(sym_ids, minlength=int(ids.max()) + 1 if len(ids) else 0)
     sym_order = np.lexsort((sym_depth, sym_ids))
     chain_start = np.searchsorted(sym_ids[sym_order], np.arange(len(chain_length)))
