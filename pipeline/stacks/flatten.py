@@ -111,6 +111,15 @@ def _module_rows(module_index_sorted: np.ndarray, module_order: np.ndarray, want
     return np.where(inside, row_of[np.where(inside, wanted, 0)], -1)
 
 
+def _code_rows(code_ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Row of each wanted code id in the distinct ids `code_ids` (-1 absent), found by hashing
+    (Arrow's index_in): a binary search per frame cost more than the rest of the selection."""
+    if not len(code_ids):
+        return np.full(len(wanted), -1, dtype=np.int64)
+    found = pc.index_in(pa.array(wanted, pa.uint64()), value_set=pa.array(code_ids, pa.uint64()))
+    return np.asarray(pc.fill_null(found, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
 def _is_identity(rows: np.ndarray, count: int) -> bool:
     return len(rows) == count and bool(np.array_equal(rows, np.arange(count)))
 
@@ -127,19 +136,54 @@ class _RunFrames:
     code_ids: np.ndarray  # uint64 distinct code ids, sorted (row i of `code`)
 
     def select(self, chosen: np.ndarray) -> tuple[np.ndarray, ...]:
-        rows = pa.array(self.stack_rows[chosen], pa.int64())
-        native = pc.list_flatten(self.native.take(rows))
-        python = pc.list_flatten(self.python.take(rows))
-        native_module = _numpy(pc.struct_field(native, "module"), np.int64)
-        python_code = _numpy(pc.struct_field(python, "code_id"), np.uint64)
+        rows = self.stack_rows[chosen]
+        native_module, native_offset, native_flags = _list_frames(
+            self.native, rows, (("module", np.int64), ("offset", np.uint64), ("flags", np.uint32))
+        )
+        python_code, python_line, python_flags = _list_frames(
+            self.python, rows, (("code_id", np.uint64), ("line", np.int32), ("flags", np.uint32))
+        )
         return (
             _module_rows(self.module_index_sorted, self.module_order, native_module),
-            _numpy(pc.struct_field(native, "offset"), np.uint64),
-            _numpy(pc.struct_field(native, "flags"), np.uint32),
-            _lookup(self.code_ids, np.arange(len(self.code_ids), dtype=np.int64), python_code),
-            _numpy(pc.struct_field(python, "line"), np.int32),
-            _numpy(pc.struct_field(python, "flags"), np.uint32),
+            native_offset,
+            native_flags,
+            _code_rows(self.code_ids, python_code),
+            python_line,
+            python_flags,
         )
+
+
+def _list_frames(
+    column: pa.ChunkedArray, rows: np.ndarray, fields: tuple[tuple[str, type], ...]
+) -> tuple[np.ndarray, ...]:
+    """The named fields of the frames of list rows `rows` (in the order given), laid end to end:
+    gathered from each chunk's offsets and struct children read in place, not by taking the nested
+    rows (which copies every child) and flattening them."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    bounds = np.cumsum([0, *(len(chunk) for chunk in chunks)])
+    chunk_of = np.searchsorted(bounds, rows, side="right") - 1
+    starts = np.empty(len(rows), dtype=np.int64)
+    lengths = np.empty(len(rows), dtype=np.int64)
+    children = []
+    for index, chunk in enumerate(chunks):
+        mine = np.flatnonzero(chunk_of == index)
+        offsets = np.asarray(chunk.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+        local = rows[mine] - bounds[index]
+        starts[mine] = offsets[local]
+        lengths[mine] = offsets[local + 1] - offsets[local]
+        children.append([_numpy(pc.struct_field(chunk.values, name), dtype) for name, dtype in fields])
+    total = int(lengths.sum())
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    source = np.repeat(starts, lengths) + within
+    if len(children) == 1:
+        return tuple(child[source] for child in children[0])
+    frame_chunk = np.repeat(chunk_of, lengths)
+    out = [np.empty(total, dtype=dtype) for _name, dtype in fields]
+    for index, columns in enumerate(children):
+        mine = np.flatnonzero(frame_chunk == index)
+        for target, child in zip(out, columns):
+            target[mine] = child[source[mine]]
+    return tuple(out)
 
 
 @dataclass
