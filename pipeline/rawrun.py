@@ -404,26 +404,34 @@ def reference_problems(tables: dict[str, pa.Table]) -> list[str]:
             found = pc.sum(pc.is_in(stack_ids, value_set=stacks["stack_id"].combine_chunks())).as_py() or 0
             if len(stack_ids) - found:
                 problems.append(f"{len(stack_ids) - found} events refer to stacks the run does not hold")
-    native = pc.list_flatten(stacks["native"])
-    if len(native):
-        native = native.combine_chunks() if isinstance(native, pa.ChunkedArray) else native
-        described = pc.or_(
-            pc.is_in(pc.struct_field(native, "module"), value_set=tables["modules"]["module_index"].combine_chunks()),
-            pc.not_equal(
-                pc.bit_wise_and(pc.struct_field(native, "flags"), pa.scalar(NATIVE_FRAME_MARKER, pa.uint32())), 0
-            ),
-        )
-        missing = len(native) - (pc.sum(described).as_py() or 0)
-        if missing:
-            problems.append(f"{missing} native frames refer to modules the run does not describe")
-    python = pc.list_flatten(stacks["python"])
-    if len(python):
-        python = python.combine_chunks() if isinstance(python, pa.ChunkedArray) else python
-        known = pc.is_in(pc.struct_field(python, "code_id"), value_set=tables["code"]["code_id"].combine_chunks())
-        missing = len(python) - (pc.sum(known).as_py() or 0)
-        if missing:
-            problems.append(f"{missing} Python frames refer to code objects the run does not describe")
+    missing = _frames_missing(
+        stacks["native"], "module", tables["modules"]["module_index"], skip_flag=NATIVE_FRAME_MARKER
+    )
+    if missing:
+        problems.append(f"{missing} native frames refer to modules the run does not describe")
+    missing = _frames_missing(stacks["python"], "code_id", tables["code"]["code_id"])
+    if missing:
+        problems.append(f"{missing} Python frames refer to code objects the run does not describe")
     return problems
+
+
+def _frames_missing(column: pa.ChunkedArray, field: str, described: pa.ChunkedArray, skip_flag: int = 0) -> int:
+    """How many frames of a list<struct> stacks column refer (by `field`) to a row the run does not
+    describe, frames flagged `skip_flag` aside. The distinct references are checked first; only the
+    frames with one the run does not describe (a marker's -1, or damage) are then looked at."""
+    values = pc.list_flatten(column)
+    if not len(values):
+        return 0
+    references = pc.struct_field(values, field)
+    distinct = pc.unique(references)
+    undescribed = distinct.filter(pc.invert(pc.is_in(distinct, value_set=described.combine_chunks())))
+    if not len(undescribed):
+        return 0
+    suspect = pc.is_in(references, value_set=undescribed)
+    if skip_flag:
+        flagged = pc.not_equal(pc.bit_wise_and(pc.struct_field(values, "flags"), pa.scalar(skip_flag, pa.uint32())), 0)
+        suspect = pc.and_(suspect, pc.invert(flagged))
+    return pc.sum(suspect).as_py() or 0
 
 
 def recovered_manifest(run_dir: Path) -> dict[str, Any]:
