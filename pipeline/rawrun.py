@@ -317,7 +317,12 @@ def events_part(path: Path) -> EventsPart:
             raise _fail(path, f"events unreadable ({first_line(error, 300)})") from None
         # The pairs used, by their pair of dictionary indices.
         width = max(len(texts.dictionary), 1)
-        pairs = np.unique(kinds.indices.to_numpy().astype(np.int64) * width + texts.indices.to_numpy())
+        codes = kinds.indices.to_numpy().astype(np.int64) * width + texts.indices.to_numpy()
+        possible = len(kinds.dictionary) * width
+        # Few possible pairs (the usual): counted, rather than sorted or hashed.
+        pairs = (
+            np.flatnonzero(np.bincount(codes, minlength=possible)) if possible <= 4 * len(codes) else np.unique(codes)
+        )
         kind_text, name_text = kinds.dictionary.to_pylist(), texts.dictionary.to_pylist()
         names.update(zip([kind_text[i] for i in pairs // width], [name_text[i] for i in pairs % width]))
     return EventsPart(metadata.num_rows, without_stack, names)
