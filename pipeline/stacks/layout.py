@@ -335,8 +335,10 @@ def _per_index(values: pa.DictionaryArray, per_value: np.ndarray) -> np.ndarray:
     """Each entry's integer from the one computed per dictionary value (-1 for nulls): one gather
     from the per-value integers with a -1 appended, nulls pointing at it."""
     lookup = np.append(np.asarray(per_value, dtype=np.int64), -1)
-    indices = pc.fill_null(values.indices, len(per_value)).to_numpy(zero_copy_only=False)
-    return lookup[indices]
+    indices = values.indices
+    if indices.type.bit_width < 32:  # room for the extra index
+        indices = indices.cast(pa.int32())
+    return lookup[pc.fill_null(indices, len(per_value)).to_numpy(zero_copy_only=False)]
 
 
 def _index_in(values: pa.Array, value_set: pa.Array) -> np.ndarray:
