@@ -402,6 +402,11 @@ def test_frames_of_chosen_stacks_across_a_batch() -> None:
 
     rng = np.random.default_rng(3)
     runs = [_random_raw_tables(rng, count) for count in (30, 1, 45)]
+    # The last run's stacks in three chunks, sliced out of one table (as parts read one by one come):
+    # its frames are gathered chunk by chunk.
+    stacks = runs[2]["stacks"]
+    runs[2]["stacks"] = pa.concat_tables([stacks.slice(0, 10), stacks.slice(10, 20), stacks.slice(30)])
+    assert runs[2]["stacks"]["native"].num_chunks >= 3
     flats = [flatten_run(tables) for tables in runs]
     batch, run_of = concat_flat_runs(flats)
     chosen = rng.permutation(len(batch.raw_ids))[:50]
