@@ -26,10 +26,10 @@ from tbpipe.schemas import raw
 # zstd level 3 keeps the flusher cheap; repeated stack ids and names are
 # dictionary-encoded by Parquet, timestamps delta-encoded.
 _PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 3, "write_page_checksum": True}
-# Events parts at level 1: most of their bytes are attributes that differ in every event, which
-# level 3 compressed no better in twice the time (level 1 came out 0.5% smaller on kernel launches,
-# 9% smaller on torch ops); the flusher writes a part per second. Stacks keep level 3 (a fifth
-# smaller there, for little more time).
+# Parts of timestamped rows (events, GPU graph nodes) at level 1: most of an events part's bytes
+# are attributes that differ in every event, which level 3 compressed no better in twice the time
+# (level 1 came out 0.5% smaller on kernel launches, 9% smaller on torch ops); the flusher writes a
+# part per second. Stacks keep level 3 (a fifth smaller there, for little more time).
 _EVENTS_COMPRESSION_LEVEL = 1
 _EVENTS_ENCODING = {"ts": "DELTA_BINARY_PACKED", "thread_id": "DELTA_BINARY_PACKED"}
 # Attributes are often unique per event (an op's id): a dictionary would only be built to be dropped.
@@ -38,12 +38,13 @@ _NOT_DICTIONARY = {"attrs"}
 
 def parquet_options(column_names: list[str]) -> dict[str, Any]:
     """`pq.write_table`'s options for a part with these columns, as the capture writes every part."""
-    encoding = _EVENTS_ENCODING if "ts" in column_names else None
+    timestamped = "ts" in column_names
+    encoding = _EVENTS_ENCODING if timestamped else None
     return {
         "use_dictionary": [c for c in column_names if c not in _NOT_DICTIONARY and (not encoding or c not in encoding)],
         "column_encoding": encoding,
         **_PARQUET_OPTIONS,
-        **({"compression_level": _EVENTS_COMPRESSION_LEVEL} if encoding else {}),
+        **({"compression_level": _EVENTS_COMPRESSION_LEVEL} if timestamped else {}),
     }
 
 

@@ -85,38 +85,12 @@ def _numpy(column: pa.ChunkedArray | pa.Array, dtype) -> np.ndarray:
     return np.asarray(column.to_numpy(zero_copy_only=False), dtype=dtype)
 
 
-def _lookup(sorted_keys: np.ndarray, order: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """Row (via `order`) of each wanted key in sorted_keys, -1 where absent."""
-    if len(sorted_keys) == 0:
+def _rows_of(keys: np.ndarray, wanted: np.ndarray, dtype) -> np.ndarray:
+    """Row of each wanted key among `keys` (the first row of equal keys; -1 where absent), found by
+    hashing (Arrow's index_in): a binary search per frame cost more than the rest of the selection."""
+    if not len(keys):
         return np.full(len(wanted), -1, dtype=np.int64)
-    pos = np.searchsorted(sorted_keys, wanted)
-    pos_clipped = np.minimum(pos, len(sorted_keys) - 1)
-    found = sorted_keys[pos_clipped] == wanted
-    return np.where(found, order[pos_clipped], -1).astype(np.int64)
-
-
-# Module indices up to this are looked up in a table indexed by them rather than by binary search.
-_DENSE_MODULE_INDEX = 1 << 16
-
-
-def _module_rows(module_index_sorted: np.ndarray, module_order: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """`_lookup` for module indices: a process numbers its modules from 0, so each frame's module
-    row is read from an array indexed by module index (markers' -1 and unknown indices give -1)."""
-    if not len(module_index_sorted) or module_index_sorted[0] < 0 or module_index_sorted[-1] >= _DENSE_MODULE_INDEX:
-        return _lookup(module_index_sorted, module_order, wanted)
-    row_of = np.full(int(module_index_sorted[-1]) + 1, -1, dtype=np.int64)
-    first = np.concatenate([[True], module_index_sorted[1:] != module_index_sorted[:-1]])  # of equal indices
-    row_of[module_index_sorted[first]] = module_order[first]
-    inside = (wanted >= 0) & (wanted < len(row_of))
-    return np.where(inside, row_of[np.where(inside, wanted, 0)], -1)
-
-
-def _code_rows(code_ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """Row of each wanted code id in the distinct ids `code_ids` (-1 absent), found by hashing
-    (Arrow's index_in): a binary search per frame cost more than the rest of the selection."""
-    if not len(code_ids):
-        return np.full(len(wanted), -1, dtype=np.int64)
-    found = pc.index_in(pa.array(wanted, pa.uint64()), value_set=pa.array(code_ids, pa.uint64()))
+    found = pc.index_in(pa.array(wanted, dtype), value_set=pa.array(keys, dtype))
     return np.asarray(pc.fill_null(found, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
@@ -131,8 +105,7 @@ class _RunFrames:
     native: pa.ChunkedArray  # list<NATIVE_FRAME>, one row per row of the run's stacks table
     python: pa.ChunkedArray  # list<PYTHON_FRAME>
     stack_rows: np.ndarray  # int64: row of the stacks table of each distinct stack
-    module_index_sorted: np.ndarray  # int64 module indices, sorted
-    module_order: np.ndarray  # row of `modules` of each sorted index (the first row of equal ones)
+    module_index: np.ndarray  # int64 module index of each row of `modules`
     code_ids: np.ndarray  # uint64 distinct code ids, sorted (row i of `code`)
 
     def select(self, chosen: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -144,10 +117,10 @@ class _RunFrames:
             self.python, rows, (("code_id", np.uint64), ("line", np.int32), ("flags", np.uint32))
         )
         return (
-            _module_rows(self.module_index_sorted, self.module_order, native_module),
+            _rows_of(self.module_index, native_module, pa.int64()),
             native_offset,
             native_flags,
-            _code_rows(self.code_ids, python_code),
+            _rows_of(self.code_ids, python_code, pa.uint64()),
             python_line,
             python_flags,
         )
@@ -288,7 +261,6 @@ def flatten_run(tables: dict[str, pa.Table]) -> FlatRun:
     )
     module_hash = identity.md5_low64(keys.to_pylist())
     module_index = _numpy(raw_modules["module_index"], np.int64)
-    module_order = np.argsort(module_index, kind="stable")
 
     # Code objects: distinct ids, hash over (file, qualname, first line).
     code_table = tables["code"]
@@ -321,8 +293,7 @@ def flatten_run(tables: dict[str, pa.Table]) -> FlatRun:
             native=stacks["native"],
             python=stacks["python"],
             stack_rows=stack_rows,
-            module_index_sorted=module_index[module_order],
-            module_order=module_order,
+            module_index=module_index,
             code_ids=code_ids,
         ),
     )

@@ -94,12 +94,10 @@ class Batch:
 
     def runs_of_new_stacks(self, stack_ids: np.ndarray) -> np.ndarray:
         """The index of the run that brings in each of the given new stacks."""
-        new_sorted = self.new_ids[self.new_order]  # increasing
-        if len(new_sorted) and new_sorted[-1] - new_sorted[0] + 1 == len(new_sorted):
-            position = stack_ids - new_sorted[0]  # numbered one after another (as `_stack_ids` does)
-        else:
-            position = np.searchsorted(new_sorted, stack_ids)
-        return self.run_of_stack[self.new_order][position]
+        # `_stack_ids` numbers a batch's new stacks one after another, in `new_order`: a stack's
+        # place there is its id less the first.
+        first = self.new_ids[self.new_order[0]] if len(self.new_order) else 0
+        return self.run_of_stack[self.new_order][stack_ids - first]
 
     def part_of(self, runs: range) -> RunPart:
         """What the runs `runs` (consecutive indices) insert of the batch's new things: the stacks

@@ -570,8 +570,9 @@ def _numpy_without_huge_pages() -> Iterator[None]:
     layout makes and drops arrays of tens of megabytes one after another; with huge pages the
     kernel zeroes each fresh 2 MB page on first touch, which cost the 10M-event bench's layout
     0.45 s of its 6.4 (`expand` alone: 1.67 s of main-thread CPU against 1.26 s)."""
-    setting = getattr(getattr(getattr(np, "_core", None), "multiarray", None), "_set_madvise_hugepage", None)
-    if setting is None:  # a numpy without the switch
+    try:
+        setting = np._core.multiarray._set_madvise_hugepage
+    except AttributeError:  # a numpy without the switch (before 2.0 it lived elsewhere)
         yield
         return
     before = setting(False)
