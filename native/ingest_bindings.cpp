@@ -1,7 +1,7 @@
 // Bindings of the ingest's native steps: stack hashing (stack_identity.h, `hash_raw_stacks`), distinct
-// rows (distinct_rows.h) and the combined order (combined_order.h), over the buffers of Arrow columns
-// and numpy arrays (views, no copies). Registered into tbpipe._native by
-// bindings.cpp through register_ingest_bindings().
+// rows (distinct_rows.h), the combined order (combined_order.h) and Parquet page headers
+// (parquet_pages.h), over the buffers of Arrow columns and numpy arrays (views, no copies).
+// Registered into tbpipe._native by bindings.cpp through register_ingest_bindings().
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include "buffer_args.h"
 #include "combined_order.h"
 #include "distinct_rows.h"
+#include "parquet_pages.h"
 #include "stack_identity.h"
 
 namespace py = pybind11;
@@ -205,6 +206,19 @@ py::tuple slot_columns_binding(const py::buffer& source, const py::buffer& is_py
                         vector_bytes(columns.inlined), vector_bytes(columns.first_line));
 }
 
+py::tuple parquet_chunk_pages_binding(const py::buffer& data, int64_t start, int64_t end, bool has_dictionary,
+                                      uint32_t encoding_mask) {
+  const py::buffer_info info = integer_buffer(data, 1, "data", false);
+  if (start < 0 || end < start || end > info.size) throw py::value_error("the column chunk lies outside the data");
+  ChunkPages pages;
+  {
+    py::gil_scoped_release unlocked;
+    pages = chunk_pages(static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(start), static_cast<size_t>(end),
+                        has_dictionary, encoding_mask);
+  }
+  return py::make_tuple(vector_bytes(pages.pages), pages.values, pages.problem, pages.problem_at);
+}
+
 }  // namespace
 
 void register_ingest_bindings(py::module_& m) {
@@ -230,6 +244,12 @@ void register_ingest_bindings(py::module_& m) {
         "The columns combined_slots shows of each slot of a combined order, in one pass: bytes of kind (int8), "
         "module row (int64), code row (int64), address (uint64), exact (uint8), line (int32), inlined (uint8), "
         "first line (int32).");
+  m.def("parquet_chunk_pages", &parquet_chunk_pages_binding, py::arg("data"), py::arg("start"), py::arg("end"),
+        py::arg("has_dictionary"), py::arg("encoding_mask"),
+        "The page headers of the Parquet column chunk data[start:end], checked against the footer's word on the "
+        "chunk (a dictionary page first, bit e of encoding_mask per encoding listed): (bytes of int64 (header, "
+        "body, end, crc or -1) per page, values of its data pages, problem ('' when none), offset of the damaged "
+        "page's header).");
 }
 
 }  // namespace tbpipe

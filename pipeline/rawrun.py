@@ -239,9 +239,10 @@ def check_part(path: Path, table: str) -> int:
     return _footer(path, table).num_rows
 
 
-def _footer(path: Path, table: str) -> pq.FileMetaData:
+def _footer(path: Path, table: str, data: bytes | None = None) -> pq.FileMetaData:
+    """The part's footer, its schema checked; from `data` (the file's bytes) when given."""
     try:
-        metadata = pq.read_metadata(path)
+        metadata = pq.read_metadata(path if data is None else pa.BufferReader(data))
         schema = metadata.schema.to_arrow_schema()
     except (OSError, pa.ArrowException, ValueError) as error:
         raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
@@ -254,8 +255,10 @@ def _read_part(path: Path, table: str) -> pa.Table:
         # The capture writes page checksums: a flipped bit in an uncompressed
         # page (delta-encoded timestamps) is caught here, not loaded silently.
         # One file: ParquetFile reads it without the dataset discovery of `pq.read_table` (~1 ms a part).
+        # Decoded on the calling thread: the ingest reads several runs at once on threads of its own,
+        # and handing a small part's columns to Arrow's pool cost more than it saved.
         with pq.ParquetFile(path, page_checksum_verification=True) as parquet:
-            part = parquet.read()
+            part = parquet.read(use_threads=False)
     except (OSError, pa.ArrowException, ValueError) as error:
         raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
     _check_schema(path, table, part.schema)
@@ -271,12 +274,13 @@ def verify_part(path: Path, table: str) -> int:
 
 def _verified(path: Path, table: str) -> tuple[bytes, pq.FileMetaData]:
     """A part's bytes and footer, its footer and page checksums checked (see `verify_part`)."""
-    metadata = _footer(path, table)
     try:
-        data = path.read_bytes()
-        checked = verify_page_checksums(data, metadata)
+        data = path.read_bytes()  # once: the footer and the pages are read from these bytes
     except OSError as error:
         raise _fail(path, f"unreadable ({first_line(error, 300)})") from None
+    metadata = _footer(path, table, data)
+    try:
+        checked = verify_page_checksums(data, metadata)
     except PageDamage as damage:
         raise _fail(path, f"unreadable Parquet ({damage})") from None
     if not checked:
@@ -300,10 +304,10 @@ def events_part(path: Path) -> EventsPart:
     data, metadata = _verified(path, "events")
     try:
         with pq.ParquetFile(pa.BufferReader(data), metadata=metadata, read_dictionary=["kind", "name"]) as parquet:
-            batches = parquet.read(columns=["kind", "name"]).to_batches()
+            batches = parquet.read(columns=["kind", "name"], use_threads=False).to_batches()
             without_stack = _null_count(metadata, "stack_id")
             if without_stack is None:
-                without_stack = parquet.read(columns=["stack_id"]).column(0).null_count
+                without_stack = parquet.read(columns=["stack_id"], use_threads=False).column(0).null_count
     except (OSError, pa.ArrowException, ValueError) as error:
         raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
     names: set[tuple[str, str]] = set()
@@ -376,21 +380,32 @@ def part_files(run_dir: Path, manifest: dict[str, Any]) -> dict[str, list[Path]]
     """Per table, the part files to read: those listed (which must exist) and any written after
     the last manifest update (a killed process leaves whole files behind)."""
     listed = manifest.get("files") or {}
+    # The folder listed once (a glob per table cost a small run a millisecond): `TABLE-*.parquet`.
+    try:
+        present = {entry.name: entry.is_file() for entry in os.scandir(run_dir)}
+    except OSError as error:
+        raise _fail(run_dir, f"unreadable: {error.strerror or error}") from None
+    written: dict[str, set[str]] = {table: set() for table in RUN_TABLES}
+    for name in present:
+        table, dash, _rest = name.partition("-")
+        if dash and table in written and name.endswith(".parquet") and len(name) >= len(table) + 9:
+            written[table].add(name)
     out = {}
     for table in RUN_TABLES:
         names = set(listed.get(table, []))
-        missing = sorted(n for n in names if not (run_dir / n).is_file())
+        missing = sorted(n for n in names if not present.get(n, False))
         if missing:
             raise _fail(run_dir, f"files listed in the manifest are missing: {', '.join(missing)}")
-        names.update(p.name for p in run_dir.glob(f"{table}-*.parquet"))
+        names.update(written[table])
         out[table] = [run_dir / n for n in sorted(names)]
     return out
 
 
-def parts_fingerprint(run_dir: Path, manifest: dict[str, Any]) -> str:
-    """Changes whenever the run's files or completeness change (an incomplete run still growing)."""
+def parts_fingerprint(run_dir: Path, manifest: dict[str, Any], files: dict[str, list[Path]] | None = None) -> str:
+    """Changes whenever the run's files or completeness change (an incomplete run still growing).
+    `files`: the run's `part_files`, when the caller has them already."""
     entries = [f"complete={bool(manifest.get('complete'))}"]
-    for _table, paths in part_files(run_dir, manifest).items():
+    for _table, paths in (files if files is not None else part_files(run_dir, manifest)).items():
         for path in paths:
             try:
                 entries.append(f"{path.name}:{path.stat().st_size}")

@@ -19,7 +19,7 @@ import pytest
 from tbpipe import _native
 from tbpipe.pipeline.stacks import identity, layout, order, render
 from tbpipe.pipeline.symbols.model import SymbolizedFrame
-from tbpipe.pipeline.symbols.modulekey import KeyKind, ModuleKey, module_key_column
+from tbpipe.pipeline.symbols.modulekey import KeyKind, ModuleKey, _key_column, module_key_column
 from tbpipe.schemas import raw
 
 E = raw.NATIVE_FRAME_EVAL_LOOP
@@ -263,7 +263,12 @@ def test_module_key_one_encoding(build_id, path, kind, encoded) -> None:
 def test_module_key_column_is_the_scalar_encoding() -> None:
     build_ids = pa.array([case[0] for case in KEY_CASES], pa.string())
     paths = pa.array([case[1] for case in KEY_CASES], pa.string())
-    assert module_key_column(build_ids, paths).to_pylist() == [case[3] for case in KEY_CASES]
+    expected = [case[3] for case in KEY_CASES]
+    assert _key_column(build_ids, paths).to_pylist() == expected  # the column operations
+    assert module_key_column(build_ids, paths).to_pylist() == expected
+    # Again, now from the keys it remembers, and in another order.
+    order = pa.array(list(reversed(range(len(KEY_CASES)))))
+    assert module_key_column(build_ids.take(order), paths.take(order)).to_pylist() == expected[::-1]
 
 
 # ------------------------------------------------------------------------------------------ stack hashes

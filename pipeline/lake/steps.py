@@ -143,7 +143,8 @@ def prepare_run(
                 raise
             manifest = recovered_manifest(run_dir)
             notes.append("manifest.json was missing: recovered from the run's parts (no labels, argv or versions)")
-        fingerprint = parts_fingerprint(run_dir, manifest)
+        files = part_files(run_dir, manifest)
+        fingerprint = parts_fingerprint(run_dir, manifest, files)
     except DamagedRunError as error:
         return PreparedRun(_run_row(run_dir, "quarantined", reason=str(error)))
     run_id = manifest["run_id"]
@@ -152,7 +153,6 @@ def prepare_run(
     if existing is not None and (existing[0] or existing[1] == fingerprint):
         return PreparedRun(_run_row(run_dir, "present", run_id=run_id, run_number=number, complete=bool(existing[0])))
     try:
-        files = part_files(run_dir, manifest)
         event_files = [(path, verify_part(path, "events")) for path in files["events"]]
         gpu_parts = sum(verify_part(path, table) >= 0 for table in GPU_TABLES for path in files[table])
         tables = read_tables(files, STACK_PARTS)

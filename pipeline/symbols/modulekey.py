@@ -79,9 +79,33 @@ class ModuleKey:
         return "" if self.kind is KeyKind.PATH else self.value
 
 
+# Keys already computed, by (build-ID, path): a night's runs load the same modules, and the column
+# operations cost a run of 66 modules 1.4 ms where looking its pairs up costs 0.05.
+_KEY_MEMO: dict[tuple[str | None, str | None], str] = {}
+_KEY_MEMO_LIMIT = 1 << 16
+_MEMO_ROWS = 4096  # longer columns go straight to the column operations
+
+
 def module_key_column(build_id: pa.Array, path: pa.Array) -> pa.Array:
     """`str(ModuleKey.of(b, p))` for every row of two string columns."""
-    import pyarrow.compute as pc  # here: the symbolizer's start-up path imports this module, not pyarrow
+    import pyarrow as pa  # here: the symbolizer's start-up path imports this module, not pyarrow
+
+    if len(build_id) > _MEMO_ROWS:
+        return _key_column(build_id, path)
+    pairs = list(zip(build_id.to_pylist(), path.to_pylist()))
+    memo = _KEY_MEMO
+    try:
+        return pa.array([memo[pair] for pair in pairs], pa.string())
+    except KeyError:
+        pass
+    keys = _key_column(build_id, path)
+    if len(memo) < _KEY_MEMO_LIMIT:
+        memo.update(zip(pairs, keys.to_pylist()))
+    return keys
+
+
+def _key_column(build_id: pa.Array, path: pa.Array) -> pa.Array:
+    import pyarrow.compute as pc
 
     lowered = pc.utf8_lower(pc.utf8_trim_whitespace(build_id))
     lowered = pc.if_else(pc.starts_with(lowered, "0x"), pc.utf8_slice_codeunits(lowered, 2), lowered)

@@ -224,7 +224,8 @@ class RunLoader:
                     raise
                 manifest = recovered_manifest(run_dir)
                 notes.append("manifest.json was missing: recovered from the run's parts (no labels, argv or versions)")
-            fingerprint = parts_fingerprint(run_dir, manifest)
+            files = part_files(run_dir, manifest)
+            fingerprint = parts_fingerprint(run_dir, manifest, files)
         except DamagedRunError as error:
             return RunOutcome(run_dir, "quarantined", reason=str(error))
         run_id = manifest["run_id"]
@@ -232,7 +233,6 @@ class RunLoader:
         if present is not None:
             return present
         try:
-            files = part_files(run_dir, manifest)
             gpu_files = {table: [p for p in files[table] if verify_part(p, table) >= 0] for table in run_gpu.GPU_TABLES}
             tables = read_tables(files, ("stacks", "modules", "code", "code_origins"))
             notes += reference_problems(tables)
