@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tbpipe import capture
+from tbpipe import _native, capture
 from tbpipe.pipeline.parquet_pages import PageDamage, page_spans, verify_page_checksums
 from tbpipe.pipeline.rawrun import DamagedRunError, events_part, verify_part
 
@@ -172,3 +172,24 @@ def test_events_part_counts_the_events_without_a_stack(captured_events: Path, tm
     (nulls,) = duckdb.execute("SELECT count(*) FROM read_parquet(?) WHERE stack_id IS NULL", [str(path)]).fetchone()
     assert nulls == 200 and pq.read_metadata(path).num_row_groups == 5
     assert events_part(path).without_stack == nulls
+
+
+def test_the_native_parser_stays_inside_its_chunk() -> None:
+    """The extension's header parser reads only data[start:end]: a chunk outside the bytes is refused
+    before any read, and a header cut short is damage at its offset, not a read past the chunk."""
+    table = pa.table({"x": pa.array(range(100), pa.int64())})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, write_page_checksum=True)
+    data = sink.getvalue().to_pybytes()
+    metadata = pq.read_metadata(pa.BufferReader(data))
+    first = next(page_spans(data, metadata))
+    with pytest.raises(ValueError, match="outside the data"):
+        _native.parquet_chunk_pages(data, first.header, len(data) + 1, True, 0xFFFF)
+    with pytest.raises(ValueError, match="outside the data"):
+        _native.parquet_chunk_pages(data, -1, first.body, True, 0xFFFF)
+    # The chunk ends two bytes into the first header.
+    pages, values, problem, at = _native.parquet_chunk_pages(data, first.header, first.header + 2, True, 0xFFFF)
+    assert (pages, values, problem, at) == (b"", 0, "a page header runs past its column chunk", first.header)
+    # The whole header but not its page.
+    pages, _values, problem, at = _native.parquet_chunk_pages(data, first.header, first.body + 1, True, 0xFFFF)
+    assert pages == b"" and problem == "a page header runs past its column chunk" and at == first.header
