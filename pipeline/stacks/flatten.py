@@ -132,6 +132,8 @@ def _list_frames(
     """The named fields of the frames of list rows `rows` (in the order given), laid end to end:
     gathered from each chunk's offsets and struct children read in place, not by taking the nested
     rows (which copies every child) and flattening them."""
+    names = tuple(name for name, _dtype in fields)
+    dtypes = tuple(dtype for _name, dtype in fields)
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
     bounds = np.cumsum([0, *(len(chunk) for chunk in chunks)])
     chunk_of = np.searchsorted(bounds, rows, side="right") - 1
@@ -140,18 +142,16 @@ def _list_frames(
     children = []
     for index, chunk in enumerate(chunks):
         mine = np.flatnonzero(chunk_of == index)
-        offsets = np.asarray(chunk.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+        offsets, *columns = _list_parts(chunk, names, dtypes)
         local = rows[mine] - bounds[index]
         starts[mine] = offsets[local]
         lengths[mine] = offsets[local + 1] - offsets[local]
-        children.append([_numpy(pc.struct_field(chunk.values, name), dtype) for name, dtype in fields])
-    total = int(lengths.sum())
-    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    source = np.repeat(starts, lengths) + within
+        children.append(columns)
+    source = _spans(starts, lengths)
     if len(children) == 1:
         return tuple(child[source] for child in children[0])
     frame_chunk = np.repeat(chunk_of, lengths)
-    out = [np.empty(total, dtype=dtype) for _name, dtype in fields]
+    out = [np.empty(len(source), dtype=dtype) for dtype in dtypes]
     for index, columns in enumerate(children):
         mine = np.flatnonzero(frame_chunk == index)
         for target, child in zip(out, columns):
@@ -197,9 +197,13 @@ def _frames_of(lengths: np.ndarray, chosen: np.ndarray) -> np.ndarray:
     """Positions, in frame arrays laid end to end by `lengths`, of the frames of lists `chosen` (in that order)."""
     lengths = lengths.astype(np.int64)
     starts = np.cumsum(lengths) - lengths
-    picked = lengths[chosen]
-    within = np.arange(int(picked.sum()), dtype=np.int64) - np.repeat(np.cumsum(picked) - picked, picked)
-    return np.repeat(starts[chosen], picked) + within
+    return _spans(starts[chosen], lengths[chosen])
+
+
+def _spans(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The positions start, start + 1, ... of each span (int64 starts and lengths), one span after another."""
+    within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.repeat(starts, lengths) + within
 
 
 def _list_parts(chunk: pa.Array, fields: tuple[str, ...], dtypes: tuple) -> tuple[np.ndarray, ...]:

@@ -60,6 +60,8 @@ class SymbolLoader:
 
     def symbols_for(self, slots: layout.Slots) -> tuple[pa.Table, pa.Table | None, pa.Table | None]:
         """(every `symbols` row the slots need, the new ones among them, `modules` rows of the modules symbolized)."""
+        # Each (module key, address, exact) once, of a module the run describes: the SQL below needs
+        # no grouping of its own.
         rows = layout.distinct_native_slots(slots)
         keys = pa.table(
             {
@@ -75,12 +77,8 @@ class SymbolLoader:
             wanted = query_arrow(
                 con,
                 """
-                WITH needed AS (
-                    SELECT module_key, address, exact, any_value(module) AS module
-                    FROM ingest_keys WHERE module_key IS NOT NULL
-                    GROUP BY module_key, address, exact
-                ), fresh AS (
-                    SELECT n.* FROM needed n
+                WITH fresh AS (
+                    SELECT n.* FROM ingest_keys n
                     ANTI JOIN (SELECT module_key, address, exact FROM symbols WHERE depth = 0) s
                         ON s.module_key = n.module_key AND s.address = n.address AND s.exact = n.exact
                 )
@@ -101,7 +99,7 @@ class SymbolLoader:
                 con,
                 """
                 SELECT s.* FROM symbols s
-                SEMI JOIN (SELECT DISTINCT module_key, address, exact FROM ingest_keys WHERE module_key IS NOT NULL) k
+                SEMI JOIN ingest_keys k
                     ON s.module_key = k.module_key AND s.address = k.address AND s.exact = k.exact
                 """,
             ).select(SYMBOLS_COLUMNS)
