@@ -8,10 +8,11 @@ launching thread with its combined stack, the GIL not taken. One launch is one
 event: a driver launch made inside a runtime launch is not recorded twice.
 
 Event: kind `kernel_launch`, name = the kernel's symbol as CUPTI reports it
-(mangled C++; demangled at ingest), attributes api, cbid, correlation_id (the
-id CUPTI activity records and torch.profiler traces carry), grid, block,
-shared_mem, stream, stream_id, device, context, and for driver launches
-function (the CUfunction, equal to a Triton launch's `function`).
+(mangled C++; demangled at ingest), its correlation_id (the id CUPTI activity
+records and torch.profiler traces carry) in the events' column of that name,
+attributes api, cbid, grid, block, shared_mem, stream, stream_id, device,
+context, and for driver launches function (the CUfunction, equal to a Triton
+launch's `function`).
 
 CUDA graphs: cudaGraphLaunch/cuGraphLaunch is one `graph_launch` event (name =
 the API, attribute graph_exec), sited where the graph is replayed.
@@ -22,7 +23,7 @@ on request synchronizations -- into the run's `gpu_activity` parts: GPU start
 and end, device, context, stream, grid, block, registers, shared memory, and
 for a node of a replayed graph its graph and node ids. Each record carries the
 correlation id of the API call that caused it, which the launch event carries
-as its `correlation_id` attribute: the ingest joins them, so every kernel's
+in its `correlation_id` column: the ingest joins them, so every kernel's
 GPU time lands on the call site that launched it. Copies and sets become
 `memcpy` / `memset` events (name = the API) for the same reason. The kernels
 of a replayed graph carry the graph launch's correlation id (its replay site)

@@ -75,6 +75,7 @@ py::dict drain() {
   out["stack_id"] = as_bytes(drained.stack_id);
   out["kind_id"] = as_bytes(drained.kind_id);
   out["name_id"] = as_bytes(drained.name_id);
+  out["correlation_id"] = as_bytes(drained.correlation_id);
   out["attr_text"] = py::bytes(drained.attr_text);
   out["attr_offsets"] = as_bytes(drained.attr_offsets);
   py::list objects;

@@ -353,7 +353,6 @@ void record_launch(const LaunchCallback& launch, const abi::CallbackData& data) 
   JsonAttrs attrs;
   attrs.field_string("api", launch.api);
   attrs.field_uint("cbid", launch.cbid);
-  attrs.field_uint("correlation_id", data.correlation_id);
   void* function = add_launch_config(attrs, launch, data);
   add_device(attrs, data.context);
   attrs.field_uint("context", data.context_uid);
@@ -368,7 +367,8 @@ void record_launch(const LaunchCallback& launch, const abi::CallbackData& data) 
   UnwindOptions options;
   options.skip_own_module = true;  // this callback; libcupti and libcuda frames stay, they are real
   options.skip_until_eval = false;
-  if (Recorder::instance().record_native(event_kind_id(launch.layout), name_id, attrs_text, attrs_size, options)) {
+  if (Recorder::instance().record_native(event_kind_id(launch.layout), name_id, attrs_text, attrs_size, options,
+                                         data.correlation_id)) {
     (transfer ? g_transfers : graph ? g_graph_launches : g_kernel_launches).fetch_add(1, std::memory_order_relaxed);
   } else {
     g_not_recorded.fetch_add(1, std::memory_order_relaxed);

@@ -420,8 +420,8 @@ bool Recorder::record(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const
 }
 
 bool Recorder::record_native(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
-                             const UnwindOptions& options) {
-  return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options, nullptr, false);
+                             const UnwindOptions& options, uint32_t correlation_id) {
+  return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options, nullptr, false, correlation_id);
 }
 
 bool Recorder::record_native_scoped(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
@@ -453,7 +453,8 @@ bool Recorder::sample(ThreadBuffer* buffer) {
 bool Recorder::sample_next() { return sample(this_thread_buffer()); }
 
 bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json,
-                            size_t attrs_json_size, const UnwindOptions& options, const void* scope, bool sampled) {
+                            size_t attrs_json_size, const UnwindOptions& options, const void* scope, bool sampled,
+                            uint32_t correlation_id) {
   ThreadBuffer* buffer = this_thread_buffer();
   if (!sampled && !sample(buffer)) {
     Py_XDECREF(attrs);
@@ -542,7 +543,7 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
     data.attr_text.append(attrs_json, attrs_json_size);
     data.attrs.push_back(BufferData::Attr{nullptr, begin, static_cast<uint32_t>(data.attr_text.size())});
   }
-  data.events.push_back(EventRecord{ts, stack_id, kind_id, name_id, attrs_index, 0});
+  data.events.push_back(EventRecord{ts, stack_id, kind_id, name_id, attrs_index, correlation_id});
   buffer->recorded.store(buffer->recorded.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   return true;
 }
@@ -568,6 +569,7 @@ void Recorder::drain(Drained* out) {
     grow_to(out->stack_id, events);
     grow_to(out->kind_id, events);
     grow_to(out->name_id, events);
+    grow_to(out->correlation_id, events);
     grow_to(out->attr_offsets, events + 1);
     for (const EventRecord& event : data.events) {
       out->ts_ns.push_back(event.ts_ns);
@@ -575,6 +577,7 @@ void Recorder::drain(Drained* out) {
       out->stack_id.push_back(event.stack_id);
       out->kind_id.push_back(event.kind_id);
       out->name_id.push_back(event.name_id);
+      out->correlation_id.push_back(event.correlation_id);
       if (event.attrs_index >= 0) {
         const BufferData::Attr& attr = data.attrs[static_cast<size_t>(event.attrs_index)];
         if (attr.object != nullptr) {

@@ -21,12 +21,12 @@
 namespace tbpipe {
 
 struct EventRecord {
-  int64_t ts_ns;        // CLOCK_REALTIME, nanoseconds
-  uint64_t stack_id;    // hash_stack(), 0 when no stack was taken
-  uint32_t kind_id;     // StringTable id
-  uint32_t name_id;     // StringTable id
-  int32_t attrs_index;  // index into the buffer's attribute list, -1 when none
-  uint32_t reserved;
+  int64_t ts_ns;            // CLOCK_REALTIME, nanoseconds
+  uint64_t stack_id;        // hash_stack(), 0 when no stack was taken
+  uint32_t kind_id;         // StringTable id
+  uint32_t name_id;         // StringTable id
+  int32_t attrs_index;      // index into the buffer's attribute list, -1 when none
+  uint32_t correlation_id;  // CUPTI's, of a CUDA API call; 0 for other events
 };
 
 // Everything drained from all threads, in columnar form for Arrow.
@@ -35,6 +35,7 @@ struct Drained {
   std::vector<int64_t> ts_ns, thread_id;
   std::vector<uint64_t> stack_id;
   std::vector<uint32_t> kind_id, name_id;
+  std::vector<uint32_t> correlation_id;  // 0 = none
   // Attributes as Arrow lays out a string column: event i's JSON text is
   // attr_text[attr_offsets[i]:attr_offsets[i + 1]], empty when it has none or
   // when it has a dict (record() from Python), listed in attr_objects as
@@ -95,9 +96,10 @@ class Recorder {
   // null) that the buffer takes over. Returns false when dropped.
   bool record(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const UnwindOptions& options);
   // The same for native event sources, with or without the GIL: attributes
-  // come as a JSON object's text (or null / size 0 for none).
+  // come as a JSON object's text (or null / size 0 for none). A CUDA API call's
+  // correlation id goes in its own column (0: none), not in the JSON.
   bool record_native(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
-                     const UnwindOptions& options);
+                     const UnwindOptions& options, uint32_t correlation_id = 0);
   // record_native for an event that opens a scope on the calling thread (an op that starts and will
   // end on it): `scope` is an address in a stack frame of this thread that lives until
   // end_scope(scope), such as the op's RecordFunction. Until then, events of this thread that
@@ -128,7 +130,7 @@ class Recorder {
   Recorder();
   ThreadBuffer* this_thread_buffer();
   bool record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json, size_t attrs_json_size,
-                    const UnwindOptions& options, const void* scope, bool sampled);
+                    const UnwindOptions& options, const void* scope, bool sampled, uint32_t correlation_id = 0);
   bool sample(ThreadBuffer* buffer);
   bool insert_seen(uint64_t stack_id);
 

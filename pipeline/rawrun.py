@@ -35,6 +35,7 @@ from tbpipe.schemas import (
     TABLE_SINCE,
     VERSION_KEY,
     readable_raw_schema_version,
+    table_schema,
 )
 from tbpipe.schemas.raw import NATIVE_FRAME_MARKER
 
@@ -228,7 +229,7 @@ def _check_schema(path: Path, table: str, schema: pa.Schema) -> None:
             f"expected table {table!r} schema version {readable}, file says "
             f"{_decoded(metadata.get(SCHEMA_KEY))} version {_decoded(metadata.get(VERSION_KEY))}",
         )
-    expected = RUN_TABLES[table]()
+    expected = table_schema(table, version)
     if not schema.remove_metadata().equals(expected.remove_metadata()):
         raise _fail(path, f"columns do not match the {table!r} schema: {_schema_difference(schema, expected)}")
 
@@ -302,6 +303,8 @@ class EventsPart(NamedTuple):
     rows: int
     without_stack: int  # events that took no stack (a NULL stack id)
     names: set[tuple[str, str]]  # the distinct (kind, name) pairs
+    # The part has the `correlation_id` column (raw schema 3 on); older parts keep the id in `attrs`.
+    correlation_column: bool = True
 
 
 def events_part(path: Path) -> EventsPart:
@@ -338,7 +341,8 @@ def events_part(path: Path) -> EventsPart:
         )
         kind_text, name_text = kinds.dictionary.to_pylist(), texts.dictionary.to_pylist()
         names.update(zip([kind_text[i] for i in pairs // width], [name_text[i] for i in pairs % width]))
-    return EventsPart(metadata.num_rows, without_stack, names)
+    correlation_column = "correlation_id" in metadata.schema.names
+    return EventsPart(metadata.num_rows, without_stack, names, correlation_column)
 
 
 def dangling_events_note(count: int) -> str:
@@ -365,9 +369,17 @@ def read_tables(files: dict[str, list[Path]], names: tuple[str, ...]) -> dict[st
     """The named tables of a run, each its parts concatenated (an empty table when it has none)."""
     tables = {}
     for table in names:
-        parts = [_read_part(path, table) for path in files[table]]
+        parts = [_in_current_columns(_read_part(path, table), table) for path in files[table]]
         tables[table] = pa.concat_tables(parts) if parts else RUN_TABLES[table]().empty_table()
     return tables
+
+
+def _in_current_columns(part: pa.Table, table: str) -> pa.Table:
+    """A part of an older raw schema version with the columns added since, as nulls."""
+    schema = RUN_TABLES[table]()
+    for name in schema.names[part.num_columns :]:
+        part = part.append_column(schema.field(name), pa.nulls(part.num_rows, schema.field(name).type))
+    return part
 
 
 def _decoded(value: bytes | None) -> str:

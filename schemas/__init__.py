@@ -5,6 +5,7 @@ people who read the files with other tools.
 """
 
 from tbpipe.schemas.raw import (
+    COLUMN_SINCE,
     FORMAT_NAME,
     MANIFEST_FILE,
     OLDEST_READABLE_RAW_SCHEMA_VERSION,
@@ -22,6 +23,7 @@ from tbpipe.schemas.raw import (
     readable_raw_schema_version,
     stacks_schema,
     table_file_name,
+    table_schema,
 )
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "MANIFEST_FILE",
     "OLDEST_READABLE_RAW_SCHEMA_VERSION",
     "RAW_SCHEMA_VERSION",
+    "COLUMN_SINCE",
     "RUN_TABLES",
     "SCHEMA_KEY",
     "TABLE_SINCE",
@@ -42,4 +45,5 @@ __all__ = [
     "readable_raw_schema_version",
     "stacks_schema",
     "table_file_name",
+    "table_schema",
 ]

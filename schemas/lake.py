@@ -213,7 +213,8 @@ TABLES: dict[str, LakeTable] = {
                 ("thread_id", pa.int64()),
                 ("name_id", pa.int64()),
                 ("stack_id", pa.int64()),
-                ("attrs", pa.string()),  # JSON
+                # JSON, a CUDA call's correlation id included (the DuckDB file keeps that in a column)
+                ("attrs", pa.string()),
             ],
             partitioned=True,
             doc="every recorded event",

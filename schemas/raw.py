@@ -1,4 +1,4 @@
-"""Arrow schemas of a raw run directory, version 2, and the constants its columns use.
+"""Arrow schemas of a raw run directory, version 3, and the constants its columns use.
 
 The frame and stack flags and stop reasons are defined here once; the extension (`tbpipe._native`)
 exports the same names from its C++ enums, and the tests hold each pair equal.
@@ -11,9 +11,10 @@ Each file's key-value metadata names its table and the schema version.
 
 Versions: a reader of this module reads every version from
 OLDEST_READABLE_RAW_SCHEMA_VERSION to RAW_SCHEMA_VERSION. A later version only adds
-optional tables (`TABLE_SINCE` says from which version a table may appear); the
-tables of version 1 keep their columns, so a run of any readable version is
-read with the schemas below, and a table a run does not have is empty.
+optional tables (`TABLE_SINCE` says from which version a table may appear) and
+nullable columns at the end of a table (`COLUMN_SINCE`); a part of an older version
+has the schema `table_schema(table, version)` gives, a table a run does not have is
+empty.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ FORMAT_NAME = "tbpipe-raw"
 # The version this tbpipe writes. Readers accept every version from OLDEST_READABLE_RAW_SCHEMA_VERSION
 # up to it (`readable_raw_schema_version`); a table added by a version is optional in runs of it and
 # absent from older runs (TABLE_SINCE).
-RAW_SCHEMA_VERSION = 2
+RAW_SCHEMA_VERSION = 3
 OLDEST_READABLE_RAW_SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 SCHEMA_KEY = b"tbpipe.table"
@@ -49,6 +50,10 @@ def events_schema() -> pa.Schema:
             pa.field("name", pa.string(), nullable=False),
             pa.field("stack_id", pa.uint64()),  # stacks.stack_id; null when no stack was taken
             pa.field("attrs", pa.string()),  # JSON object, null when none
+            # (version 3) CUDA API calls (kernel_launch, graph_launch, memcpy, memset): CUPTI's correlation
+            # id, the key of the GPU activity the call caused; null for other events. It differs in every
+            # event: inside `attrs` it made a third of an events part's bytes, as a column it delta-packs.
+            pa.field("correlation_id", pa.uint32()),
         ],
     )
 
@@ -260,6 +265,20 @@ TABLE_SINCE = {
     "gpu_activity": 2,
     "gpu_graph_nodes": 2,
 }
+
+
+# Columns added by a later raw schema version (appended, nullable), by (table, column): parts of
+# older versions lack them, and readers take them as null.
+COLUMN_SINCE = {("events", "correlation_id"): 3}
+
+
+def table_schema(table: str, version: int = RAW_SCHEMA_VERSION) -> pa.Schema:
+    """The columns of `table` in parts of raw schema `version` (without the ones added after it)."""
+    schema = RUN_TABLES[table]()
+    later = [i for i, name in enumerate(schema.names) if COLUMN_SINCE.get((table, name), 0) > version]
+    for index in reversed(later):
+        schema = schema.remove(index)
+    return schema
 
 
 def readable_raw_schema_version(version: object) -> bool:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support.runs import read_runs
+from support.runs import read_runs, rewrite_as_raw_version
 from support.synthetic import write_part
 
 from tbpipe import capture
@@ -205,24 +205,12 @@ def test_sites_of_generated_stacks_equal_the_sql_definition(generated, tmp_path)
 # ------------------------------------------------------------------------------------------ raw versions
 
 
-def _as_version_1(run_dir: Path) -> None:
-    """Rewrites a run as tbpipe wrote it before raw schema version 2."""
-    for part in run_dir.glob("*.parquet"):
-        table = pq.read_table(part)
-        metadata = dict(table.schema.metadata)
-        metadata[raw.VERSION_KEY] = b"1"
-        pq.write_table(table.replace_schema_metadata(metadata), part, compression="zstd")
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    manifest["schema_version"] = 1
-    (run_dir / "manifest.json").write_text(json.dumps(manifest))
-
-
 def test_a_run_of_raw_schema_version_1_still_loads(tmp_path, symbol_cache) -> None:
     with capture.session(tmp_path / "runs"):
         capture.record("user", "step", n=1)
     (run,) = read_runs(tmp_path / "runs")
-    assert run.manifest["schema_version"] == raw.RAW_SCHEMA_VERSION == 2
-    _as_version_1(run.path)
+    assert run.manifest["schema_version"] == raw.RAW_SCHEMA_VERSION == 3
+    rewrite_as_raw_version(run.path, 1)
     summary = ingest_runs(
         [tmp_path / "runs"], IngestOptions(db_path=tmp_path / "v1.duckdb", cache_dir=symbol_cache, progress=False)
     )
@@ -239,7 +227,8 @@ def test_a_part_older_than_its_table_is_damaged(tmp_path) -> None:
     metadata[raw.VERSION_KEY] = b"1"  # code_origins came with version 2
     pq.write_table(table.replace_schema_metadata(metadata), run.path / raw.table_file_name("code_origins", 7))
     with pytest.raises(
-        DamagedRunError, match="expected table 'code_origins' schema version 2, file says 'code_origins' version '1'"
+        DamagedRunError,
+        match="expected table 'code_origins' schema version 2 to 3, file says 'code_origins' version '1'",
     ):
         read_runs(tmp_path / "runs")
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from conftest import TBPIPE, run_python
 from support.cupti_double import PRELUDE, build_double
-from support.runs import read_run, read_runs
+from support.runs import read_run, read_runs, rewrite_as_raw_version
 
+from tbpipe.pipeline.db import IngestOptions, ingest_runs, open_database
 from tbpipe.schemas import raw
 
 
@@ -203,7 +203,7 @@ def test_activity_records_are_written_with_their_fields(workload) -> None:
 
     # GPU times are on the events' clock (the double's is CLOCK_MONOTONIC): near the launch.
     events = as_int_times(run.tables["events"])
-    launch_ts = {json.loads(e["attrs"])["correlation_id"]: e["ts"] for e in events if e["attrs"]}
+    launch_ts = {e["correlation_id"]: e["ts"] for e in events if e["correlation_id"] is not None}
     assert abs(gemm["gpu_start"] - launch_ts[100]) < 2_000_000_000
 
     nodes = as_int_times(run.tables["gpu_graph_nodes"])
@@ -218,7 +218,7 @@ def test_copies_and_sets_are_events_of_their_own(workload) -> None:
     _result, run, _con = workload
     events = as_int_times(run.tables["events"])
     transfers = [
-        (e["kind"], e["name"], json.loads(e["attrs"])["correlation_id"])
+        (e["kind"], e["name"], e["correlation_id"])
         for e in events
         if e["kind"] != "kernel_launch" and e["kind"] != "graph_launch"
     ]
@@ -461,27 +461,66 @@ def test_a_killed_process_keeps_the_gpu_activity_of_its_flushes(double_library: 
 # ------------------------------------------------------------------------------- older and newer runs
 
 
-def _set_part_version(path: Path, version: int) -> None:
-    table = pq.read_table(path)
-    metadata = dict(table.schema.metadata)
-    metadata[raw.VERSION_KEY] = str(version).encode()
-    pq.write_table(table.replace_schema_metadata(metadata), path, compression="zstd")
-
-
 def _copy_run(source: Path, target_root: Path, run_id: str, version: int, *, keep_gpu: bool) -> Path:
     target = target_root / run_id
     shutil.copytree(source, target)
     manifest = json.loads((target / "manifest.json").read_text())
     manifest["run_id"] = run_id
-    manifest["schema_version"] = version
     for part in sorted(target.glob("*.parquet")):
         if part.name.startswith("gpu_") and not keep_gpu:
             part.unlink()
             manifest["files"].pop(part.name.rsplit("-", 1)[0], None)
-            continue
-        _set_part_version(part, version)
     (target / "manifest.json").write_text(json.dumps(manifest))
+    rewrite_as_raw_version(target, version)
     return target
+
+
+def test_a_database_of_schema_9_gets_the_correlation_ids_out_of_the_attributes(workload, tmp_path: Path) -> None:
+    _result, _run, con = workload
+    query = "SELECT event_id, kind, attrs::VARCHAR, correlation_id FROM events ORDER BY event_id"
+    before = con.execute(query).fetchall()
+    assert sum(1 for *_rest, correlation in before if correlation is not None) >= 5
+    ((source,),) = con.execute(
+        "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+    ).fetchall()
+    old = tmp_path / "schema9.duckdb"
+    shutil.copy(source, old)
+    # As schema 9 held the events: the correlation id inside the attributes, no column for it.
+    downgrade = duckdb.connect(str(old))
+    try:
+        for statement in (
+            "CREATE TABLE events_9 AS SELECT * EXCLUDE (correlation_id) REPLACE (event_attrs(attrs, correlation_id) AS attrs) "
+            "FROM event_rows ORDER BY event_id",
+            "DROP VIEW events",
+            "DROP TABLE event_rows",
+            "ALTER TABLE events_9 RENAME TO event_rows",
+            "DELETE FROM schema_versions WHERE version = 10",
+            "DELETE FROM sql_modules",
+        ):
+            downgrade.execute(statement)
+        assert "correlation_id" not in [
+            c for (c,) in downgrade.execute("SELECT column_name FROM (DESCRIBE event_rows)").fetchall()
+        ]
+    finally:
+        downgrade.close()
+    open_database(old).close()  # a read-write open migrates
+    migrated = duckdb.connect(str(old), read_only=True)
+    try:
+        after = migrated.execute(query).fetchall()
+        joined = migrated.execute(
+            "SELECT count(*) FROM gpu_activity a JOIN event_rows e ON e.event_id = a.event_id AND e.correlation_id = a.correlation_id"
+        ).fetchall()
+    finally:
+        migrated.close()
+    assert [(i, k, json.loads(a) if a else None, c) for i, k, a, c in after] == [
+        (i, k, json.loads(a) if a else None, c) for i, k, a, c in before
+    ]
+    assert joined[0][0] >= 5
+
+
+EVENTS_BY_RUN = (
+    "SELECT run_id, list((kind, name, attrs::VARCHAR, correlation_id) ORDER BY event_id) FROM events GROUP BY ALL"
+)
 
 
 def test_runs_of_the_previous_raw_version_are_still_ingested(workload, tmp_path: Path, symbol_cache: Path) -> None:
@@ -491,6 +530,8 @@ def test_runs_of_the_previous_raw_version_are_still_ingested(workload, tmp_path:
     _copy_run(run.path, runs, "20250101T000000-1-00000002", 1, keep_gpu=True)  # a table version 1 never had
     _copy_run(run.path, runs, "20250101T000000-1-00000003", raw.RAW_SCHEMA_VERSION + 1, keep_gpu=False)
     _copy_run(run.path, runs, "20250101T000000-1-00000004", raw.RAW_SCHEMA_VERSION, keep_gpu=True)
+    # Version 2 kept a launch's correlation id in its attributes: the GPU activity still joins.
+    _copy_run(run.path, runs, "20250101T000000-1-00000005", 2, keep_gpu=True)
     assert read_run(runs / "20250101T000000-1-00000001").tables["gpu_activity"].num_rows == 0
     db = tmp_path / "mixed.duckdb"
     loaded = ingest(runs, db, symbol_cache)
@@ -502,9 +543,47 @@ def test_runs_of_the_previous_raw_version_are_still_ingested(workload, tmp_path:
                 "SELECT r.run_id, count(a.activity_id) FROM runs r LEFT JOIN gpu_activity a USING (run_number) GROUP BY ALL"
             ).fetchall()
         )
+        events = {
+            run_id: [
+                (kind, name, json.loads(attrs) if attrs else None, correlation)
+                for kind, name, attrs, correlation in rows
+            ]
+            for run_id, rows in con.execute(EVENTS_BY_RUN).fetchall()
+        }
+        # Stored once, in its column: the version 2 run's attributes lost it to the column.
+        assert con.execute("SELECT count(*) FROM event_rows WHERE attrs->>'correlation_id' IS NOT NULL").fetchall() == [
+            (0,)
+        ]
     finally:
         con.close()
-    assert ingested == {"20250101T000000-1-00000001": 0, "20250101T000000-1-00000004": 17}
+    # The same events read back from either version: attributes with the correlation id, and the column.
+    assert events["20250101T000000-1-00000005"] == events["20250101T000000-1-00000004"]
+    # Both versions' events read by one statement (several runs to a transaction): the same again.
+    together = runs.parent / "together"
+    for run_id in ("20250101T000000-1-00000004", "20250101T000000-1-00000005"):
+        shutil.copytree(runs / run_id, together / run_id)
+    one_statement = tmp_path / "together.duckdb"
+    options = IngestOptions(db_path=one_statement, cache_dir=symbol_cache, progress=False, runs_per_transaction=8)
+    assert ingest_runs([together], options).ok
+    con = duckdb.connect(str(one_statement), read_only=True)
+    try:
+        assert {
+            run_id: [(k, n, json.loads(a) if a else None, c) for k, n, a, c in rows]
+            for run_id, rows in con.execute(EVENTS_BY_RUN).fetchall()
+        } == {run_id: events[run_id] for run_id in ("20250101T000000-1-00000004", "20250101T000000-1-00000005")}
+    finally:
+        con.close()
+    assert sum(1 for _k, _n, attrs, correlation in events["20250101T000000-1-00000004"] if correlation) >= 5
+    assert all(
+        attrs["correlation_id"] == correlation
+        for _k, _n, attrs, correlation in events["20250101T000000-1-00000004"]
+        if correlation is not None
+    )
+    assert ingested == {
+        "20250101T000000-1-00000001": 0,
+        "20250101T000000-1-00000004": 17,
+        "20250101T000000-1-00000005": 17,
+    }
     output = loaded.stdout + loaded.stderr
     # The version-1 run with a GPU part, quarantined: that table came with version 2.
     assert (

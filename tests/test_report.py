@@ -349,13 +349,15 @@ def test_html_report_in_chromium(db, tmp_path) -> None:
 
 
 def _downgrade_to_schema_2(path: Path) -> None:
-    """Turns a database into what tbpipe wrote before schema 3: schema 9's and 8's records gone (8's
-    table goes with schema 4's), schema 7's indexes (those 9 left), schema 6's GPU tables and schema
-    5's table gone, schema 4's compact tables back into the wide ones, schema 3's columns and table
+    """Turns a database into what tbpipe wrote before schema 3: schema 10's, 9's and 8's records gone
+    (their events table goes with schema 4's), schema 7's indexes (those 9 left), schema 6's GPU
+    tables and schema 5's table gone, schema 4's compact tables back into the wide ones (the events'
+    attributes with their correlation ids, as schema 2 held them), schema 3's columns and table
     gone, sites keyed the old way."""
     con = duckdb.connect(str(path))
     try:
         for statement in (
+            "DELETE FROM schema_versions WHERE version = 10",
             "DELETE FROM schema_versions WHERE version = 9",
             "DELETE FROM schema_versions WHERE version = 8",
             "DROP INDEX sites_by_key",
@@ -367,7 +369,7 @@ def _downgrade_to_schema_2(path: Path) -> None:
             "DELETE FROM schema_versions WHERE version = 6",
             "CREATE TABLE wide_frames AS SELECT stack_id, depth, slot, chain_depth, kind, function, file, line, "
             "module, module_key, address, exact, inlined, reason FROM stack_frames ORDER BY stack_id, depth",
-            "CREATE TABLE wide_events AS SELECT * FROM events ORDER BY event_id",
+            "CREATE TABLE wide_events AS SELECT * EXCLUDE (correlation_id) FROM events ORDER BY event_id",
             "DROP VIEW stack_frames",
             "DROP VIEW events",
             "DROP TABLE frames",
@@ -422,18 +424,12 @@ def test_a_database_of_the_previous_schema_is_migrated_and_stays_comparable(nigh
         missing = con.execute(
             "SELECT count(*) FROM stack_frames WHERE kind = 'python' AND first_line IS NULL"
         ).fetchone()
-        compressions = {
-            row[0]
-            for row in con.execute(
-                "SELECT compression FROM pragma_storage_info('event_rows') WHERE column_name = 'attrs' "
-                "AND segment_type <> 'VALIDITY'"
-            ).fetchall()
-        }
+        columns = [c for (c,) in con.execute("SELECT column_name FROM (DESCRIBE event_rows)").fetchall()]
     finally:
         con.close()
     assert missing == (0,)  # the old runs' first lines came back from their folders
-    # Schema 8 rebuilt the events table rebuilt by schema 4: attributes stored with zstd.
-    assert compressions == {"ZSTD"}
+    # The events table of schema 4, rebuilt by schemas 8 and 10: a CUDA call's correlation id in a column.
+    assert columns == ["event_id", "run_number", "ts", "thread_id", "name_id", "stack_id", "attrs", "correlation_id"]
     report = report_json(path, "--candidate", "commit=c6", "--baseline", "commit=c5")
     assert {s["name"] for s in report["regressions"]} == {"softmax", "layernorm", "gemm_splitk"}
     assert by_name(report)["gemm"]["change"] == "unchanged"

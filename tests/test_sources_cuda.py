@@ -127,10 +127,10 @@ def test_kernel_launches_are_recorded_with_attributes_and_stack(double_library: 
         ("graph_launch", "cudaGraphLaunch"),
     ]
     gemm, exc, driver_ex, graph = (r["attrs"] for r in rows)
+    assert [r["correlation_id"] for r in rows] == [41, 42, 43, 44]  # a column of its own, not an attribute
     assert gemm == {
         "api": "cudaLaunchKernel",
         "cbid": 211,
-        "correlation_id": 41,
         "grid": [4, 2, 1],
         "block": [128, 1, 1],
         "shared_mem": 2048,
@@ -142,7 +142,7 @@ def test_kernel_launches_are_recorded_with_attributes_and_stack(double_library: 
     assert (exc["api"], exc["grid"], exc["block"], exc["stream"]) == ("cudaLaunchKernelExC", [9, 1, 1], [32, 1, 1], 2)
     assert (driver_ex["api"], driver_ex["grid"], driver_ex["shared_mem"]) == ("cuLaunchKernelEx", [3, 2, 1], 512)
     assert isinstance(driver_ex["function"], int)
-    assert (graph["api"], graph["graph_exec"], graph["correlation_id"]) == ("cudaGraphLaunch", 0xABC0, 44)
+    assert (graph["api"], graph["graph_exec"]) == ("cudaGraphLaunch", 0xABC0)
 
     # The stack was taken inside the callback, on the launching thread, without the GIL.
     frames = python_frames(run, rows[0]["stack_id"])
@@ -261,7 +261,7 @@ def test_tbpipe_run_with_the_cuda_source(double_library: Path, tmp_path: Path) -
     assert result.returncode == 0, result.stderr
     (run,) = read_runs(tmp_path / "runs")
     rows = events(run)
-    assert [r["attrs"]["correlation_id"] for r in rows] == [5, 6]
+    assert [r["correlation_id"] for r in rows] == [5, 6]
     frames = python_frames(run, rows[0]["stack_id"])
     assert (frames[0][0], frames[0][1]) == (str(script), "gemm_launch_site")
     assert (frames[1][1], frames[1][2]) == ("<module>", PRELUDE.count("\n") + 1)
@@ -277,12 +277,12 @@ def test_overhead_limit_applies_to_native_launches(double_library: Path, tmp_pat
                 gemm_launch_site(i)
         launches(100, 50)  # no subscriber yet: warms CPython's call path (a specialized call is another stack)
         with capture.session(os.environ["OUT"], sources=["cuda"], max_events_per_stack_per_s=3):
-            launches(0, 10)
+            launches(1, 10)
     """,
     )
     assert result.returncode == 0, result.stderr
     (run,) = read_runs(tmp_path / "runs")
-    assert [r["attrs"]["correlation_id"] for r in events(run)] == [0, 1, 2]
+    assert [r["correlation_id"] for r in events(run)] == [1, 2, 3]
     assert run.manifest["counters"]["events_rate_limited"] == 7
 
 

@@ -92,7 +92,13 @@ def _queries() -> dict[str, str]:
         "event_names": _select("event_names", {"name_id": name}, "event_names t"),
         "event_rows": _select(
             "event_rows",
-            {"event_id": _in_run("event_id"), "run_number": run, "name_id": name, "stack_id": stack},
+            {
+                "event_id": _in_run("event_id"),
+                "run_number": run,
+                "name_id": name,
+                "stack_id": stack,
+                "attrs": "event_attrs(t.attrs, t.correlation_id)",  # the lake keeps the correlation id in them
+            },
             f"event_rows t JOIN {_FIRST_EVENTS} f USING (run_number)",
         ),
         "gpu_activity": _select(

@@ -461,7 +461,8 @@ class _Job:
         ]
         if not files:
             return None, None, None, {}
-        raw_schema = "ts long, thread_id long, kind string, name string, stack_id decimal(20,0), attrs string"
+        # (Parts of raw schema 1 and 2 have no correlation_id column: Spark reads it as null.)
+        raw_schema = "ts long, thread_id long, kind string, name string, stack_id decimal(20,0), attrs string, correlation_id long"
         paths = [os.path.abspath(f[0]) for f in files]
         reader = self.spark.read.schema(raw_schema).parquet(*paths)
         file_map = self.spark.createDataFrame(
@@ -511,7 +512,7 @@ class _Job:
                 F.col("thread_id"),
                 F.col("name_id"),
                 F.col("lake_stack_id").alias("stack_id"),
-                F.col("attrs"),
+                _attrs_with_correlation_id(F).alias("attrs"),
             )
         )
         counts = (
@@ -848,6 +849,18 @@ def _remove_empty(path: Path) -> None:
         path.rmdir()
     except OSError:
         pass
+
+
+def _attrs_with_correlation_id(F: Any) -> Any:
+    """An event's attributes as the lake keeps them: a CUDA call's correlation id (a column of its own
+    in raw schema 3) put back into the JSON text, first, in the same text as the DuckDB file's
+    `event_attrs` gives for an object with members, an empty object or none."""
+    attrs, correlation = F.col("attrs"), F.col("correlation_id")
+    member = F.concat(F.lit('{"correlation_id":'), correlation.cast("string"))
+    alone = F.concat(member, F.lit("}"))
+    spliced = F.concat(member, F.lit(","), F.regexp_replace(attrs, r"^\s*\{", ""))
+    merged = F.when(attrs.isNull() | attrs.rlike(r"^\s*\{\s*\}\s*$"), alone).otherwise(spliced)
+    return F.when(correlation.isNull(), attrs).otherwise(merged)
 
 
 __all__ = ["SparkIngestOptions", "ingest_runs_spark", "spark_session"]

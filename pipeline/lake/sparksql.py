@@ -118,6 +118,12 @@ def _map_functions(tree: Any) -> Any:
 
 # ------------------------------------------------------------------------------------------ macros and views
 
+# Columns of the DuckDB file that the lake derives from others (as `store.table_view_sql` does for
+# DuckDB over the lake), by table: (name, Spark SQL).
+LAKE_DERIVED_COLUMNS = {
+    "event_rows": ("correlation_id", "try_cast(get_json_object(attrs, '$.correlation_id') AS BIGINT)"),
+}
+
 
 def _parse(sql: str) -> Any:
     import sqlglot
@@ -127,6 +133,7 @@ def _parse(sql: str) -> Any:
 
 def _macros_and_views() -> tuple[dict[str, Macro], list[tuple[str, str]]]:
     from tbpipe.pipeline.db import schema
+    from tbpipe.pipeline.lake import store
 
     macros: dict[str, Macro] = {}
     views: list[tuple[str, str]] = []
@@ -141,6 +148,8 @@ def _macros_and_views() -> tuple[dict[str, Macro], list[tuple[str, str]]]:
                     raise ValueError(f"cannot read macro {created.name}")
                 params = tuple(p.strip() for p in match.group(2).split(",") if p.strip())
                 body = match.group(3)
+                if created.name in store.LAKE_MACRO_BODIES:  # what it means on the lake
+                    body = store.LAKE_MACRO_BODIES[created.name][1]
                 if created.kind == "table macro":
                     body = _TABLE_BODY.match(body).group(1)
                 macros[created.name.lower()] = Macro(created.name, params, _parse(body), created.kind == "table macro")
@@ -243,7 +252,11 @@ def register_lake(spark: Any, lake: Path, views: list[str] | None = None) -> lis
             frame = spark.read.schema(schema).option("basePath", str(directory)).parquet(str(directory))
         else:
             frame = spark.read.schema(schema).parquet(*[str(p) for p in store.data_files(directory)])
-        frame.select(*schema.names).createOrReplaceTempView(table.name)
+        frame = frame.select(*schema.names)
+        if table.name in LAKE_DERIVED_COLUMNS:
+            name, expression = LAKE_DERIVED_COLUMNS[table.name]
+            frame = frame.selectExpr("*", f"{expression} AS {name}")
+        frame.createOrReplaceTempView(table.name)
     created = []
     for name, sql in spark_views():
         if views is not None and name not in views:

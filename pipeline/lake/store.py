@@ -110,6 +110,30 @@ _DUCKDB_TYPES = {
 _JSON_COLUMNS = {("runs", "capture"), ("runs", "manifest"), ("event_rows", "attrs")}
 
 
+# Macros that mean less on the lake than in the DuckDB file, by how the lake stores the data: their
+# parameters and body there (DuckDB SQL; `sparksql` translates it like the rest).
+LAKE_MACRO_BODIES = {
+    # The lake keeps a CUDA call's correlation id inside the attributes, where this macro puts it back.
+    "event_attrs": (("attrs", "correlation_id"), "CAST(attrs AS VARCHAR)"),
+}
+
+# Columns of the DuckDB file that the lake derives from others, by table: (name, SQL, type).
+_DERIVED_COLUMNS = {
+    # The stack id's bits, unsigned.
+    "stacks": (
+        "stack_hash",
+        "CAST(CAST(stack_id AS HUGEINT) + CASE WHEN stack_id < 0 THEN 18446744073709551616 ELSE 0 END AS UBIGINT)",
+        "UBIGINT",
+    ),
+    # The lake keeps a CUDA call's correlation id inside `attrs` (the raw JSON of schema 1 and 2).
+    "event_rows": (
+        "correlation_id",
+        "TRY_CAST(json_extract_string(attrs, '$.correlation_id') AS UINTEGER)",
+        "UINTEGER",
+    ),
+}
+
+
 def duckdb_type(type_: pa.DataType) -> str:
     if type_ in _DUCKDB_TYPES:
         return _DUCKDB_TYPES[type_]
@@ -130,19 +154,16 @@ def table_view_sql(root: Path, table: LakeTable) -> str:
         if (table.name, field_.name) in _JSON_COLUMNS:
             expression = f"CAST({field_.name} AS JSON)"
         columns.append(f"{expression} AS {field_.name}")
-    if table.name == "stacks":
-        # The DuckDB file's stack_hash: the stack id's bits, unsigned.
-        columns.append(
-            "CAST(CAST(stack_id AS HUGEINT) + CASE WHEN stack_id < 0 THEN 18446744073709551616 ELSE 0 END AS UBIGINT)"
-            " AS stack_hash"
-        )
+    derived = _DERIVED_COLUMNS.get(table.name)
+    if derived:
+        columns.append(f"{derived[1]} AS {derived[0]}")
     files = data_files(table_dir(root, table.name))
     if not files:
         nulls = ", ".join(
             f"CAST(NULL AS {'JSON' if (table.name, f.name) in _JSON_COLUMNS else duckdb_type(f.type)}) AS {f.name}"
             for f in table.schema
         )
-        extra = ", CAST(NULL AS UBIGINT) AS stack_hash" if table.name == "stacks" else ""
+        extra = f", CAST(NULL AS {derived[2]}) AS {derived[0]}" if derived else ""
         return f"SELECT {nulls}{extra} WHERE false"
     pattern = str(table_dir(root, table.name).resolve()) + ("/*/*.parquet" if table.partitioned else "/*.parquet")
     options = "hive_partitioning = true"
@@ -159,6 +180,11 @@ def install_views(con: Any, root: Path) -> None:
         con.execute(f"CREATE OR REPLACE VIEW {table.name} AS {table_view_sql(root, table)}")
     for module in schema.modules():
         for statement in module.statements:
+            created = statement.created
+            if created is not None and created.kind == "macro" and created.name in LAKE_MACRO_BODIES:
+                params = ", ".join(LAKE_MACRO_BODIES[created.name][0])
+                con.execute(f"CREATE OR REPLACE MACRO {created.name}({params}) AS {LAKE_MACRO_BODIES[created.name][1]}")
+                continue
             con.execute(statement.sql)
 
 

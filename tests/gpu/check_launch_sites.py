@@ -312,7 +312,7 @@ def launch_by_correlation(run: Run) -> dict[int, dict]:
     kinds = ("kernel_launch", "graph_launch", "memcpy", "memset")
     out: dict[int, dict] = {}
     for event in run.events:
-        correlation = event["attrs"].get("correlation_id")
+        correlation = event["correlation_id"]  # a column of its own (raw schema 3)
         if event["kind"] in kinds and correlation is not None:
             out.setdefault(correlation, event)
     return out
@@ -495,7 +495,7 @@ def check_against_profiler_by_correlation(run: Run, kernels: list[dict]) -> bool
     """True when the profiler's trace had kernels to compare (concurrent mode)."""
     if not kernels:
         return False
-    ours = {e["attrs"].get("correlation_id") for e in run.events if e["kind"] in ("kernel_launch", "graph_launch")}
+    ours = {e["correlation_id"] for e in run.events if e["kind"] in ("kernel_launch", "graph_launch")}
     missing = [k for k in kernels if k.get("args", {}).get("correlation") not in ours]
     if missing:
         names = collections.Counter(k["name"][:80] for k in missing).most_common(5)

@@ -49,3 +49,31 @@ def read_run(run_dir: Path, manifest: dict[str, Any] | None = None) -> RawRun:
 def read_runs(out_dir: Path) -> list[RawRun]:
     """Every run folder under `out_dir`, read whole."""
     return [read_run(d) for d in find_run_dirs([out_dir])]
+
+
+def rewrite_as_raw_version(run_dir: Path, version: int) -> None:
+    """Rewrites a run's parts as tbpipe wrote them at raw schema `version`: their metadata and the
+    manifest say it, and events parts before version 3 keep a CUDA call's correlation id in
+    `attrs` (a column of its own since)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from tbpipe.schemas import VERSION_KEY
+
+    for part in sorted(run_dir.glob("*.parquet")):
+        table = pq.read_table(part)
+        metadata = dict(table.schema.metadata)
+        if part.name.startswith("events-") and version < 3 and "correlation_id" in table.column_names:
+            attrs = [
+                json.dumps({"correlation_id": ids, **json.loads(text or "{}")}) if ids is not None else text
+                for ids, text in zip(table["correlation_id"].to_pylist(), table["attrs"].to_pylist())
+            ]
+            table = table.drop_columns(["correlation_id"])
+            table = table.set_column(table.column_names.index("attrs"), "attrs", pa.array(attrs, pa.string()))
+        metadata[VERSION_KEY] = str(version).encode()
+        pq.write_table(table.replace_schema_metadata(metadata), part, compression="zstd")
+    manifest_path = run_dir / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["schema_version"] = version
+    manifest_path.write_text(json.dumps(manifest))

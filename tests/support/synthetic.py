@@ -67,12 +67,18 @@ def manifest_for(run_id: str, *, complete: bool = True, labels: dict[str, str] |
 
 
 # Bumped whenever the parts are written differently, so that benches regenerate what they keep.
-PARTS_FORMAT = 3  # 2: the capture's write options (page checksums, encodings); 3: events at zstd level 1
+# 2: the capture's write options (page checksums, encodings); 3: events at zstd level 1; 4: raw schema 3
+# (a launch's correlation id in a column of its own)
+PARTS_FORMAT = 4
 
 
 def write_part(run_dir: Path, table_name: str, sequence: int, table: pa.Table) -> str:
-    """One Parquet part of `table_name`, with the schema's metadata; returns its file name."""
+    """One Parquet part of `table_name`, with the schema's metadata; returns its file name. Columns
+    a later raw schema version added, which `table` lacks, are written as nulls."""
     schema = raw.RUN_TABLES[table_name]()
+    for field_ in schema:
+        if field_.name not in table.column_names and (table_name, field_.name) in raw.COLUMN_SINCE:
+            table = table.append_column(field_, pa.nulls(table.num_rows, field_.type))
     name = raw.table_file_name(table_name, sequence)
     pq.write_table(table.cast(schema), run_dir / name, **parquet_options(schema.names))  # as the capture writes
     return name
@@ -404,12 +410,7 @@ def _run_tables(
         pa.array(is_op),
         pa.nulls(count, pa.string()),
         pc.binary_join_element_wise(
-            '{"block": [128, 1, 1], "correlation_id": ',
-            pc.cast(pa.array(np.arange(count) + 1), pa.string()),
-            ', "grid": [',
-            pc.cast(pa.array(grid), pa.string()),
-            ', 1, 1], "stream": 7}',
-            "",
+            '{"block": [128, 1, 1], "grid": [', pc.cast(pa.array(grid), pa.string()), ', 1, 1], "stream": 7}', ""
         ),
     )
     event_table = pa.table(
@@ -420,6 +421,9 @@ def _run_tables(
             "name": names,
             "stack_id": pa.array(raw_ids[local], pa.uint64()),
             "attrs": attrs,
+            "correlation_id": pc.if_else(
+                pa.array(is_op), pa.nulls(count, pa.uint32()), pa.array(np.arange(count) + 1, pa.uint32())
+            ),
         }
     )
     return {"events": event_table, "stacks": stacks, "modules": modules, "code": code}

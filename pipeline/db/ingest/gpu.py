@@ -96,14 +96,10 @@ def insert_gpu_activity(db: IngestDb, run_number: int, files: dict[str, list[Pat
         con.execute(
             f"""
             CREATE OR REPLACE TEMP TABLE ingest_gpu_launches AS
-            SELECT correlation_id, min(event_id) AS event_id
-            FROM (
-                SELECT e.event_id, TRY_CAST(json_extract_string(e.attrs, '$.correlation_id') AS UINTEGER) AS correlation_id
-                FROM event_rows e JOIN event_names n USING (name_id)
-                WHERE e.run_number = {int(run_number)} AND list_contains({kinds}, n.kind) AND e.attrs IS NOT NULL
-            )
-            WHERE correlation_id IS NOT NULL
-            GROUP BY correlation_id
+            SELECT e.correlation_id, min(e.event_id) AS event_id
+            FROM event_rows e JOIN event_names n USING (name_id)
+            WHERE e.run_number = {int(run_number)} AND list_contains({kinds}, n.kind) AND e.correlation_id IS NOT NULL
+            GROUP BY e.correlation_id
             """
         )
         # Records in the order of the run's parts, and of their rows within a part.

@@ -46,6 +46,8 @@ class PreparedRun:
     stacks_used: int = 0
     event_names: list[tuple[str, str]] = field(default_factory=list)  # distinct (kind, name) of its events
     events_without_stack: int = 0  # events whose part says they took no stack
+    # Events parts of raw schema 1 or 2, whose CUDA calls have their correlation id in `attrs` only.
+    parts_without_correlation: set[Path] = field(default_factory=set)
     # Set when its events are loaded: events whose stack the run does not hold (their stack is NULL).
     dangling_events: int = 0
 
@@ -189,6 +191,31 @@ def event_files_table(batch: Batch, runs: range, first_event_id: int) -> pa.Tabl
     )
 
 
+# Parts of raw schema 1 and 2 have a CUDA call's correlation id in `attrs` only: it is moved out of
+# there (as schema 10 moved it for the rows then stored), which costs these parts a JSON parse per
+# event. `event_attrs` puts it back.
+_CORRELATION_ID_IN_ATTRS = "TRY_CAST(json_extract_string(e.attrs, '$.correlation_id') AS UINTEGER)"
+_ATTRS_WITHOUT_IT = f"""CASE WHEN {_CORRELATION_ID_IN_ATTRS} IS NULL THEN e.attrs
+    ELSE json_merge_patch(e.attrs, '{{"correlation_id": null}}') END"""
+
+
+def attrs_columns(batch: Batch, parts: list[tuple[int, Path, int]]) -> tuple[str, str, str]:
+    """The SQL of `event_rows.attrs` and `event_rows.correlation_id` for the events of `parts`
+    (read as `e`, with `e.filename` when there are several), and what `read_parquet` needs added."""
+    legacy = [path for i, path, _rows in parts if path in batch.runs[i].parts_without_correlation]
+    if not legacy:
+        return "e.attrs", "e.correlation_id", ""
+    if len(legacy) == len(parts):
+        return _ATTRS_WITHOUT_IT, _CORRELATION_ID_IN_ATTRS, ""
+    # Old and new parts in one statement: read by column name, the old parts' column NULL.
+    old = f"list_contains({file_list([(0, p, 0) for p in legacy])}, e.filename)"
+    return (
+        f"CASE WHEN {old} THEN {_ATTRS_WITHOUT_IT} ELSE e.attrs END",
+        f"CASE WHEN {old} THEN {_CORRELATION_ID_IN_ATTRS} ELSE e.correlation_id END",
+        ", union_by_name = true",
+    )
+
+
 def file_list(files: list[tuple[int, Path, int]]) -> str:
     return "[" + ", ".join(sql_text(str(path)) for _i, path, _rows in files) + "]"
 
@@ -307,6 +334,7 @@ def insert_events(db: IngestDb, batch: Batch, runs: range) -> None:
     # Read by DuckDB by these names (replacement scans: no view to register and drop per run;
     # names no view ever takes, which would come first).
     loading_stack_map = stack_map(batch, runs)  # noqa: F841
+    attrs, correlation_id, options = attrs_columns(batch, parts)
     if len(parts) == 1:
         # One part (most small runs): its run and first event id as constants, without the join on
         # file names (a small run's insert took a quarter longer with it).
@@ -315,13 +343,14 @@ def insert_events(db: IngestDb, batch: Batch, runs: range) -> None:
         event_id, run_number, run_index = f"{first} + e.file_row_number", batch.runs[index].run_number, index
     else:
         loading_event_files = event_files_table(batch, runs, first)  # noqa: F841
-        source = f"read_parquet({files}, filename = true, file_row_number = true) e"
+        source = f"read_parquet({files}, filename = true, file_row_number = true{options}) e"
         part_of_row = "JOIN loading_event_files f ON f.filename = e.filename"
         event_id, run_number, run_index = "f.first_event_id + e.file_row_number", "f.run_number", "f.run_index"
     con.execute(
         f"""
         INSERT INTO event_rows BY NAME
-        SELECT {event_id} AS event_id, {run_number} AS run_number, e.ts, e.thread_id, n.name_id, m.stack_id, e.attrs
+        SELECT {event_id} AS event_id, {run_number} AS run_number, e.ts, e.thread_id, n.name_id, m.stack_id,
+               {attrs} AS attrs, {correlation_id} AS correlation_id
         FROM {source}
         {part_of_row}
         JOIN event_names n ON n.kind = e.kind AND n.name = e.name

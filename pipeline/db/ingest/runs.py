@@ -256,6 +256,7 @@ class RunLoader:
             gpu_files=gpu_files,
             event_names=sorted(set().union(*(part.names for part in events))),
             events_without_stack=sum(part.without_stack for part in events),
+            parts_without_correlation={p for p, part in zip(files["events"], events) if not part.correlation_column},
         )
 
     # ---------------------------------------------------------------- loading a batch
