@@ -125,7 +125,7 @@ _DERIVED_COLUMNS = {
         "CAST(CAST(stack_id AS HUGEINT) + CASE WHEN stack_id < 0 THEN 18446744073709551616 ELSE 0 END AS UBIGINT)",
         "UBIGINT",
     ),
-    # The lake keeps a CUDA call's correlation id inside `attrs` (the raw JSON of schema 1 and 2).
+    # The lake keeps a CUDA call's correlation id inside `attrs` (`export` and the Spark ingest put it there).
     "event_rows": (
         "correlation_id",
         "TRY_CAST(json_extract_string(attrs, '$.correlation_id') AS UINTEGER)",
