@@ -24,7 +24,7 @@ import pyarrow as pa
 FORMAT_NAME = "tbpipe-raw"
 # The version this tbpipe writes. Readers accept every version from OLDEST_READABLE_RAW_SCHEMA_VERSION
 # up to it (`readable_raw_schema_version`); a table added by a version is optional in runs of it and
-# absent from older runs (TABLE_SINCE).
+# absent from older runs (TABLE_SINCE), a column added by a version absent from older parts (COLUMN_SINCE).
 RAW_SCHEMA_VERSION = 3
 OLDEST_READABLE_RAW_SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
@@ -194,7 +194,7 @@ GPU_ACTIVITY_KINDS = ("kernel", "memcpy", "memset", "sync")
 
 def gpu_activity_schema() -> pa.Schema:
     """One row per GPU activity record from CUPTI (source `cuda`): a kernel execution, a copy, a set or a
-    synchronization. Joined to its launch event by `correlation_id` (the event attribute of that name)."""
+    synchronization. Joined to its launch event by `correlation_id` (the events' column of that name)."""
     return _with_metadata(
         "gpu_activity",
         [
@@ -266,6 +266,9 @@ TABLE_SINCE = {
     "gpu_graph_nodes": 2,
 }
 
+
+# Event kinds the CUDA source records for an API call, with its `correlation_id`.
+CORRELATED_KINDS = ("kernel_launch", "graph_launch", "memcpy", "memset")
 
 # Columns added by a later raw schema version (appended, nullable), by (table, column): parts of
 # older versions lack them, and readers take them as null.

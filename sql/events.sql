@@ -2,16 +2,19 @@
 
 -- An event's attributes as it recorded them, as JSON text: the stored JSON with the correlation id
 -- of a CUDA call (kept in `event_rows.correlation_id`, never in the JSON) put back, first. Spliced in
--- as text where the JSON is an object with members (the usual: a cast to JSON would parse every
--- launch's attributes again, twice the cost of the splice), merged as JSON otherwise.
+-- as text (a cast to JSON would parse every launch's attributes again, twice the cost of the
+-- splice); an object written with spaces is minified first, and attributes that are no object
+-- (no CUDA source writes such) come as stored.
 -- @arg attrs           JSON      `event_rows.attrs`
 -- @arg correlation_id  UINTEGER  `event_rows.correlation_id`
 -- @returns VARCHAR
 CREATE OR REPLACE MACRO event_attrs(attrs, correlation_id) AS
     CASE WHEN correlation_id IS NULL THEN CAST(attrs AS VARCHAR)
-    WHEN attrs IS NULL THEN concat('{"correlation_id":', correlation_id, '}')
+    WHEN attrs IS NULL OR attrs = '{}' THEN concat('{"correlation_id":', correlation_id, '}')
     WHEN starts_with(attrs, '{"') THEN concat('{"correlation_id":', correlation_id, ',', substr(attrs, 2))
-    ELSE CAST(json_merge_patch(json_object('correlation_id', correlation_id), attrs) AS VARCHAR)
+    WHEN json_type(attrs) <> 'OBJECT' THEN CAST(attrs AS VARCHAR)
+    WHEN CAST(json(attrs) AS VARCHAR) = '{}' THEN concat('{"correlation_id":', correlation_id, '}')
+    ELSE concat('{"correlation_id":', correlation_id, ',', substr(CAST(json(attrs) AS VARCHAR), 2))
     END;
 
 -- Every recorded event of every run.

@@ -177,7 +177,7 @@ VIEWS = {
     "call_sites": CALL_SITES,
     "kernel_launch_sites": "SELECT * FROM kernel_launch_sites",
     "stack_tracebacks": "SELECT stack_key, frames, traceback FROM stack_tracebacks",
-    "events": "SELECT run_id, {micros}(ts), thread_id, kind, name, CAST(attrs AS {text}) FROM events",
+    "events": "SELECT run_id, {micros}(ts), thread_id, kind, name, CAST(attrs AS {text}), correlation_id FROM events",
     "stack_frames": "SELECT depth, slot, chain_depth, kind, function, file, line, module, module_key, address, exact, "
     "inlined, reason, first_line FROM stack_frames",
     "python_files": "SELECT * FROM python_files",

@@ -226,6 +226,29 @@ def test_event_attributes_load_in_either_storage_format(tmp_path) -> None:
             con.close()
 
 
+def test_event_attrs_puts_the_correlation_id_back_into_any_object(tmp_path) -> None:
+    con = open_database(tmp_path / "macro.duckdb")
+    try:
+        cases = [
+            ('{"x": 1}', 5, {"correlation_id": 5, "x": 1}),
+            ("{}", 6, {"correlation_id": 6}),
+            (None, 7, {"correlation_id": 7}),
+            ('{"y": 2}', None, {"y": 2}),
+            (' { "z" : 3, "n": null }', 8, {"correlation_id": 8, "z": 3, "n": None}),  # spaced: minified
+            (" { }", 9, {"correlation_id": 9}),
+            ("[1, 2]", 10, [1, 2]),  # no object: as stored
+        ]
+        for attrs, correlation_id, expected in cases:
+            ((text,),) = con.execute(
+                "SELECT event_attrs(CAST(? AS JSON), CAST(? AS UINTEGER))", [attrs, correlation_id]
+            ).fetchall()
+            assert json.loads(text) == expected, (attrs, text)
+            if correlation_id is not None and isinstance(expected, dict):
+                assert text.startswith('{"correlation_id":'), text  # first, as the Spark ingest writes it
+    finally:
+        con.close()
+
+
 def _everything(path: Path) -> dict:
     """What a database holds, as far as a user can see: every table's rows, the catalog, the views' answers."""
     con = duckdb.connect(str(path), read_only=True)

@@ -118,12 +118,6 @@ def _map_functions(tree: Any) -> Any:
 
 # ------------------------------------------------------------------------------------------ macros and views
 
-# Columns of the DuckDB file that the lake derives from others (as `store.table_view_sql` does for
-# DuckDB over the lake), by table: (name, Spark SQL).
-LAKE_DERIVED_COLUMNS = {
-    "event_rows": ("correlation_id", "try_cast(get_json_object(attrs, '$.correlation_id') AS BIGINT)"),
-}
-
 
 def _parse(sql: str) -> Any:
     import sqlglot
@@ -234,6 +228,26 @@ def _translated() -> tuple[list[tuple[str, str]], dict[str, str]]:
     return out, skipped
 
 
+def _derive_correlation_ids(spark: Any) -> None:
+    """`event_rows.correlation_id` of the DuckDB file, which the lake keeps inside `attrs`: read out of
+    the CUDA calls' attributes as `store.table_view_sql` does for DuckDB over the lake (an unsigned
+    32-bit integer, 0 meaning none)."""
+    from pyspark.sql import functions as F
+
+    from tbpipe.schemas.raw import CORRELATED_KINDS
+
+    names = spark.table("event_names").where(F.col("kind").isin(*CORRELATED_KINDS))
+    correlated = names.select("name_id", F.lit(True).alias("correlated"))
+    events = spark.table("event_rows")
+    text = F.get_json_object(F.col("attrs"), "$.correlation_id")
+    number = F.expr("try_cast(get_json_object(attrs, '$.correlation_id') AS BIGINT)")
+    integer = F.col("correlated") & text.rlike("^[0-9]+$") & (number > 0) & (number <= 4294967295)
+    derived = events.join(F.broadcast(correlated), "name_id", "left").select(
+        *events.columns, F.when(integer, number).alias("correlation_id")
+    )
+    derived.createOrReplaceTempView("event_rows")
+
+
 def register_lake(spark: Any, lake: Path, views: list[str] | None = None) -> list[str]:
     """Temp views in `spark` named like the database's tables over the lake's files, then the
     packaged views translated; returns the names of the views created."""
@@ -252,11 +266,8 @@ def register_lake(spark: Any, lake: Path, views: list[str] | None = None) -> lis
             frame = spark.read.schema(schema).option("basePath", str(directory)).parquet(str(directory))
         else:
             frame = spark.read.schema(schema).parquet(*[str(p) for p in store.data_files(directory)])
-        frame = frame.select(*schema.names)
-        if table.name in LAKE_DERIVED_COLUMNS:
-            name, expression = LAKE_DERIVED_COLUMNS[table.name]
-            frame = frame.selectExpr("*", f"{expression} AS {name}")
-        frame.createOrReplaceTempView(table.name)
+        frame.select(*schema.names).createOrReplaceTempView(table.name)
+    _derive_correlation_ids(spark)
     created = []
     for name, sql in spark_views():
         if views is not None and name not in views:

@@ -5,8 +5,9 @@
 -- (dictionary, FSST) packs them tighter than zstd did; the id itself bit-packs to about a byte. It
 -- is also the key GPU activity joins its launches on (`gpu_activity.event_id`), no longer parsed
 -- out of JSON. Raw runs of schema version 3 write it in a column of their own; for the rows already
--- here (and runs of versions 1 and 2) it is moved out of `attrs`. The `events` view puts it back.
--- The rows are copied in their order; the table is the same otherwise.
+-- here (and runs of versions 1 and 2) it is moved out of the `attrs` of the events the CUDA source
+-- records, where it is an integer the column holds (0 means none, as the capture writes it). The
+-- `events` view puts it back. The rows are copied in event id order (the order the ingest writes).
 
 ALTER TABLE event_rows RENAME TO event_rows_before_correlation;
 
@@ -35,8 +36,13 @@ SELECT event_id, run_number, ts, thread_id, name_id, stack_id,
        CASE WHEN correlation_id IS NULL THEN attrs ELSE json_merge_patch(attrs, '{"correlation_id": null}') END,
        correlation_id
 FROM (
-    SELECT *, TRY_CAST(json_extract_string(attrs, '$.correlation_id') AS UINTEGER) AS correlation_id
-    FROM event_rows_before_correlation
-);
+    SELECT e.*,
+           CASE WHEN n.kind IN ('kernel_launch', 'graph_launch', 'memcpy', 'memset')
+                 AND json_type(e.attrs, '$.correlation_id') IN ('UBIGINT', 'BIGINT')
+           THEN NULLIF(TRY_CAST(json_extract_string(e.attrs, '$.correlation_id') AS UINTEGER), 0) END AS correlation_id
+    FROM event_rows_before_correlation e
+    LEFT JOIN event_names n USING (name_id)
+)
+ORDER BY event_id;
 
 DROP TABLE event_rows_before_correlation;

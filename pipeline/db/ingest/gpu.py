@@ -2,7 +2,7 @@
 after its events.
 
 Every activity record is joined to the event of the API call that caused it by the correlation id
-that event carries as an attribute (a kernel launch, a graph launch, a copy or a set). A kernel of a
+that event carries in its `correlation_id` column (a kernel launch, a graph launch, a copy or a set). A kernel of a
 replayed CUDA graph carries the graph launch's correlation id, and its graph node id: the node's clone
 chain (`gpu_graph_nodes`: the executable graph's nodes are clones of the captured graph's) leads to
 the node made while a launch was being captured, and that launch's correlation id to its event (the
@@ -21,10 +21,11 @@ import pyarrow.compute as pc
 from tbpipe.pipeline.db.connection import query_value
 from tbpipe.pipeline.db.ingest.tables import IngestDb, sql_text
 from tbpipe.pipeline.rawrun import read_tables
+from tbpipe.schemas.raw import CORRELATED_KINDS
 
 GPU_TABLES = ("gpu_activity", "gpu_graph_nodes")
 # Event kinds that carry the correlation id of the CUDA API call they record.
-LAUNCH_KINDS = ("kernel_launch", "graph_launch", "memcpy", "memset")
+LAUNCH_KINDS = CORRELATED_KINDS
 # Longest clone chain followed from a replayed node back to the node a capture made.
 MAX_CLONE_DEPTH = 64
 

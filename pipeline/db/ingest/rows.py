@@ -27,6 +27,7 @@ from tbpipe.pipeline.rawrun import dangling_events_note
 from tbpipe.pipeline.stacks import layout
 from tbpipe.pipeline.stacks.flatten import FlatRun
 from tbpipe.schemas.lake import TABLES
+from tbpipe.schemas.raw import CORRELATED_KINDS
 
 
 @dataclass
@@ -192,10 +193,14 @@ def event_files_table(batch: Batch, runs: range, first_event_id: int) -> pa.Tabl
 
 
 # Parts of raw schema 1 and 2 have a CUDA call's correlation id in `attrs` only: it is moved out of
-# there (as schema 10 moved it for the rows then stored), which costs these parts a JSON parse per
-# event. `event_attrs` puts it back.
-_CORRELATION_ID_IN_ATTRS = "TRY_CAST(json_extract_string(e.attrs, '$.correlation_id') AS UINTEGER)"
-_ATTRS_WITHOUT_IT = f"""CASE WHEN {_CORRELATION_ID_IN_ATTRS} IS NULL THEN e.attrs
+# there for the events the CUDA source records (as schema 10 moved it for the rows then stored), when
+# it is an integer the column holds (0 means none, as the capture writes it). This costs these parts
+# a JSON parse per event. `event_attrs` puts it back.
+_CORRELATED_KINDS = "[" + ", ".join(sql_text(kind) for kind in CORRELATED_KINDS) + "]"
+_CORRELATION_ID_IN_ATTRS = f"""CASE WHEN list_contains({_CORRELATED_KINDS}, e.kind)
+    AND json_type(e.attrs, '$.correlation_id') IN ('UBIGINT', 'BIGINT')
+    THEN NULLIF(TRY_CAST(json_extract_string(e.attrs, '$.correlation_id') AS UINTEGER), 0) END"""
+_ATTRS_WITHOUT_IT = f"""CASE WHEN ({_CORRELATION_ID_IN_ATTRS}) IS NULL THEN e.attrs
     ELSE json_merge_patch(e.attrs, '{{"correlation_id": null}}') END"""
 
 
