@@ -187,6 +187,16 @@ def sql_text(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+def correlation_id_in_attrs(attrs: str) -> str:
+    """SQL of the correlation id that a CUDA call's attributes `attrs` held before raw schema 3 (and
+    the database before schema 10): an unsigned 32-bit integer, 0 meaning none; else NULL. The
+    ingest moves it out of old runs' attributes, and the lake (which keeps it there) reads it so."""
+    return (
+        f"CASE WHEN json_type({attrs}, '$.correlation_id') IN ('UBIGINT', 'BIGINT') "
+        f"THEN NULLIF(TRY_CAST(json_extract_string({attrs}, '$.correlation_id') AS UINTEGER), 0) END"
+    )
+
+
 def comment_statements(obj: SqlObject) -> list[str]:
     """`COMMENT ON` statements that store an object's documentation in the catalog."""
     if obj.kind in ("macro", "table macro"):

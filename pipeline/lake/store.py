@@ -20,7 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tbpipe.pipeline.db.schema import sql_text
+from tbpipe.pipeline.db.schema import correlation_id_in_attrs, sql_text
 from tbpipe.pipeline.errors import TbpipeError
 from tbpipe.schemas.lake import LAKE_FILE, LAKE_FORMAT, LAKE_VERSION, PARTITION, TABLES, LakeTable
 from tbpipe.schemas.raw import CORRELATED_KINDS
@@ -129,11 +129,8 @@ _DERIVED_COLUMNS = {
     # The lake keeps a CUDA call's correlation id inside `attrs` (`export` and the Spark ingest put it there).
     "event_rows": (
         "correlation_id",
-        # (as the ingest takes it out of an old run's attributes: rows.py)
         "CASE WHEN name_id IN (SELECT name_id FROM event_names WHERE kind IN "
-        f"({', '.join(sql_text(kind) for kind in CORRELATED_KINDS)})) "
-        "AND json_type(attrs, '$.correlation_id') IN ('UBIGINT', 'BIGINT') "
-        "THEN NULLIF(TRY_CAST(json_extract_string(attrs, '$.correlation_id') AS UINTEGER), 0) END",
+        f"({', '.join(sql_text(kind) for kind in CORRELATED_KINDS)})) THEN {correlation_id_in_attrs('attrs')} END",
         "UINTEGER",
     ),
 }

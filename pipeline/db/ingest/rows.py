@@ -22,6 +22,7 @@ from tbpipe.pipeline.db.connection import query_rows, query_value
 from tbpipe.pipeline.db.ingest.frames import FrameIds, insert_frame_rows
 from tbpipe.pipeline.db.ingest.symbols import upsert_module_statuses
 from tbpipe.pipeline.db.ingest.tables import IngestDb, QuarantineRun, run_numbers_filter, sql_text
+from tbpipe.pipeline.db.schema import correlation_id_in_attrs
 from tbpipe.pipeline.errors import first_line
 from tbpipe.pipeline.rawrun import dangling_events_note
 from tbpipe.pipeline.stacks import layout
@@ -197,9 +198,9 @@ def event_files_table(batch: Batch, runs: range, first_event_id: int) -> pa.Tabl
 # it is an integer the column holds (0 means none, as the capture writes it). This costs these parts
 # a JSON parse per event. `event_attrs` puts it back.
 _CORRELATED_KINDS = "[" + ", ".join(sql_text(kind) for kind in CORRELATED_KINDS) + "]"
-_CORRELATION_ID_IN_ATTRS = f"""CASE WHEN list_contains({_CORRELATED_KINDS}, e.kind)
-    AND json_type(e.attrs, '$.correlation_id') IN ('UBIGINT', 'BIGINT')
-    THEN NULLIF(TRY_CAST(json_extract_string(e.attrs, '$.correlation_id') AS UINTEGER), 0) END"""
+_CORRELATION_ID_IN_ATTRS = (
+    f"CASE WHEN list_contains({_CORRELATED_KINDS}, e.kind) THEN {correlation_id_in_attrs('e.attrs')} END"
+)
 _ATTRS_WITHOUT_IT = f"""CASE WHEN ({_CORRELATION_ID_IN_ATTRS}) IS NULL THEN e.attrs
     ELSE json_merge_patch(e.attrs, '{{"correlation_id": null}}') END"""
 
