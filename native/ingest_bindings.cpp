@@ -12,6 +12,7 @@
 #include "buffer_args.h"
 #include "combined_order.h"
 #include "distinct_rows.h"
+#include "md5.h"
 #include "parquet_pages.h"
 #include "stack_identity.h"
 
@@ -219,6 +220,37 @@ py::tuple parquet_chunk_pages_binding(const py::buffer& data, int64_t start, int
   return py::make_tuple(vector_bytes(pages.pages), pages.values, pages.problem, pages.problem_at);
 }
 
+// Offsets of an Arrow string or large_string column (int32 or int64, one more than the texts) and
+// its data: the offsets must rise from within the data and end inside it.
+template <typename Offset>
+py::bytes md5_of_texts(const py::buffer& offsets, const py::buffer& data) {
+  py::buffer_info offsets_info, data_info;
+  const auto* starts = column<Offset>(offsets, offsets_info, "text offsets");
+  const auto* bytes = column<uint8_t>(data, data_info, "text data");
+  if (offsets_info.size < 1) throw py::value_error("text offsets: expected one more than the texts");
+  const size_t texts = static_cast<size_t>(offsets_info.size - 1);
+  if (starts[0] < 0) throw py::value_error("text offsets: negative");
+  for (size_t i = 0; i < texts; ++i) {
+    if (starts[i + 1] < starts[i]) throw py::value_error("text offsets: not rising");
+  }
+  if (static_cast<int64_t>(starts[texts]) > static_cast<int64_t>(data_info.size)) {
+    throw py::value_error("text offsets: past the data");
+  }
+  std::string out(texts * sizeof(uint64_t), '\0');
+  {
+    py::gil_scoped_release unlocked;
+    md5_low64_texts(starts, texts, bytes, reinterpret_cast<uint64_t*>(out.data()));
+  }
+  return py::bytes(out);
+}
+
+py::bytes md5_low64_binding(const py::buffer& offsets, const py::buffer& data) {
+  const ssize_t width = offsets.request().itemsize;
+  if (width == 4) return md5_of_texts<int32_t>(offsets, data);
+  if (width == 8) return md5_of_texts<int64_t>(offsets, data);
+  throw py::value_error("text offsets: expected 4- or 8-byte integers");
+}
+
 }  // namespace
 
 void register_ingest_bindings(py::module_& m) {
@@ -228,6 +260,9 @@ void register_ingest_bindings(py::module_& m) {
         py::arg("module_hash"), py::arg("code_id"), py::arg("code_hash"),
         "Portable hash of each raw stack (pipeline/stacks/identity.py's), from Arrow list offsets and frame "
         "columns; uint64 bytes.");
+  m.def("md5_low64", &md5_low64_binding, py::arg("offsets"), py::arg("data"),
+        "Low 64 bits of each text's MD5 (DuckDB's md5_number_lower), from an Arrow string column's offsets "
+        "(int32 or int64) and data; uint64 bytes.");
   m.def("distinct_rows", &distinct_rows_binding, py::arg("rows"), py::arg("width"), py::arg("exact_pass_only") = false,
         "Rows of `width` bytes: (id of each row's value, first row of each id), int64 bytes; ids in order of "
         "first appearance.");

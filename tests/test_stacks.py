@@ -9,6 +9,7 @@ and the extension share, the stack hash's MD5 against DuckDB's, and the module k
 
 from __future__ import annotations
 
+import hashlib
 import random
 
 import duckdb
@@ -236,6 +237,31 @@ def test_md5_low64_is_duckdbs_md5_number_lower() -> None:
     con = duckdb.connect()
     theirs = [con.execute("SELECT md5_number_lower(?)", [t]).fetchone()[0] for t in texts]
     assert identity.md5_low64(texts).tolist() == theirs
+
+
+def test_md5_low64_hashes_arrow_columns_as_hashlib_does() -> None:
+    # Lengths on each side of MD5's block and padding boundaries, and text that is not ASCII.
+    texts = ["a" * n for n in (0, 1, 55, 56, 57, 63, 64, 65, 119, 120, 128, 1000)] + ["é\u2603" * 40]
+    expected = [int.from_bytes(hashlib.md5(t.encode()).digest()[8:], "little") for t in texts]
+    assert identity.md5_low64(pa.array(texts, pa.string())).tolist() == expected
+    assert identity.md5_low64(pa.array(texts, pa.large_string())).tolist() == expected
+    # A slice reads its own texts, not the buffer's first ones; chunks are joined.
+    assert identity.md5_low64(pa.array(texts, pa.string()).slice(3, 4)).tolist() == expected[3:7]
+    chunked = pa.chunked_array([pa.array(texts[:5], pa.string()), pa.array(texts[5:], pa.string())])
+    assert identity.md5_low64(chunked).tolist() == expected
+    assert identity.md5_low64(pa.array([], pa.string())).tolist() == []
+    # Python text with a lone surrogate hashes as its surrogatepass bytes.
+    lone = "a\udc80"
+    assert identity.md5_low64([lone]).tolist() == [
+        int.from_bytes(hashlib.md5(lone.encode("utf-8", "surrogatepass")).digest()[8:], "little")
+    ]
+    with pytest.raises(ValueError, match="null"):
+        identity.md5_low64(pa.array(["x", None], pa.string()))
+    # Offsets that leave the data are refused, not read.
+    with pytest.raises(ValueError, match="past the data"):
+        _native.md5_low64(np.array([0, 9], dtype=np.int32), b"short")
+    with pytest.raises(ValueError, match="not rising"):
+        _native.md5_low64(np.array([0, 3, 1], dtype=np.int32), b"short")
 
 
 # ------------------------------------------------------------------------------------------ module keys

@@ -3,8 +3,9 @@
 Every raw stack of every run is hashed (its portable identity), but only the few stacks the
 database has not seen yet are laid out, so the frames are not flattened up front: `FlatRun.frames`
 gives the frames of the stacks asked for. The hash runs in the extension, one pass over the Arrow
-columns (`tbpipe._native.hash_raw_stacks`); `identity` spells the same function out in numpy. Only
-each distinct module key and code object is hashed one by one (`identity.md5_low64`).
+columns (`tbpipe._native.hash_raw_stacks`); `identity` spells the same function out in numpy. The
+module keys and code objects it refers to are hashed there too, by MD5 from the Arrow columns'
+buffers (`identity.md5_low64`).
 """
 
 from __future__ import annotations
@@ -263,7 +264,7 @@ def flatten_run(tables: dict[str, pa.Table]) -> FlatRun:
             "exec_ranges": raw_modules["exec_ranges"],
         }
     )
-    module_hash = identity.md5_low64(keys.to_pylist())
+    module_hash = identity.md5_low64(keys)
     module_index = _numpy(raw_modules["module_index"], np.int64)
 
     # Code objects: distinct ids, hash over (file, qualname, first line).
@@ -277,7 +278,7 @@ def flatten_run(tables: dict[str, pa.Table]) -> FlatRun:
     code_text = pc.binary_join_element_wise(
         code["filename"], code["qualname"], pc.cast(code["first_line"], pa.string()), "\x1f"
     )
-    code_hash = identity.md5_low64(_flat(code_text).to_pylist())
+    code_hash = identity.md5_low64(code_text)
 
     # Distinct raw stacks (a run holds each once; duplicates would be harmless but are dropped).
     raw_ids, stack_rows = np.unique(_numpy(stacks["stack_id"], np.uint64), return_index=True)

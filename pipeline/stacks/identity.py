@@ -17,10 +17,12 @@ the same function in the extension, in one pass over the Arrow columns
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 
 import numpy as np
+import pyarrow as pa
+
+from tbpipe import _native
 
 _U64 = np.uint64
 _MUL1 = _U64(0xBF58476D1CE4E5B9)
@@ -34,24 +36,28 @@ _LENGTH_MUL = _U64(0xFF51AFD7ED558CCD)
 MISSING = _U64(0x5BD1E9955BD1E995)  # stands for a module or code object the run does not describe
 
 
-_MD5_MEMO: dict[str, int] = {}
-_MD5_MEMO_LIMIT = 1 << 20  # texts remembered: the code objects and modules of many runs of one program
-
-
-def md5_low64(texts: Iterable[str]) -> np.ndarray:
+def md5_low64(texts: pa.Array | pa.ChunkedArray | Iterable[str]) -> np.ndarray:
     """Low 64 bits of each text's MD5 (of its UTF-8 bytes), as uint64: what DuckDB's
-    `md5_number_lower` gives, so stack hashes stored by older versions stay valid. The runs of one
-    night share most texts, so each is hashed once per process."""
-    memo = _MD5_MEMO
-    out = []
-    for text in texts:
-        value = memo.get(text)
-        if value is None:
-            value = int.from_bytes(hashlib.md5(text.encode("utf-8", "surrogatepass")).digest()[8:], "little")
-            if len(memo) < _MD5_MEMO_LIMIT:
-                memo[text] = value
-        out.append(value)
-    return np.array(out, dtype=_U64)
+    `md5_number_lower` gives, so stack hashes stored by older versions stay valid. An Arrow string
+    column is hashed from its buffers in the extension; other texts are encoded first (a lone
+    surrogate as Python's `surrogatepass` writes it)."""
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks() if texts.num_chunks != 1 else texts.chunk(0)
+    if not isinstance(texts, pa.Array):
+        texts = pa.array([text.encode("utf-8", "surrogatepass") for text in texts], pa.binary())
+    if texts.null_count:
+        raise ValueError("md5_low64: a null among the texts")
+    if pa.types.is_large_string(texts.type) or pa.types.is_large_binary(texts.type):
+        offset_type = np.int64
+    elif pa.types.is_string(texts.type) or pa.types.is_binary(texts.type):
+        offset_type = np.int32
+    else:
+        raise TypeError(f"md5_low64: texts of type {texts.type}")
+    _validity, offsets, data = texts.buffers()
+    starts = np.frombuffer(offsets, dtype=offset_type)[texts.offset : texts.offset + len(texts) + 1]
+    if not len(texts):
+        return np.zeros(0, dtype=_U64)
+    return np.frombuffer(_native.md5_low64(starts, data if data is not None else b""), dtype=_U64)
 
 
 def mix64(values: np.ndarray) -> np.ndarray:
