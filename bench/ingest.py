@@ -14,6 +14,11 @@ Steps, each timed:
 4. ingest again (every run already present),
 5. `call_sites` top-20 over all events (target <= 0.5 s), cold and warm,
 6. database bytes per event, against the raw runs' (target: no more).
+
+With --stages, step 3 also says where the ingest's time goes: the loading thread's steps (laying out
+the new stacks, each transaction's statements and commit, the wait for prepared runs, the close),
+which follow one another and add up to the wall time, and the CPU time the preparing threads spend
+beside them reading, checking and hashing the runs ahead.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -111,43 +117,61 @@ def _warm_symbols(runs_dir: Path, cache_dir: Path) -> None:
     )
 
 
-# The ingest's stages, as (module, function): timed by wrapping them for one ingest (--stages).
+# The ingest's stages: (where, function, label, part). The loading thread lays out each batch's new
+# stacks ("layout"), then loads its runs ("load", one transaction at a time): those run one after
+# another and are the ingest's wall time, with the wait for prepared runs and the rest (open,
+# migrations, close and its checkpoint). The preparing threads ("prepare") read, check and hash the
+# next runs meanwhile: their CPU is shown, not their wall time, which overlaps the loading.
+LAYOUT, LOAD, PREPARE = "layout", "load", "prepare"
+RUNS = "tbpipe.pipeline.db.ingest.runs"
 STAGES = [
-    ("tbpipe.pipeline.db.ingest.runs", "read_manifest", "manifest"),
-    ("tbpipe.pipeline.db.ingest.runs", "read_tables", "read stacks/modules/code parts"),
-    ("tbpipe.pipeline.db.ingest.runs", "flatten_run", "flatten + hash stacks"),
-    ("tbpipe.pipeline.db.ingest.runs.RunLoader", "_stack_ids", "find known stacks"),
-    ("tbpipe.pipeline.db.ingest.runs", "events_part", "events parts: checksums, names, stackless"),
-    ("tbpipe.pipeline.db.ingest.runs.RunLoader", "_slots", "combined order (slots)"),
-    ("tbpipe.pipeline.db.ingest.symbols.SymbolLoader", "symbols_for", "symbols for new frames"),
-    ("tbpipe.pipeline.db.ingest.runs.layout", "expand", "inline expansion, distinct frames"),
-    ("tbpipe.pipeline.db.ingest.rows", "insert_modules", "insert modules"),
-    ("tbpipe.pipeline.db.ingest.rows", "insert_stacks", "insert stacks + frames"),
-    ("tbpipe.pipeline.db.ingest.runs", "record_portable_files", "source files"),
-    ("tbpipe.pipeline.db.ingest.runs", "sites_of_laid_out", "site new stacks (batch)"),
-    ("tbpipe.pipeline.db.ingest.runs", "store_sites", "insert sites"),
-    ("tbpipe.pipeline.db.ingest.rows", "insert_events", "insert events + counts"),
-    ("tbpipe.pipeline.db.ingest.rows", "insert_runs", "insert runs"),
-    ("tbpipe.pipeline.db.ingest.tables.Transaction", "__exit__", "commit"),
-    ("tbpipe.pipeline.db.ingest.runs.RunLoader", "_count_frames", "summary counts"),
+    (RUNS, "open_database", "open the database (and migrate it)", None),
+    (f"{RUNS}.RunLoader", "_lay_out", "lay out new stacks", None),
+    (f"{RUNS}.RunLoader", "_stack_ids", "find known stacks", LAYOUT),
+    (f"{RUNS}.RunLoader", "_slots", "combined order (slots)", LAYOUT),
+    ("tbpipe.pipeline.db.ingest.symbols.SymbolLoader", "symbols_for", "symbols for new frames", LAYOUT),
+    (f"{RUNS}.layout", "expand", "inline expansion, distinct frames", LAYOUT),
+    (RUNS, "resolve_frames", "frame ids", LAYOUT),
+    (RUNS, "sites_of_laid_out", "site new stacks", LAYOUT),
+    (f"{RUNS}.RunLoader", "_load_runs", "load runs", None),
+    ("tbpipe.pipeline.db.ingest.rows", "insert_modules", "insert modules", LOAD),
+    ("tbpipe.pipeline.db.ingest.rows", "insert_stacks", "insert stacks + frames", LOAD),
+    (RUNS, "store_sites", "insert sites", LOAD),
+    ("tbpipe.pipeline.db.ingest.rows", "insert_events", "insert events + counts", LOAD),
+    (RUNS, "count_sites", "site counts", LOAD),
+    ("tbpipe.pipeline.db.ingest.rows", "insert_runs", "insert runs", LOAD),
+    ("tbpipe.pipeline.db.ingest.tables.Transaction", "__exit__", "commit", LOAD),
+    (f"{RUNS}.RunLoader", "_count_frames", "summary counts", None),
+    (RUNS, "read_manifest", "manifest", PREPARE),
+    (RUNS, "read_tables", "read stacks/modules/code parts", PREPARE),
+    (RUNS, "events_part", "events parts: checksums, names, stackless", PREPARE),
+    (RUNS, "flatten_run", "flatten + hash stacks", PREPARE),
 ]
+WAITING = "waiting for prepared runs"
 
 
 class _StageTimes:
-    """Wraps the stage functions; sums wall and CPU time (all threads: DuckDB's too) per stage."""
+    """Wraps the stage functions: wall time of the loading thread's stages, CPU time of the
+    preparing threads' (each measured on the thread that runs it), and the loading thread's wait
+    for prepared runs."""
 
     def __init__(self) -> None:
         import importlib
-        import resource
 
-        self._resource = resource
-        self.times: dict[str, list[float]] = {}
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._lock = threading.Lock()  # the preparing threads add up their stages side by side
         self._undo = []
-        for owner, name, label in STAGES:
-            target = self._resolve(importlib, owner)
-            original = getattr(target, name)
-            self._undo.append((target, name, original))
-            setattr(target, name, self._timed(label, original))
+        for owner, name, label, part in STAGES:
+            self._wrap(self._resolve(importlib, owner), name, self._timed(label, part))
+        ahead = self._resolve(importlib, f"{RUNS}._PreparedAhead")
+        self._wrap(ahead, "__iter__", self._timed_iteration)
+
+    def _wrap(self, target, name, make) -> None:
+        original = getattr(target, name)
+        self._undo.append((target, name, original))
+        setattr(target, name, make(original))
 
     @staticmethod
     def _resolve(importlib, dotted: str):
@@ -162,35 +186,79 @@ class _StageTimes:
             return obj
         raise ImportError(dotted)
 
-    def _cpu(self) -> float:
-        usage = self._resource.getrusage(self._resource.RUSAGE_SELF)
-        return usage.ru_utime + usage.ru_stime
+    def _add(self, label: str, wall: float, cpu: float) -> None:
+        with self._lock:
+            self.wall[label] = self.wall.get(label, 0.0) + wall
+            self.cpu[label] = self.cpu.get(label, 0.0) + cpu
+            self.calls[label] = self.calls.get(label, 0) + 1
 
-    def _timed(self, label, function):
-        def timed(*args, **kwargs):
-            wall, cpu = time.perf_counter(), self._cpu()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                entry = self.times.setdefault(label, [0.0, 0.0, 0])
-                entry[0] += time.perf_counter() - wall
-                entry[1] += self._cpu() - cpu
-                entry[2] += 1
+    def _timed(self, label, part):
+        def make(function):
+            def timed(*args, **kwargs):
+                wall, cpu = time.perf_counter(), time.thread_time()
+                try:
+                    return function(*args, **kwargs)
+                finally:
+                    self._add(label, time.perf_counter() - wall, time.thread_time() - cpu)
 
-        return timed
+            return timed
+
+        return make
+
+    def _timed_iteration(self, original):
+        timer = self
+
+        def iterate(ahead):
+            runs = original(ahead)
+            while True:
+                started = time.perf_counter()
+                try:
+                    item = next(runs)
+                except StopIteration:
+                    return
+                finally:
+                    timer._add(WAITING, time.perf_counter() - started, 0.0)
+                yield item
+
+        return iterate
 
     def restore(self) -> None:
-        for target, name, original in self._undo:
+        for target, name, original in reversed(self._undo):
             setattr(target, name, original)
+
+    def _line(self, label: str, indent: int, value: float, unit: str, note: str = "") -> None:
+        print(f"  {'  ' * indent}{label:<{44 - 2 * indent}} {value:7.2f} s {unit}{note}")
 
     def print(self, total_wall: float, total_cpu: float, runs: int, new_stacks: int) -> None:
         print(
             f"stages: {total_wall:.1f} s wall, {total_cpu:.1f} s CPU (all threads) for {runs} runs, {new_stacks:,} new stacks"
         )
-        for label, (wall, cpu, calls) in sorted(self.times.items(), key=lambda item: -item[1][1]):
-            print(f"  {label:<36} {wall:7.2f} s wall {cpu:7.2f} s CPU  ({calls} calls)")
-        staged = sum(cpu for _wall, cpu, _calls in self.times.values())
-        print(f"  {'the rest (open, close, checkpoint)':<36} {'':>14} {total_cpu - staged:7.2f} s CPU")
+        print("  the loading thread, one step after another (wall time):")
+        accounted = 0.0
+        opened = self.wall.get("open the database (and migrate it)", 0.0)
+        accounted += opened
+        self._line("open the database (and migrate it)", 1, opened, "")
+        for parent, part, per, count, scale, unit in (
+            ("lay out new stacks", LAYOUT, "new stack", new_stacks, 1e6, "us"),
+            ("load runs", LOAD, "run", runs, 1e3, "ms"),
+        ):
+            wall = self.wall.get(parent, 0.0)
+            accounted += wall
+            each = f", {wall / count * scale:,.1f} {unit} a {per}" if count else ""
+            self._line(parent, 1, wall, "", f" ({self.calls.get(parent, 0)} calls{each})")
+            inside = [(label, self.wall[label]) for _o, _n, label, p in STAGES if p == part and label in self.wall]
+            for label, seconds in sorted(inside, key=lambda item: -item[1]):
+                self._line(label, 2, seconds, "", f" ({self.calls[label]} calls)")
+            self._line("the rest of it", 2, wall - sum(seconds for _label, seconds in inside), "")
+        for label in ("summary counts", WAITING):
+            accounted += self.wall.get(label, 0.0)
+            self._line(label, 1, self.wall.get(label, 0.0), "")
+        self._line("the rest (closing, with its checkpoint)", 1, total_wall - accounted, "")
+        print("  the preparing threads, beside the loading (CPU time of those threads):")
+        for _o, _n, label, part in STAGES:
+            if part == PREPARE and label in self.cpu:
+                per_run = f", {self.cpu[label] / runs * 1e3:.1f} ms a run" if runs else ""
+                self._line(label, 1, self.cpu[label], "CPU", f" ({self.calls[label]} calls{per_run})")
 
 
 def _ingest(runs_dir: Path, db: Path, cache_dir: Path, label: str, stages: bool = False, per_transaction: int = 1):
