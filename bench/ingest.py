@@ -18,7 +18,7 @@ Steps, each timed:
 With --stages, step 3 also says where the ingest's time goes: the loading thread's steps (laying out
 the new stacks, each transaction's statements and commit, the wait for prepared runs, the close),
 which follow one another and add up to the wall time, and the CPU time the preparing threads spend
-beside them reading, checking and hashing the runs ahead.
+beside them reading, checking and hashing the runs ahead (wall time on those threads, and their own CPU).
 """
 
 from __future__ import annotations
@@ -151,9 +151,8 @@ WAITING = "waiting for prepared runs"
 
 
 class _StageTimes:
-    """Wraps the stage functions: wall time of the loading thread's stages, CPU time of the
-    preparing threads' (each measured on the thread that runs it), and the loading thread's wait
-    for prepared runs."""
+    """Wraps the stage functions: wall time of each stage and CPU time of the thread that runs it
+    (the loading thread, or a preparing one), and the loading thread's wait for prepared runs."""
 
     def __init__(self) -> None:
         import importlib
@@ -254,11 +253,14 @@ class _StageTimes:
             accounted += self.wall.get(label, 0.0)
             self._line(label, 1, self.wall.get(label, 0.0), "")
         self._line("the rest (closing, with its checkpoint)", 1, total_wall - accounted, "")
-        print("  the preparing threads, beside the loading (CPU time of those threads):")
+        # Wall time summed over the workers (it overlaps the loading), and the CPU time of the worker
+        # threads themselves (Arrow decodes a big part's columns on its own pool, not counted there).
+        print("  the preparing threads, beside the loading (time on those threads, summed over them):")
         for _o, _n, label, part in STAGES:
-            if part == PREPARE and label in self.cpu:
-                per_run = f", {self.cpu[label] / runs * 1e3:.1f} ms a run" if runs else ""
-                self._line(label, 1, self.cpu[label], "CPU", f" ({self.calls[label]} calls{per_run})")
+            if part == PREPARE and label in self.wall:
+                per_run = f", {self.wall[label] / runs * 1e3:.1f} ms a run" if runs else ""
+                note = f" ({self.calls[label]} calls{per_run}; {self.cpu[label]:.2f} s CPU of the thread)"
+                self._line(label, 1, self.wall[label], "", note)
 
 
 def _ingest(runs_dir: Path, db: Path, cache_dir: Path, label: str, stages: bool = False, per_transaction: int = 1):
