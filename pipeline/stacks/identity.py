@@ -53,10 +53,10 @@ def md5_low64(texts: pa.Array | pa.ChunkedArray | Iterable[str]) -> np.ndarray:
         offset_type = np.int32
     else:
         raise TypeError(f"md5_low64: texts of type {texts.type}")
-    _validity, offsets, data = texts.buffers()
-    starts = np.frombuffer(offsets, dtype=offset_type)[texts.offset : texts.offset + len(texts) + 1]
     if not len(texts):
         return np.zeros(0, dtype=_U64)
+    _validity, offsets, data = texts.buffers()
+    starts = np.frombuffer(offsets, dtype=offset_type)[texts.offset : texts.offset + len(texts) + 1]
     return np.frombuffer(_native.md5_low64(starts, data if data is not None else b""), dtype=_U64)
 
 
