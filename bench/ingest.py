@@ -120,20 +120,22 @@ def _warm_symbols(runs_dir: Path, cache_dir: Path) -> None:
 # The ingest's stages: (where, function, label, part). The loading thread lays out each batch's new
 # stacks ("layout"), then loads its runs ("load", one transaction at a time): those run one after
 # another and are the ingest's wall time, with the wait for prepared runs and the rest (open,
-# migrations, close and its checkpoint). The preparing threads ("prepare") read, check and hash the
-# next runs meanwhile: their CPU is shown, not their wall time, which overlaps the loading.
+# migrations, close and its checkpoint). A stage of a part counts only inside that part's step (a
+# commit outside a load is the rest's). The preparing threads ("prepare") read, check and hash the
+# next runs meanwhile: their time is shown apart, as it overlaps the loading.
 LAYOUT, LOAD, PREPARE = "layout", "load", "prepare"
 RUNS = "tbpipe.pipeline.db.ingest.runs"
+STEPS = {LAYOUT: "lay out new stacks", LOAD: "load runs"}  # each part's own step
 STAGES = [
     (RUNS, "open_database", "open the database (and migrate it)", None),
-    (f"{RUNS}.RunLoader", "_lay_out", "lay out new stacks", None),
+    (f"{RUNS}.RunLoader", "_lay_out", STEPS[LAYOUT], None),
     (f"{RUNS}.RunLoader", "_stack_ids", "find known stacks", LAYOUT),
     (f"{RUNS}.RunLoader", "_slots", "combined order (slots)", LAYOUT),
     ("tbpipe.pipeline.db.ingest.symbols.SymbolLoader", "symbols_for", "symbols for new frames", LAYOUT),
     (f"{RUNS}.layout", "expand", "inline expansion, distinct frames", LAYOUT),
     (RUNS, "resolve_frames", "frame ids", LAYOUT),
     (RUNS, "sites_of_laid_out", "site new stacks", LAYOUT),
-    (f"{RUNS}.RunLoader", "_load_runs", "load runs", None),
+    (f"{RUNS}.RunLoader", "_load_runs", STEPS[LOAD], None),
     ("tbpipe.pipeline.db.ingest.rows", "insert_modules", "insert modules", LOAD),
     ("tbpipe.pipeline.db.ingest.rows", "insert_stacks", "insert stacks + frames", LOAD),
     (RUNS, "store_sites", "insert sites", LOAD),
@@ -160,6 +162,7 @@ class _StageTimes:
         self.wall: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
         self.calls: dict[str, int] = {}
+        self._inside = {part: 0 for part in STEPS}  # the loading thread's steps under way
         self._lock = threading.Lock()  # the preparing threads add up their stages side by side
         self._undo = []
         for owner, name, label, part in STAGES:
@@ -192,12 +195,20 @@ class _StageTimes:
             self.calls[label] = self.calls.get(label, 0) + 1
 
     def _timed(self, label, part):
+        step = next((p for p, name in STEPS.items() if name == label), None)
+
         def make(function):
             def timed(*args, **kwargs):
+                if part in STEPS and not self._inside[part]:
+                    return function(*args, **kwargs)
                 wall, cpu = time.perf_counter(), time.thread_time()
+                if step is not None:
+                    self._inside[step] += 1
                 try:
                     return function(*args, **kwargs)
                 finally:
+                    if step is not None:
+                        self._inside[step] -= 1
                     self._add(label, time.perf_counter() - wall, time.thread_time() - cpu)
 
             return timed
@@ -225,8 +236,8 @@ class _StageTimes:
         for target, name, original in reversed(self._undo):
             setattr(target, name, original)
 
-    def _line(self, label: str, indent: int, value: float, unit: str, note: str = "") -> None:
-        print(f"  {'  ' * indent}{label:<{44 - 2 * indent}} {value:7.2f} s {unit}{note}")
+    def _line(self, label: str, indent: int, seconds: float, note: str = "") -> None:
+        print(f"  {'  ' * indent}{label:<{44 - 2 * indent}} {seconds:7.2f} s{note}")
 
     def print(self, total_wall: float, total_cpu: float, runs: int, new_stacks: int) -> None:
         print(
@@ -236,23 +247,24 @@ class _StageTimes:
         accounted = 0.0
         opened = self.wall.get("open the database (and migrate it)", 0.0)
         accounted += opened
-        self._line("open the database (and migrate it)", 1, opened, "")
-        for parent, part, per, count, scale, unit in (
-            ("lay out new stacks", LAYOUT, "new stack", new_stacks, 1e6, "us"),
-            ("load runs", LOAD, "run", runs, 1e3, "ms"),
+        self._line("open the database (and migrate it)", 1, opened)
+        for part, per, count, scale, unit in (
+            (LAYOUT, "new stack", new_stacks, 1e6, "us"),
+            (LOAD, "run", runs, 1e3, "ms"),
         ):
+            parent = STEPS[part]
             wall = self.wall.get(parent, 0.0)
             accounted += wall
             each = f", {wall / count * scale:,.1f} {unit} a {per}" if count else ""
-            self._line(parent, 1, wall, "", f" ({self.calls.get(parent, 0)} calls{each})")
+            self._line(parent, 1, wall, f" ({self.calls.get(parent, 0)} calls{each})")
             inside = [(label, self.wall[label]) for _o, _n, label, p in STAGES if p == part and label in self.wall]
             for label, seconds in sorted(inside, key=lambda item: -item[1]):
-                self._line(label, 2, seconds, "", f" ({self.calls[label]} calls)")
-            self._line("the rest of it", 2, wall - sum(seconds for _label, seconds in inside), "")
+                self._line(label, 2, seconds, f" ({self.calls[label]} calls)")
+            self._line("the rest of it", 2, wall - sum(seconds for _label, seconds in inside))
         for label in ("summary counts", WAITING):
             accounted += self.wall.get(label, 0.0)
-            self._line(label, 1, self.wall.get(label, 0.0), "")
-        self._line("the rest (closing, with its checkpoint)", 1, total_wall - accounted, "")
+            self._line(label, 1, self.wall.get(label, 0.0))
+        self._line("the rest (closing, with its checkpoint)", 1, total_wall - accounted)
         # Wall time summed over the workers (it overlaps the loading), and the CPU time of the worker
         # threads themselves (Arrow decodes a big part's columns on its own pool, not counted there).
         print("  the preparing threads, beside the loading (time on those threads, summed over them):")
@@ -260,7 +272,7 @@ class _StageTimes:
             if part == PREPARE and label in self.wall:
                 per_run = f", {self.wall[label] / runs * 1e3:.1f} ms a run" if runs else ""
                 note = f" ({self.calls[label]} calls{per_run}; {self.cpu[label]:.2f} s CPU of the thread)"
-                self._line(label, 1, self.wall[label], "", note)
+                self._line(label, 1, self.wall[label], note)
 
 
 def _ingest(runs_dir: Path, db: Path, cache_dir: Path, label: str, stages: bool = False, per_transaction: int = 1):
