@@ -17,6 +17,8 @@ Ways to run each step, every one measured against "off" (no hook; the session id
   profiler+stack  torch.profiler, CPU activity, with_stack=True (Python frames only)
 and, to see where the observer's cost goes per op:
   rf-only         the observer's callback runs (RecordFunction active for every op) but records nothing
+  rf-only@0.1     the same with torch drawing one op in ten (as at --sample-rate 0.1): torch's
+                  sampled-callback machinery, nothing recorded
   no-stack        events recorded with no stack (as a session with python=False, native=False)
   python-stack    Python frames only (as native=False)
   native-stack    native frames only (as python=False)
@@ -31,7 +33,10 @@ Time is the CPU time of the stepping thread (which also does the flush): on a sh
 time mostly measures the neighbours.
 
 Targets (issue 14): observer <= 1.15x on every step (below the profiler with stacks), observer at
-sample rate 0.1 <= 1.05x.
+sample rate 0.1 <= 1.05x. rf-only and rf-only@0.1 are the floors under them: what torch's own
+RecordFunction machinery costs with a callback that records nothing. A missed target is printed
+with its floor: where the floor is at or above the target, no observer that records anything can
+meet it on that step.
 """
 
 from __future__ import annotations
@@ -127,11 +132,14 @@ WAYS: dict[str, dict] = {
     "profiler": {"profiler": True, "with_stack": False},
     "profiler+stack": {"profiler": True, "with_stack": True},
     "rf-only": {"hook": "observer", "level": 0},
+    "rf-only@0.1": {"hook": "observer", "sample_rate": 0.1, "level": 0},
     "no-stack": {"hook": "observer", "python": False, "native": False},
     "python-stack": {"hook": "observer", "native": False},
     "native-stack": {"hook": "observer", "python": False},
 }
-MAIN_WAYS = ["observer", "observer@0.1", "dispatch", "profiler", "profiler+stack"]
+MAIN_WAYS = ["observer", "observer@0.1", "dispatch", "profiler", "profiler+stack", "rf-only", "rf-only@0.1"]
+# The way each target applies to, the target, and the way that is its floor (torch's machinery alone).
+TARGETS = [("observer", TARGET_FULL, "rf-only"), ("observer@0.1", TARGET_SAMPLED, "rf-only@0.1")]
 
 
 def timed_steps(step: Callable[[], None], steps: int) -> float:
@@ -294,17 +302,18 @@ def print_results(results: dict[str, dict], ways: list[str]) -> bool:
     for result in results.values():
         ratio = result["ratio"]
         checks = []
-        if "observer" in ratio:
-            met = ratio["observer"] <= TARGET_FULL
+        for way, target, floor in TARGETS:
+            if way not in ratio:
+                continue
+            met = ratio[way] <= target
             ok &= met
-            checks.append(f"observer <= {TARGET_FULL}x: {'meets' if met else 'MISSES'}")
-            if "profiler+stack" in ratio:
+            check = f"{way} <= {target}x: {'meets' if met else 'MISSES'}"
+            if not met and floor in ratio:
+                check += f" (torch's machinery alone, {floor}, costs {ratio[floor]:.3f}x)"
+            checks.append(check)
+            if way == "observer" and "profiler+stack" in ratio:
                 below = ratio["observer"] < ratio["profiler+stack"]
                 checks.append(f"below profiler+stack: {'yes' if below else 'NO'}")
-        if "observer@0.1" in ratio:
-            met = ratio["observer@0.1"] <= TARGET_SAMPLED
-            ok &= met
-            checks.append(f"observer@0.1 <= {TARGET_SAMPLED}x: {'meets' if met else 'MISSES'}")
         print(f"{result['label']:22} " + "; ".join(checks))
     return ok
 
