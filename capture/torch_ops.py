@@ -15,7 +15,10 @@ Two hooks; the first that works here is used, and the source's status line says 
    rate below 1, torch's own RecordFunction sampler draws the ops (an op not drawn costs almost
    nothing and is not counted in the manifest's events_sampled_out), and depth and parent are left
    out (the enclosing ops were mostly not drawn); backward nodes are still followed, so a drawn op
-   inside one keeps its bwd_seq. A backward op
+   inside one keeps its bwd_seq. With the session's op_stacks="outermost", an op called inside
+   another op takes the enclosing op's stack (nothing walked) while no Python code ran in between
+   (native/capi.h, TBPIPE_RECORD_NESTED): the same sites, without the frames between the two ops.
+   A backward op
    belongs to the forward op with seq = bwd_seq and seq_thread = fwd_thread (the view
    `backward_op_sites` sites it at that op's line). No shapes: they would need every op's
    arguments boxed. Left out, as the dispatch mode never sees them: ops run while a fake, proxy

@@ -220,14 +220,16 @@ PyObject* capi_traceback_object(void* handle) {
 
 void capi_free_traceback(void* handle) { delete static_cast<RawTraceback*>(handle); }
 
+static_assert(TBPIPE_RECORD_SAMPLED == Recorder::kScopedSampled, "capi.h and recorder.h must agree");
+static_assert(TBPIPE_RECORD_NESTED == Recorder::kScopedNested, "capi.h and recorder.h must agree");
+
 void capi_record_scoped(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_len, const void* scope,
                         uint32_t flags) {
   Recorder& recorder = Recorder::instance();
   if (!recorder.active()) return;
   UnwindOptions options = options_for_native_caller();
   options.skip_caller_module = true;
-  recorder.record_native_scoped(kind_id, name_id, attrs_json, attrs_len, options, scope,
-                                (flags & TBPIPE_RECORD_SAMPLED) != 0);
+  recorder.record_native_scoped(kind_id, name_id, attrs_json, attrs_len, options, scope, flags);
 }
 
 int capi_sample() {

@@ -74,6 +74,12 @@ typedef struct TbpipeCApi {
 } TbpipeCApi;
 
 #define TBPIPE_RECORD_SAMPLED 1u  // `record_scoped` flag: drawn with `sample()` already, and kept
+// `record_scoped` flag: the event happens inside the thread's innermost open scope (an op called by
+// another op). Where the session records nested ops with their outermost op's stack (the Session
+// option op_stacks="outermost"), such an event takes the stack of that scope's event (nothing is
+// walked) and opens no scope, as long as no Python code ran in between; otherwise it is recorded as
+// without the flag.
+#define TBPIPE_RECORD_NESTED 2u
 
 // Whether the table `api` points to has `field` (filled by a tbpipe at least as new as the field).
 #define TBPIPE_CAPI_HAS(api, field) ((api)->size >= offsetof(TbpipeCApi, field) + sizeof(((TbpipeCApi*)0)->field))

@@ -292,6 +292,49 @@ struct FrameSink {
 
 }  // namespace
 
+#if PY_VERSION_HEX >= 0x030B0000
+namespace {
+
+// The thread's newest interpreter frame (3.12+: shim frames included).
+_PyInterpreterFrame* newest_frame(PyThreadState* state) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return state->current_frame;
+#else
+  return state->cframe != nullptr ? state->cframe->current_frame : nullptr;
+#endif
+}
+
+// The code object a frame runs, or null (3.13: f_executable may be another callable).
+PyObject* code_of(_PyInterpreterFrame* frame) {
+#if PY_VERSION_HEX >= 0x030D0000
+  PyObject* code = frame->f_executable;
+#else
+  PyObject* code = reinterpret_cast<PyObject*>(frame->f_code);
+#endif
+  return is_code(code) ? code : nullptr;
+}
+
+}  // namespace
+#endif
+
+const void* innermost_python_frame() {
+  PyThreadState* state = own_thread_state();
+  if (state == nullptr) return nullptr;
+#if PY_VERSION_HEX >= 0x030B0000
+  for (_PyInterpreterFrame* frame = newest_frame(state); frame != nullptr; frame = frame->previous) {
+#if PY_VERSION_HEX >= 0x030C0000
+    if (frame->owner == FRAME_OWNED_BY_CSTACK) continue;
+#endif
+    if (code_of(frame) != nullptr) return frame;
+  }
+#else
+  for (PyFrameObject* frame = state->frame; frame != nullptr; frame = frame->f_back) {
+    if (is_code(reinterpret_cast<PyObject*>(frame->f_code))) return frame;
+  }
+#endif
+  return nullptr;
+}
+
 size_t walk_python_frames(PythonFrame* out, size_t max, bool* truncated) {
   return walk_python_frames_spliced(out, max, truncated, nullptr, nullptr);
 }
@@ -319,23 +362,14 @@ size_t walk_python_frames_spliced(PythonFrame* out, size_t max, bool* truncated,
   };
 
 #if PY_VERSION_HEX >= 0x030B0000
-#if PY_VERSION_HEX >= 0x030D0000
-  _PyInterpreterFrame* frame = state->current_frame;
-#else
-  _PyInterpreterFrame* frame = state->cframe != nullptr ? state->cframe->current_frame : nullptr;
-#endif
-  for (; frame != nullptr; frame = frame->previous) {
+  for (_PyInterpreterFrame* frame = newest_frame(state); frame != nullptr; frame = frame->previous) {
 #if PY_VERSION_HEX >= 0x030C0000
     // Shim frames owned by the C stack mark where an eval-loop call begins.
     if (frame->owner == FRAME_OWNED_BY_CSTACK) continue;
 #endif
     if (splice_at(frame)) break;
-#if PY_VERSION_HEX >= 0x030D0000
-    PyObject* code = frame->f_executable;
-#else
-    PyObject* code = reinterpret_cast<PyObject*>(frame->f_code);
-#endif
-    if (!is_code(code)) continue;  // 3.13: f_executable may be another callable
+    PyObject* code = code_of(frame);
+    if (code == nullptr) continue;
     const int32_t byte_offset = static_cast<int32_t>(_PyInterpreterFrame_LASTI(frame) * sizeof(_Py_CODEUNIT));
 #if PY_VERSION_HEX >= 0x030C0000
     const bool entry = frame->previous == nullptr || frame->previous->owner == FRAME_OWNED_BY_CSTACK;

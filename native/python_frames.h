@@ -71,6 +71,10 @@ struct PythonSplice {
 size_t walk_python_frames_spliced(PythonFrame* out, size_t max, bool* truncated, const PythonSplice* splice,
                                   const void** first);
 
+// The frame a walk of the calling thread would write first (an interpreter frame's address), or null
+// when it has none: equal to an earlier walk's first frame, the thread's Python stack is the same.
+const void* innermost_python_frame();
+
 // True when the calling thread holds the GIL (its thread state is current).
 bool thread_holds_gil();
 

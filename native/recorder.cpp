@@ -237,6 +237,7 @@ class OpenScopes {
     const void* scope = nullptr;
     bool has_stack = false;  // false: sampled out, or past the depth cap
     const void* python_top = nullptr;
+    uint64_t stack_id = 0;  // with has_stack: the stack's hash
     std::unique_ptr<RawStack> stack;
     std::unique_ptr<NativeFrameState[]> states;
   };
@@ -259,6 +260,14 @@ class OpenScopes {
   // The innermost open scope below `level` whose stack a gather can splice onto, or null.
   const Level* source_below(const Level* level) const {
     for (size_t i = static_cast<size_t>(level - levels_.data()); i > 0; --i) {
+      if (levels_[i - 1].has_stack) return &levels_[i - 1];
+    }
+    return nullptr;
+  }
+
+  // The innermost open scope whose stack is known, or null.
+  const Level* innermost_with_stack() const {
+    for (size_t i = depth_; i > 0; --i) {
       if (levels_[i - 1].has_stack) return &levels_[i - 1];
     }
     return nullptr;
@@ -416,17 +425,17 @@ double Recorder::sample_rate() const {
 }
 
 bool Recorder::record(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const UnwindOptions& options) {
-  return record_event(kind_id, name_id, attrs, nullptr, 0, options, nullptr, false);
+  return record_event(kind_id, name_id, attrs, nullptr, 0, options, nullptr, 0);
 }
 
 bool Recorder::record_native(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
                              const UnwindOptions& options, uint32_t correlation_id) {
-  return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options, nullptr, false, correlation_id);
+  return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options, nullptr, 0, correlation_id);
 }
 
 bool Recorder::record_native_scoped(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
-                                    const UnwindOptions& options, const void* scope, bool sampled) {
-  return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options, scope, sampled);
+                                    const UnwindOptions& options, const void* scope, uint32_t flags) {
+  return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options, scope, flags);
 }
 
 void Recorder::end_scope(const void* scope) {
@@ -453,21 +462,33 @@ bool Recorder::sample(ThreadBuffer* buffer) {
 bool Recorder::sample_next() { return sample(this_thread_buffer()); }
 
 bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json,
-                            size_t attrs_json_size, const UnwindOptions& options, const void* scope, bool sampled,
-                            uint32_t correlation_id) {
+                            size_t attrs_json_size, const UnwindOptions& options, const void* scope,
+                            uint32_t scoped_flags, uint32_t correlation_id) {
   ThreadBuffer* buffer = this_thread_buffer();
-  if (!sampled && !sample(buffer)) {
+  if (!(scoped_flags & kScopedSampled) && !sample(buffer)) {
     Py_XDECREF(attrs);
     return false;
   }
-  OpenScopes::Level* level = scope != nullptr ? buffer->scopes.open(scope) : nullptr;
-  RawStack& stack = level != nullptr ? *level->stack : thread_scratch_stack();
-  uint64_t stack_id = 0;
   const bool python = want_python_.load(std::memory_order_relaxed);
   const bool native = want_native_.load(std::memory_order_relaxed);
-  if (python || native) {
+  // The enclosing scope's stack, when the event may take it and it still holds: its scope is a live
+  // frame of this stack (a scope left open by a missed end is not) and no Python frame came since
+  // (which only a stack with its Python half can tell).
+  const OpenScopes::Level* enclosing = nullptr;
+  if ((scoped_flags & kScopedNested) && python && nested_enclosing_.load(std::memory_order_relaxed)) {
+    enclosing = buffer->scopes.innermost_with_stack();
+    if (enclosing != nullptr &&
+        (!address_on_this_stack(enclosing->scope) || innermost_python_frame() != enclosing->python_top)) {
+      enclosing = nullptr;
+    }
+  }
+  OpenScopes::Level* level = scope != nullptr && enclosing == nullptr ? buffer->scopes.open(scope) : nullptr;
+  RawStack* gathered = level != nullptr ? level->stack.get() : &thread_scratch_stack();
+  const RawStack& stack = enclosing != nullptr ? *enclosing->stack : *gathered;
+  uint64_t stack_id = enclosing != nullptr ? enclosing->stack_id : 0;
+  if ((python || native) && enclosing == nullptr) {
     if (level == nullptr) {
-      gather_stack(&stack, python, native, options);
+      gather_stack(gathered, python, native, options);
     } else {
       // Inside an open scope, the outer frames are that scope's: splice onto its stack.
       const OpenScopes::Level* source =
@@ -476,13 +497,14 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
       if (source != nullptr) {
         splice = StackSplice{source->stack.get(), source->states.get(), source->python_top, source->scope};
       }
-      gather_stack_spliced(&stack, python, native, options, level->states.get(), &level->python_top,
+      gather_stack_spliced(gathered, python, native, options, level->states.get(), &level->python_top,
                            source != nullptr ? &splice : nullptr);
       // Only a scope in a frame of this stack says which frames stay unchanged inside it (an op
       // object on the heap, such as a Python `record_function`'s, says nothing).
       level->has_stack = address_on_this_stack(scope);
     }
     stack_id = hash_stack(stack);
+    if (level != nullptr) level->stack_id = stack_id;
   }
   const uint32_t per_stack_limit = max_per_stack_per_s_.load(std::memory_order_relaxed);
   if (per_stack_limit != 0 && stack_id != 0) {

@@ -106,9 +106,16 @@ class Recorder {
   // open scopes inside it take the outer part of their stack from this event's instead of walking
   // it (the frames there are the same running ones). Scopes nest; the stacks are what full
   // gathers give.
-  // `sampled`: the caller already drew with sample_next() and the event is kept.
+  // `flags`: kScopedSampled, the caller already drew with sample_next() and the event is kept;
+  // kScopedNested, the event happens inside the thread's open scopes (an op called by an op): with
+  // nested events taking enclosing stacks (set_nested_stacks), it takes the stack of the innermost
+  // open scope's event instead of gathering one, as long as the thread's Python stack is the one
+  // that event saw (no Python code ran in between; a session without Python frames cannot tell,
+  // and always gathers), and opens no scope of its own.
   bool record_native_scoped(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
-                            const UnwindOptions& options, const void* scope, bool sampled);
+                            const UnwindOptions& options, const void* scope, uint32_t flags);
+  static constexpr uint32_t kScopedSampled = 1;
+  static constexpr uint32_t kScopedNested = 2;
   // The sample-rate draw for the calling thread's next event, counted as sampled out when it is
   // left out: a busy source asks first and describes only the events that will be kept.
   bool sample_next();
@@ -116,6 +123,9 @@ class Recorder {
   void end_scope(const void* scope);
   // Whether scoped events splice their stacks (on by default; tests compare both ways).
   void set_splicing(bool enabled) { splicing_.store(enabled, std::memory_order_relaxed); }
+  // Whether nested scoped events take their enclosing scope's stack (off by default: each gathers
+  // its own): the session's op_stacks.
+  void set_nested_stacks_enclosing(bool enabled) { nested_enclosing_.store(enabled, std::memory_order_relaxed); }
 
   // Moves everything buffered out of every thread's buffer (the GIL must be
   // held: attribute objects change hands).
@@ -130,7 +140,8 @@ class Recorder {
   Recorder();
   ThreadBuffer* this_thread_buffer();
   bool record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json, size_t attrs_json_size,
-                    const UnwindOptions& options, const void* scope, bool sampled, uint32_t correlation_id = 0);
+                    const UnwindOptions& options, const void* scope, uint32_t scoped_flags,
+                    uint32_t correlation_id = 0);
   bool sample(ThreadBuffer* buffer);
   bool insert_seen(uint64_t stack_id);
 
@@ -138,6 +149,7 @@ class Recorder {
   std::atomic<bool> want_python_{true};
   std::atomic<bool> want_native_{true};
   std::atomic<bool> splicing_{true};
+  std::atomic<bool> nested_enclosing_{false};
   uint64_t max_buffered_events_ = 1u << 22;
   // sample_rate as a threshold on a 64-bit random draw; UINT64_MAX = keep all.
   std::atomic<uint64_t> sample_threshold_{UINT64_MAX};

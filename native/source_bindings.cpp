@@ -569,6 +569,11 @@ void register_source_bindings(py::module_& m) {
       "_set_splicing", [](bool enabled) { Recorder::instance().set_splicing(enabled); }, py::arg("enabled"),
       "Whether events that open scopes (the torch-ops observer's) take the outer part of their stack from the "
       "enclosing scope's event (on by default): tests compare the stacks both ways.");
+  m.def(
+      "_set_nested_op_stacks", [](bool enclosing) { Recorder::instance().set_nested_stacks_enclosing(enclosing); },
+      py::arg("enclosing"),
+      "Whether an op called inside another op (the torch-ops observer's nested events) takes the enclosing op's "
+      "stack, with no Python code run in between, instead of gathering its own (the Session's op_stacks).");
   m.def("_spliced_walks", &spliced_walks_on_this_thread,
         "How many native walks of the calling thread took their outer frames from an enclosing scope's stack.");
   m.def(

@@ -87,6 +87,19 @@ def test_run_rejects_bad_sample_rate(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
+def test_run_passes_op_stacks_and_rejects_an_unknown_setting(tmp_path: Path) -> None:
+    result = tbpipe(
+        "run", "--out", "runs", "--op-stacks", "outermost", "--", sys.executable, "-c", "pass", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    (run,) = read_runs(tmp_path / "runs")
+    assert run.manifest["capture"]["op_stacks"] == "outermost"
+    result = tbpipe("run", "--out", "bad", "--op-stacks", "inner", "--", sys.executable, "-c", "pass", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "op_stacks must be one of own, outermost, not 'inner'" in result.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 def test_run_says_when_nothing_was_recorded(tmp_path: Path) -> None:
     # Isolated mode ignores PYTHONPATH, so the program runs unrecorded: say so.
     result = tbpipe("run", "--out", "runs", "--", sys.executable, "-I", "-c", "pass", cwd=tmp_path)

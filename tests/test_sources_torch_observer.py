@@ -212,6 +212,70 @@ def test_composite_ops_contain_the_ops_they_call_at_the_users_line(out_dir: Path
     assert "_tbpipe_torch_observer" not in modules[stack["native"][0]["module"]]
 
 
+def test_outermost_op_stacks_give_nested_ops_their_enclosing_ops_stack_where_no_python_ran(out_dir: Path) -> None:
+    layer = nn.Linear(4, 3)
+    x, y = torch.randn(2, 4), torch.randn(3, requires_grad=True)
+
+    def workload() -> None:
+        linear_layer_step(layer, x)
+        CallsPythonInside.apply(y)
+
+    workload()
+    runs = {}
+    for op_stacks in ("own", "outermost"):
+        with capture.session(out_dir / op_stacks, sources=["torch-ops"], op_stacks=op_stacks):
+            workload()
+        (runs[op_stacks],) = read_runs(out_dir / op_stacks)
+    own, outermost = runs["own"], runs["outermost"]
+    assert outermost.manifest["capture"]["op_stacks"] == "outermost"
+    # The same ops, nested the same way.
+    own_events, outer_events = op_events(own), op_events(outermost)
+    assert [(e["name"], e["attrs"]["depth"]) for e in outer_events] == [
+        (e["name"], e["attrs"]["depth"]) for e in own_events
+    ]
+    (linear,) = [e for e in outer_events if e["name"] == "aten::linear"]
+    inside_linear = [e for e in outer_events if e["attrs"].get("parent") == linear["attrs"]["id"]]
+    assert [e["name"] for e in inside_linear] == ["aten::t", "aten::addmm"]
+    # Nested in aten::linear with no Python between: its stack, where it was called from.
+    assert {e["stack_id"] for e in inside_linear} == {linear["stack_id"]}
+    (own_linear,) = [e for e in own_events if e["name"] == "aten::linear"]
+    assert all(
+        e["stack_id"] != own_linear["stack_id"]
+        for e in own_events
+        if e["attrs"].get("parent") == own_linear["attrs"]["id"]
+    )
+    # Called from Python inside the Function's range: a stack of its own, at its own line.
+    (sin,) = [e for e in outer_events if e["name"] == "aten::sin"]
+    assert innermost_here(outermost, sin["stack_id"]) == (
+        "python_function_inside_an_op",
+        line_of("INSIDE CUSTOM FUNCTION"),
+    )
+    # Every op at the same line of this file either way, with fewer stacks gathered.
+    for own_event, outer_event in zip(own_events, outer_events):
+        assert innermost_here(outermost, outer_event["stack_id"]) == innermost_here(own, own_event["stack_id"])
+    outer_stacks = {e["stack_id"] for e in outer_events}
+    assert len(outer_stacks) < len({e["stack_id"] for e in own_events})
+    assert outer_stacks <= set(outermost.tables["stacks"]["stack_id"].to_pylist())
+
+
+def test_outermost_op_stacks_gather_every_stack_without_the_python_half(out_dir: Path) -> None:
+    # Without Python frames the recorder cannot tell whether Python ran between two ops: it walks.
+    layer, x = nn.Linear(4, 3), torch.randn(2, 4)
+    with capture.session(out_dir, sources=["torch-ops"], op_stacks="outermost", python=False):
+        linear_layer_step(layer, x)
+    (run,) = read_runs(out_dir)
+    events = op_events(run)
+    (linear,) = [e for e in events if e["name"] == "aten::linear"]
+    inside = [e for e in events if e["attrs"].get("parent") == linear["attrs"]["id"]]
+    assert [e["name"] for e in inside] == ["aten::t", "aten::addmm"]
+    assert all(e["stack_id"] != linear["stack_id"] for e in inside)
+
+
+def test_op_stacks_must_be_a_known_setting(out_dir: Path) -> None:
+    with pytest.raises(capture.SessionError, match="op_stacks must be one of own, outermost, not 'inner'"):
+        capture.Session(out_dir, sources=["torch-ops"], op_stacks="inner")
+
+
 def test_ops_on_fake_tensors_are_not_recorded(out_dir: Path) -> None:
     # torch.compile traces a model's ops on fake tensors; that is not work of the program's.
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -331,17 +395,20 @@ def query(db: Path, sql: str, params: list | None = None) -> list[tuple]:
         con.close()
 
 
-def two_layer_step_database(out_dir: Path, tmp_path: Path) -> Path:
+def two_layer_step_database(out_dir: Path, tmp_path: Path, op_stacks: str = "own") -> Path:
     """One training step of TwoLayers recorded and ingested."""
     torch.manual_seed(0)
     model, x, y = TwoLayers(), torch.randn(4, 6), torch.randn(4, 3)
-    with capture.session(out_dir, sources=["torch-ops"]):
+    with capture.session(out_dir, sources=["torch-ops"], op_stacks=op_stacks):
         two_layer_training_step(model, x, y)
     return ingest(out_dir, tmp_path)
 
 
-def test_backward_ops_are_sited_at_the_forward_line_in_the_database(out_dir: Path, tmp_path: Path) -> None:
-    db = two_layer_step_database(out_dir, tmp_path)
+@pytest.mark.parametrize("op_stacks", ["own", "outermost"])
+def test_backward_ops_are_sited_at_the_forward_line_in_the_database(
+    out_dir: Path, tmp_path: Path, op_stacks: str
+) -> None:
+    db = two_layer_step_database(out_dir, tmp_path, op_stacks)
     rows = query(
         db,
         """
@@ -370,6 +437,30 @@ def test_backward_ops_are_sited_at_the_forward_line_in_the_database(out_dir: Pat
         ("aten::mm", "AddmmBackward0", here, backward, "aten::addmm", "TwoLayers.forward", here, second),
     ]
     assert counted == [(first, 1), (second, 2)]
+
+
+@pytest.mark.parametrize("op_stacks", ["own", "outermost"])
+def test_show_says_when_an_op_may_show_the_stack_of_the_op_that_called_it(
+    out_dir: Path, tmp_path: Path, op_stacks: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from tbpipe.pipeline import cli
+
+    layer, x = nn.Linear(4, 3), torch.randn(2, 4)
+    with capture.session(out_dir, sources=["torch-ops"], op_stacks=op_stacks):
+        linear_layer_step(layer, x)
+    db = ingest(out_dir, tmp_path)
+    events = dict(query(db, "SELECT name, event_id FROM events WHERE name IN ('aten::linear', 'aten::addmm')"))
+    shown = {
+        name: CliRunner().invoke(cli.app, ["show", "--db", str(db), "--event", str(event_id)], env={"COLUMNS": "250"})
+        for name, event_id in events.items()
+    }
+    assert all(result.exit_code == 0 for result in shown.values()), shown
+    note = "recorded with op_stacks=outermost"
+    assert note not in shown["aten::linear"].output  # called from Python: its own stack either way
+    assert (note in shown["aten::addmm"].output) == (op_stacks == "outermost")
+    assert f"{HERE}:{line_of('LINEAR CALL')}:linear_layer_step" in shown["aten::addmm"].output
 
 
 def test_show_prints_the_forward_ops_traceback_of_a_backward_op(out_dir: Path, tmp_path: Path) -> None:

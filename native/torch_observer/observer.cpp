@@ -324,8 +324,9 @@ void record_op(ThreadState& state, const at::RecordFunction& fn, const char* nam
   const std::string_view text = attrs.finish();
   // A nesting op runs on this thread until its end callback: the ops inside it reuse the outer part
   // of this event's stack. Drawn by sample() already.
-  g_api->record_scoped(g_kind_op, name_id(state, name), text.data(), text.size(), scoped ? &fn : nullptr,
-                       TBPIPE_RECORD_SAMPLED);
+  // An op called inside another: the session may give it the enclosing op's stack (op_stacks).
+  const uint32_t flags = TBPIPE_RECORD_SAMPLED | (parent != nullptr ? TBPIPE_RECORD_NESTED : 0u);
+  g_api->record_scoped(g_kind_op, name_id(state, name), text.data(), text.size(), scoped ? &fn : nullptr, flags);
 }
 
 // The autograd engine's range around one node: the node's own range, then the checks and sums of

@@ -150,6 +150,7 @@ class EventInfo:
     name: str
     stack_id: int | None
     attrs: str | None
+    op_stacks: str | None  # the run's capture setting (torch-ops: the stacks of ops called by ops)
 
 
 def event(con: Any, event_id: int) -> EventInfo:
@@ -157,7 +158,8 @@ def event(con: Any, event_id: int) -> EventInfo:
         con,
         """
         SELECT e.event_id, e.run_id, strftime(e.ts AT TIME ZONE 'UTC', '%Y-%m-%d %H:%M:%S.%f UTC'), e.thread_id,
-               r.threads[e.thread_id], e.kind, e.name, e.stack_id, e.attrs
+               r.threads[e.thread_id], e.kind, e.name, e.stack_id, e.attrs,
+               json_extract_string(r.capture, '$.op_stacks')
         FROM events e LEFT JOIN runs r USING (run_id)
         WHERE e.event_id = ?
         """,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rich.console import Console
@@ -58,7 +59,24 @@ def show_event(con: Any, event_id: int, console: Console) -> None:
         console.print("# no stack was recorded for this event", highlight=False, markup=False)
         return
     console.print(f"# stack {info.stack_id}", highlight=False, markup=False)
+    parent = _enclosing_op(info)
+    if parent is not None:
+        console.print(
+            f"# called by op {parent} of this thread, recorded with op_stacks=outermost: unless Python code ran "
+            "between the two ops, this is the stack of the outermost of them (no frames between)",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
     _traceback(console, con, info.stack_id)
+
+
+def _enclosing_op(info: read.EventInfo) -> int | None:
+    """The `id` attribute of the op an op event was called by, when its run let it take that op's stack."""
+    if info.kind != "op" or info.op_stacks != "outermost" or not info.attrs:
+        return None
+    parent = json.loads(info.attrs).get("parent")
+    return parent if isinstance(parent, int) else None
 
 
 def show_forward_of_event(con: Any, event_id: int, console: Console) -> None:
