@@ -332,6 +332,40 @@ def test_dict_and_json_attributes_mixed_in_one_flush(out_dir: Path) -> None:
     ]
 
 
+def python_between_ops() -> None:
+    from tbpipe import _native_test
+
+    _native_test.record_op_nested("called-from-python")  # PYTHON BETWEEN OPS
+
+
+@pytest.mark.parametrize("op_stacks", ["own", "outermost"])
+def test_nested_events_take_the_enclosing_stack_only_with_outermost_and_no_python_between(
+    out_dir: Path, op_stacks: str
+) -> None:
+    # The C API's nested flag, as the torch-ops observer uses it, on every Python version: with
+    # op_stacks="outermost" an event inside an open scope takes its stack without a walk (no spliced
+    # walk is counted), unless Python code ran in between.
+    from tbpipe import _native_test
+
+    with capture.session(out_dir, op_stacks=op_stacks):
+        before = _native._spliced_walks()
+        _native_test.record_ops_nested("outer", ["inner-1", "inner-2"])
+        walked = _native._spliced_walks() - before
+        _native_test.record_ops_nested("outer-2", [], python_between_ops)
+    assert walked == (0 if op_stacks == "outermost" else 2)
+    (run,) = read_runs(out_dir)
+    events = {e["name"]: e["stack_id"] for e in run.tables["events"].to_pylist()}
+    assert events["inner-1"] == events["inner-2"] == events["outer"]  # one stack either way here
+    # Python ran between: its own stack, with the Python function that called it innermost.
+    assert events["called-from-python"] != events["outer-2"]
+    code = {c["code_id"]: c for c in run.tables["code"].to_pylist()}
+    stack = next(s for s in run.tables["stacks"].to_pylist() if s["stack_id"] == events["called-from-python"])
+    innermost = stack["python"][0]
+    assert code[innermost["code_id"]]["qualname"] == "python_between_ops"
+    lines = Path(__file__).read_text().splitlines()
+    assert lines[innermost["line"] - 1].rstrip().endswith("# PYTHON BETWEEN OPS")
+
+
 def test_native_record_interned_path_and_no_session(out_dir: Path) -> None:
     from tbpipe import _native_test
 

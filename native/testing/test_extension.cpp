@@ -10,11 +10,13 @@
 
 #include <execinfo.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <time.h>
 
 #include <cstdint>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "capi.h"
 #include "cfi.h"
@@ -151,6 +153,37 @@ void register_session_hooks(py::module_& m) {
       py::arg("kind"), py::arg("name"), py::arg("attrs_json") = "",
       "Record an event through the C API's intern + record_interned with the GIL released.");
   m.def("capi_active", []() { return capi().active() != 0; }, "The C API's answer to whether a session is recording.");
+
+  m.def(
+      "record_ops_nested",
+      [](const std::string& outer, const std::vector<std::string>& inner, const py::object& between) {
+        // As the torch-ops observer records an op and the ops it calls: the outer event opens a scope
+        // (a local of this frame), each inner one its own inside it, flagged nested. `between`, when
+        // given, is Python code run inside the outer scope after them.
+        const TbpipeCApi& api = capi();
+        const uint32_t kind = api.intern("op", 2);
+        int outer_scope = 0;
+        api.record_scoped(kind, api.intern(outer.data(), outer.size()), "", 0, &outer_scope, 0);
+        for (const std::string& name : inner) {
+          int inner_scope = 0;
+          api.record_scoped(kind, api.intern(name.data(), name.size()), "", 0, &inner_scope, TBPIPE_RECORD_NESTED);
+          api.end_scope(&inner_scope);
+        }
+        if (!between.is_none()) between();
+        api.end_scope(&outer_scope);
+      },
+      py::arg("outer"), py::arg("inner"), py::arg("between") = py::none(),
+      "Record an op event that opens a scope, the given nested op events inside it, then call `between`.");
+  m.def(
+      "record_op_nested",
+      [](const std::string& name) {
+        const TbpipeCApi& api = capi();
+        int scope = 0;
+        api.record_scoped(api.intern("op", 2), api.intern(name.data(), name.size()), "", 0, &scope,
+                          TBPIPE_RECORD_NESTED);
+        api.end_scope(&scope);
+      },
+      py::arg("name"), "Record one op event flagged nested in whatever scope is open on this thread.");
 
   m.def(
       "gather_with_gil_released",
