@@ -42,7 +42,7 @@ ON_FORK_CHOICES = ("new_run", "stop")
 # The stack of an op called inside another op (torch-ops' observer): "own", gathered for it (the
 # frames between the two ops included); "outermost", the enclosing op's, reused with no walk while
 # no Python code ran in between (an op called from Python inside an op still gets its own). The same
-# call sites and nesting, fewer torch-internal frames, a third less overhead on small-op steps.
+# call sites and nesting, fewer torch-internal frames, up to a third less overhead on small-op steps.
 OP_STACKS_CHOICES = ("own", "outermost")
 # How long a forked child's session waits for its last write when it closes.
 # That write normally holds at most one flush interval of events and takes
