@@ -3,13 +3,16 @@
 // Everything here is raw: frames come back as addresses and code ids; the
 // Python side (tbpipe.capture) symbolizes and writes files.
 #include <Python.h>
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -66,53 +69,73 @@ py::bytes as_bytes(const std::vector<T>& values) {
   return py::bytes(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
 }
 
+// A drained column handed to Python as it lies: a numpy array that owns the vector (or string), no
+// copy. A busy flush drains tens of megabytes, which copies into bytes objects would page in afresh.
+template <typename Container>
+py::array owning_array(Container&& values) {
+  using Value = std::conditional_t<std::is_same_v<std::decay_t<Container>, std::string>, uint8_t,
+                                   typename std::decay_t<Container>::value_type>;
+  if (values.empty()) return py::array_t<Value>(0);
+  auto* owner = new std::decay_t<Container>(std::move(values));
+  py::capsule release(owner, [](void* held) { delete static_cast<std::decay_t<Container>*>(held); });
+  return py::array_t<Value>(static_cast<py::ssize_t>(owner->size()), reinterpret_cast<const Value*>(owner->data()),
+                            release);
+}
+
 py::dict drain() {
   Drained drained;
-  Recorder::instance().drain(&drained);
+  {
+    // Merging the threads' buffers touches no Python object (attribute dicts change hands with
+    // their references as they are): the program's threads run on meanwhile.
+    py::gil_scoped_release released;
+    Recorder::instance().drain(&drained);
+  }
   py::dict out;
-  out["ts_ns"] = as_bytes(drained.ts_ns);
-  out["thread_id"] = as_bytes(drained.thread_id);
-  out["stack_id"] = as_bytes(drained.stack_id);
-  out["kind_id"] = as_bytes(drained.kind_id);
-  out["name_id"] = as_bytes(drained.name_id);
-  out["correlation_id"] = as_bytes(drained.correlation_id);
-  out["attr_text"] = py::bytes(drained.attr_text);
-  out["attr_offsets"] = as_bytes(drained.attr_offsets);
+  out["ts_ns"] = owning_array(std::move(drained.ts_ns));
+  out["thread_id"] = owning_array(std::move(drained.thread_id));
+  out["stack_id"] = owning_array(std::move(drained.stack_id));
+  out["kind_id"] = owning_array(std::move(drained.kind_id));
+  out["name_id"] = owning_array(std::move(drained.name_id));
+  out["correlation_id"] = owning_array(std::move(drained.correlation_id));
+  out["attr_text"] = owning_array(std::move(drained.attr_text));
+  out["attr_offsets"] = owning_array(std::move(drained.attr_offsets));
   py::list objects;
   for (const auto& [event, object] : drained.attr_objects) {
     objects.append(py::make_tuple(event, py::reinterpret_steal<py::object>(object)));
   }
   out["attr_objects"] = objects;
-  out["stack_ids"] = as_bytes(drained.stack_ids);
-  out["stack_status"] = as_bytes(drained.stack_status);
-  out["stack_thread"] = as_bytes(drained.stack_thread);
-  out["native_ends"] = as_bytes(drained.native_ends);
-  out["python_ends"] = as_bytes(drained.python_ends);
-  out["native_module"] = as_bytes(drained.native_module);
-  out["native_offset"] = as_bytes(drained.native_offset);
-  out["native_flags"] = as_bytes(drained.native_flags);
-  out["python_code"] = as_bytes(drained.python_code);
-  out["python_offset"] = as_bytes(drained.python_offset);
-  out["python_flags"] = as_bytes(drained.python_flags);
+  out["stack_ids"] = owning_array(std::move(drained.stack_ids));
+  out["stack_status"] = owning_array(std::move(drained.stack_status));
+  out["stack_thread"] = owning_array(std::move(drained.stack_thread));
+  out["native_ends"] = owning_array(std::move(drained.native_ends));
+  out["python_ends"] = owning_array(std::move(drained.python_ends));
+  out["native_module"] = owning_array(std::move(drained.native_module));
+  out["native_offset"] = owning_array(std::move(drained.native_offset));
+  out["native_flags"] = owning_array(std::move(drained.native_flags));
+  out["python_code"] = owning_array(std::move(drained.python_code));
+  out["python_offset"] = owning_array(std::move(drained.python_offset));
+  out["python_flags"] = owning_array(std::move(drained.python_flags));
   out["dropped"] = drained.dropped;
   return out;
 }
 
+// The values of a buffer (bytes, or a drained column's array), copied out.
 template <typename T>
-std::vector<T> from_bytes(const py::bytes& raw) {
-  std::string_view view = raw;
-  std::vector<T> values(view.size() / sizeof(T));
-  std::memcpy(values.data(), view.data(), values.size() * sizeof(T));
+std::vector<T> from_buffer(const py::buffer& raw) {
+  const py::buffer_info info = raw.request();
+  const size_t bytes = static_cast<size_t>(info.size * info.itemsize);
+  std::vector<T> values(bytes / sizeof(T));
+  if (!values.empty()) std::memcpy(values.data(), info.ptr, values.size() * sizeof(T));
   return values;
 }
 
 // Lines are resolved off the hot path (at flush) and once per distinct
 // (code, offset): PyCode_Addr2Line walks the line table linearly.
-py::bytes resolve_lines(const py::bytes& code_ids, const py::bytes& offsets, const py::bytes& flags) {
+py::bytes resolve_lines(const py::buffer& code_ids, const py::buffer& offsets, const py::buffer& flags) {
   static auto* cache = new std::unordered_map<uint64_t, int32_t>();  // GIL-guarded, lives until exit
-  std::vector<uint64_t> ids = from_bytes<uint64_t>(code_ids);
-  std::vector<int32_t> offs = from_bytes<int32_t>(offsets);
-  std::vector<uint32_t> flgs = from_bytes<uint32_t>(flags);
+  std::vector<uint64_t> ids = from_buffer<uint64_t>(code_ids);
+  std::vector<int32_t> offs = from_buffer<int32_t>(offsets);
+  std::vector<uint32_t> flgs = from_buffer<uint32_t>(flags);
   const size_t count = std::min(ids.size(), std::min(offs.size(), flgs.size()));
   std::vector<int32_t> lines(count, -1);
   CodeRegistry& registry = CodeRegistry::instance();

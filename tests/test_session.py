@@ -310,6 +310,33 @@ def test_native_record_path_without_gil(out_dir: Path) -> None:
     assert code[first["python"][0]["code_id"]].endswith("launch_site")
 
 
+def test_drained_columns_are_arrays_that_own_their_values(out_dir: Path) -> None:
+    """A drain hands its columns over as numpy arrays that keep the drained values themselves (no
+    copy into bytes): later events and drains, and the arrays of another drain going away, leave
+    them as they were."""
+    import numpy as np
+
+    from tbpipe import _native_test
+
+    with capture.session(out_dir, flush_interval_s=1e9):
+        _native.drain()  # whatever the session's start recorded
+        for i in range(500):
+            _native_test.record_with_gil_released("kernel_launch", "first", f'{{"i": {i}}}')
+        first = _native.drain()
+        kept = {key: bytes(column) for key, column in first.items() if isinstance(column, np.ndarray)}
+        for _ in range(700):
+            _native_test.record_with_gil_released("kernel_launch", "second", '{"i": -1}')
+        second = _native.drain()
+        assert len(second["ts_ns"]) == 700
+        del second
+    assert first["ts_ns"].dtype == np.int64 and first["name_id"].dtype == np.uint32
+    assert len(first["ts_ns"]) == 500 and len(first["attr_offsets"]) == 501
+    assert all(bytes(first[key]) == value for key, value in kept.items())
+    text, offsets = bytes(first["attr_text"]), first["attr_offsets"]
+    assert [json.loads(text[offsets[i] : offsets[i + 1]])["i"] for i in range(500)] == list(range(500))
+    assert len(set(first["name_id"].tolist())) == 1 and (np.diff(first["ts_ns"]) >= 0).all()
+
+
 def test_dict_and_json_attributes_mixed_in_one_flush(out_dir: Path) -> None:
     from tbpipe import _native_test
 
