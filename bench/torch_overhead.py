@@ -223,6 +223,12 @@ def run_way(step: Callable[[], None], steps: int, way: dict, session: capture.Se
     return measured
 
 
+def _records_every_op(way: dict) -> bool:
+    """Whether a way records an event for each op (the observer at rate 1, whatever its stacks): its
+    events per step are the step's ops."""
+    return way.get("hook") == "observer" and way.get("sample_rate", 1.0) == 1.0 and way.get("level", 1) > 0
+
+
 def steps_per_block(step: Callable[[], None], seconds: float) -> int:
     """How many steps take about `seconds` of CPU time, off."""
     elapsed = timed_steps(step, 10) / 10
@@ -254,7 +260,7 @@ def bench_workload(name: str, rounds: int, block_s: float, ways: list[str], sess
             ratios[way].append(measured.seconds / ((before + after) / 2))
             times[way].append(measured.seconds)
             flush[way].append(measured.flush_seconds)
-            if way == "observer":
+            if _records_every_op(WAYS[way]):
                 events_per_step.append(measured.events / steps)
             before = after
     return {
@@ -287,8 +293,10 @@ def print_results(results: dict[str, dict], ways: list[str]) -> bool:
     print(f"{'step':22} {'ops/step':>8} {'off ms':>8} {'us/op':>6} " + " ".join(f"{way:>14}" for way in main))
     for result in results.values():
         cells = " ".join(f"{result['ratio'][way]:13.3f}x" for way in main)
-        per_op = result["off"] * 1e6 / max(result["ops"], 1.0)
-        print(f"{result['label']:22} {result['ops']:8.0f} {result['off'] * 1e3:8.3f} {per_op:6.1f} {cells}")
+        # Unknown (-) when no way recorded every op (all sampled, or none of the observer's).
+        ops = f"{result['ops']:8.0f}" if result["ops"] else f"{'-':>8}"
+        per_op = f"{result['off'] * 1e6 / result['ops']:6.1f}" if result["ops"] else f"{'-':>6}"
+        print(f"{result['label']:22} {ops} {result['off'] * 1e3:8.3f} {per_op} {cells}")
         spreads = " ".join(f"{_span(result['spread'][way]):>14}" for way in main)
         print(f"{'':22} {'':8} {'':8} {'':6} {spreads}")
     parts = ["rf-only", "no-stack", "python-stack", "native-stack", "observer"]
