@@ -26,6 +26,7 @@
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <atomic>
+#include <charconv>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -174,22 +175,22 @@ uint32_t name_id(ThreadState& state, const char* name) {
 // cut (at a UTF-8 character boundary) rather than allocated for.
 class JsonWriter {
  public:
-  void key(const char* name) {
-    put(first_ ? '{' : ',');
+  // Keys are literals: written in one piece (an op's attributes are mostly keys and numbers).
+  template <size_t N>
+  void key(const char (&name)[N]) {
+    char text[N + 3];
+    text[0] = first_ ? '{' : ',';
+    text[1] = '"';
+    std::memcpy(text + 2, name, N - 1);
+    text[N + 1] = '"';
+    text[N + 2] = ':';
+    append(text, sizeof text);
     first_ = false;
-    put('"');
-    while (*name != '\0') put(*name++);
-    put('"');
-    put(':');
   }
   void value(uint64_t number) {
     char digits[20];
-    int count = 0;
-    do {
-      digits[count++] = static_cast<char>('0' + number % 10);
-      number /= 10;
-    } while (number != 0);
-    while (count > 0) put(digits[--count]);
+    const std::to_chars_result end = std::to_chars(digits, digits + sizeof digits, number);
+    append(digits, static_cast<size_t>(end.ptr - digits));
   }
   void value(int64_t number) {
     if (number < 0) {
@@ -251,6 +252,14 @@ class JsonWriter {
   static constexpr size_t kTextRoom = kSize - 64;  // numbers and the closing brace always fit after a text
   void put(char c) {
     if (size_ < kSize) buffer_[size_++] = c;
+  }
+  void append(const char* text, size_t length) {
+    if (size_ + length <= kSize) {
+      std::memcpy(buffer_ + size_, text, length);
+      size_ += length;
+    } else {
+      for (size_t i = 0; i < length; ++i) put(text[i]);
+    }
   }
   char buffer_[kSize];
   size_t size_ = 0;
