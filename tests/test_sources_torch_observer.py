@@ -440,27 +440,42 @@ def test_backward_ops_are_sited_at_the_forward_line_in_the_database(
 
 
 @pytest.mark.parametrize("op_stacks", ["own", "outermost"])
-def test_show_says_when_an_op_may_show_the_stack_of_the_op_that_called_it(
-    out_dir: Path, tmp_path: Path, op_stacks: str
-) -> None:
+def test_show_says_whose_stack_an_op_called_by_an_op_has(out_dir: Path, tmp_path: Path, op_stacks: str) -> None:
     from typer.testing import CliRunner
 
     from tbpipe.pipeline import cli
 
-    layer, x = nn.Linear(4, 3), torch.randn(2, 4)
+    layer, x, y = nn.Linear(4, 3), torch.randn(2, 4), torch.randn(3, requires_grad=True)
     with capture.session(out_dir, sources=["torch-ops"], op_stacks=op_stacks):
         linear_layer_step(layer, x)
+        CallsPythonInside.apply(y)
     db = ingest(out_dir, tmp_path)
-    events = dict(query(db, "SELECT name, event_id FROM events WHERE name IN ('aten::linear', 'aten::addmm')"))
+    names = ("aten::linear", "aten::addmm", "aten::sin", "CallsPythonInside")
+    events = dict(query(db, "SELECT name, event_id FROM events WHERE list_contains(?, name)", [list(names)]))
+    assert set(events) == set(names)
     shown = {
         name: CliRunner().invoke(cli.app, ["show", "--db", str(db), "--event", str(event_id)], env={"COLUMNS": "250"})
         for name, event_id in events.items()
     }
     assert all(result.exit_code == 0 for result in shown.values()), shown
-    note = "recorded with op_stacks=outermost"
-    assert note not in shown["aten::linear"].output  # called from Python: its own stack either way
-    assert (note in shown["aten::addmm"].output) == (op_stacks == "outermost")
+    shared, own_stack = "it has that op's stack", "so it has a stack of its own"
+    # Called from Python: no calling op.
+    assert "# called by op" not in shown["aten::linear"].output
+    assert "# called by op" not in shown["CallsPythonInside"].output
+    # Inside aten::linear with no Python between: with outermost, linear's stack, and show says so.
+    linear = f"(event {events['aten::linear']}, aten::linear)"
+    assert (linear in shown["aten::addmm"].output and shared in shown["aten::addmm"].output) == (
+        op_stacks == "outermost"
+    )
+    assert own_stack not in shown["aten::addmm"].output
+    # Called from Python inside the Function's range: its own stack either way.
+    function = f"(event {events['CallsPythonInside']}, CallsPythonInside)"
+    assert (function in shown["aten::sin"].output and own_stack in shown["aten::sin"].output) == (
+        op_stacks == "outermost"
+    )
+    assert shared not in shown["aten::sin"].output
     assert f"{HERE}:{line_of('LINEAR CALL')}:linear_layer_step" in shown["aten::addmm"].output
+    assert f"{HERE}:{line_of('INSIDE CUSTOM FUNCTION')}:python_function_inside_an_op" in shown["aten::sin"].output
 
 
 def test_show_prints_the_forward_ops_traceback_of_a_backward_op(out_dir: Path, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ the database exactly as it prints one symbolized in-process.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -168,6 +169,44 @@ def event(con: Any, event_id: int) -> EventInfo:
     if not rows:
         raise NotFoundError(f"no event {event_id} in the database")
     return EventInfo(*rows[0])
+
+
+@dataclass
+class CallingOp:
+    """The op an op event was called by, in a run recorded with op_stacks=outermost (where the
+    event may have taken that op's stack instead of gathering its own)."""
+
+    op_id: int  # its `id` attribute (ops number themselves per thread)
+    event_id: int | None  # its event, on the same thread of the same run; None when not recorded
+    name: str | None
+    shares_stack: bool | None  # the event has the calling op's stack; None when its event is missing
+
+
+def calling_op(con: Any, info: EventInfo) -> CallingOp | None:
+    """`CallingOp` of an op event of an op_stacks=outermost run that another op called; None for
+    any other event. The same stack means nothing was walked for it: no Python code ran between the
+    two ops, and the frames between them are not in it; a different one, that Python code ran
+    between them. The calling op's event may be missing (not drawn below sample rate 1, dropped)."""
+    if info.kind != "op" or info.op_stacks != "outermost" or not info.attrs:
+        return None
+    parent = json.loads(info.attrs).get("parent")
+    if not isinstance(parent, int) or isinstance(parent, bool):
+        return None
+    rows = query_rows(
+        con,
+        """
+        SELECT event_id, name, stack_id FROM events
+        WHERE run_id = ? AND thread_id = ? AND kind = 'op' AND event_id < ?
+          AND json_extract(attrs, '$.id')::VARCHAR = ?
+        ORDER BY event_id DESC
+        LIMIT 1
+        """,
+        [info.run_id, info.thread_id, info.event_id, str(parent)],
+    )
+    if not rows:
+        return CallingOp(parent, None, None, None)
+    event_id, name, stack_id = rows[0]
+    return CallingOp(parent, event_id, name, stack_id == info.stack_id)
 
 
 @dataclass

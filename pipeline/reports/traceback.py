@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rich.console import Console
@@ -59,24 +58,29 @@ def show_event(con: Any, event_id: int, console: Console) -> None:
         console.print("# no stack was recorded for this event", highlight=False, markup=False)
         return
     console.print(f"# stack {info.stack_id}", highlight=False, markup=False)
-    parent = _enclosing_op(info)
-    if parent is not None:
-        console.print(
-            f"# called by op {parent} of this thread, recorded with op_stacks=outermost: unless Python code ran "
-            "between the two ops, this is the stack of the outermost of them (no frames between)",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
-        )
+    note = _enclosing_op_note(con, info)
+    if note:
+        console.print(note, highlight=False, markup=False, soft_wrap=True)
     _traceback(console, con, info.stack_id)
 
 
-def _enclosing_op(info: read.EventInfo) -> int | None:
-    """The `id` attribute of the op an op event was called by, when its run let it take that op's stack."""
-    if info.kind != "op" or info.op_stacks != "outermost" or not info.attrs:
+def _enclosing_op_note(con: Any, info: read.EventInfo) -> str | None:
+    """For an op of an op_stacks=outermost run called by another op: whose stack it has."""
+    caller = read.calling_op(con, info)
+    if caller is None:
         return None
-    parent = json.loads(info.attrs).get("parent")
-    return parent if isinstance(parent, int) else None
+    if caller.event_id is None:  # the calling op's event is not in the run: the stacks cannot be compared
+        return (
+            f"# called by op {caller.op_id} of this thread, recorded with op_stacks=outermost: unless Python code "
+            "ran between the two ops, this is the stack of the outermost of them (no frames between)"
+        )
+    called_by = f"# called by op {caller.op_id} of this thread (event {caller.event_id}, {caller.name})"
+    if caller.shares_stack:
+        return (
+            f"{called_by}; recorded with op_stacks=outermost, it has that op's stack: the frames between the two "
+            "ops are not in it"
+        )
+    return f"{called_by}; Python code ran between the two ops, so it has a stack of its own"
 
 
 def show_forward_of_event(con: Any, event_id: int, console: Console) -> None:
