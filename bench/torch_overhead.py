@@ -245,8 +245,8 @@ def bench_workload(name: str, rounds: int, block_s: float, ways: list[str], sess
     for way in ways:  # warm each way once: first stacks, interned names, the profiler's set-up
         run_way(step, max(2, steps // 4), WAYS[way], session)
     ratios: dict[str, list[float]] = {way: [] for way in ways}
-    times: dict[str, list[float]] = {way: [] for way in ways}
     flush: dict[str, list[float]] = {way: [] for way in ways}
+    stepping: dict[str, list[float]] = {way: [] for way in ways}  # a step's extra time, its flush left out
     off_times: list[float] = []
     events_per_step: list[float] = []
     for round_index in range(rounds):
@@ -258,8 +258,9 @@ def bench_workload(name: str, rounds: int, block_s: float, ways: list[str], sess
             after = timed_steps(step, steps) / steps
             off_times.append(after)
             ratios[way].append(measured.seconds / ((before + after) / 2))
-            times[way].append(measured.seconds)
             flush[way].append(measured.flush_seconds)
+            # Paired with the off blocks around it, as the ratio: the machine's drift over the run cancels.
+            stepping[way].append(measured.seconds - measured.flush_seconds - (before + after) / 2)
             if _records_every_op(WAYS[way]):
                 events_per_step.append(measured.events / steps)
             before = after
@@ -269,8 +270,8 @@ def bench_workload(name: str, rounds: int, block_s: float, ways: list[str], sess
         "off": statistics.median(off_times),
         "ratio": {way: statistics.median(values) for way, values in ratios.items()},
         "spread": {way: _quartiles(values) for way, values in ratios.items()},
-        "time": {way: statistics.median(values) for way, values in times.items()},
         "flush": {way: statistics.median(values) for way, values in flush.items()},
+        "extra": {way: statistics.median(values) for way, values in stepping.items()},
         "ops": statistics.median(events_per_step) if events_per_step else 0.0,
     }
 
@@ -303,24 +304,24 @@ def print_results(results: dict[str, dict], ways: list[str]) -> bool:
     ok = True
     if all(way in ways for way in parts):
         print()
-        print("Where the observer's cost goes, ns per op seen (medians; each way's flush taken apart):")
+        print(
+            "Where the observer's cost goes, ns per op seen (medians over rounds of each way's time against the off"
+            " blocks around it; each way's flush taken apart):"
+        )
         print(f"{'step':22} {'callback':>9} {'record':>9} {'py walk':>9} {'native':>9} {'flush':>9} {'total':>9}")
         for result in results.values():
             ops = max(result["ops"], 1.0)
-            t, f, off = result["time"], result["flush"], result["off"]
-
-            def steps_only(way: str, t: dict = t, f: dict = f) -> float:
-                return t[way] - f[way]
+            extra, f = result["extra"], result["flush"]
 
             def per_op(seconds: float, ops: float = ops) -> float:
                 return seconds * 1e9 / ops
 
             print(
-                f"{result['label']:22} {per_op(steps_only('rf-only') - off):9.0f} "
-                f"{per_op(steps_only('no-stack') - steps_only('rf-only')):9.0f} "
-                f"{per_op(steps_only('python-stack') - steps_only('no-stack')):9.0f} "
-                f"{per_op(steps_only('native-stack') - steps_only('no-stack')):9.0f} "
-                f"{per_op(f['observer']):9.0f} {per_op(t['observer'] - off):9.0f}"
+                f"{result['label']:22} {per_op(extra['rf-only']):9.0f} "
+                f"{per_op(extra['no-stack'] - extra['rf-only']):9.0f} "
+                f"{per_op(extra['python-stack'] - extra['no-stack']):9.0f} "
+                f"{per_op(extra['native-stack'] - extra['no-stack']):9.0f} "
+                f"{per_op(f['observer']):9.0f} {per_op(extra['observer'] + f['observer']):9.0f}"
             )
         print(
             "  callback: RecordFunction's machinery and our callback keeping the nesting, nothing recorded;\n"
