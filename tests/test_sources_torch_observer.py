@@ -476,6 +476,20 @@ def test_show_says_whose_stack_an_op_called_by_an_op_has(out_dir: Path, tmp_path
     assert shared not in shown["aten::sin"].output
     assert f"{HERE}:{line_of('LINEAR CALL')}:linear_layer_step" in shown["aten::addmm"].output
     assert f"{HERE}:{line_of('INSIDE CUSTOM FUNCTION')}:python_function_inside_an_op" in shown["aten::sin"].output
+    if op_stacks == "outermost":  # the service's event API says the same
+        import httpx
+        from support.serve import Server, environment
+
+        with Server(db, env=environment(tmp_path / "symbols")) as server:
+            calling = {
+                name: httpx.get(f"{server.url}/api/events/{events[name]}", timeout=60).json()["calling_op"]
+                for name in ("aten::linear", "aten::addmm", "aten::sin")
+            }
+        assert calling["aten::linear"] is None
+        assert calling["aten::addmm"]["event_id"] == events["aten::linear"]
+        assert calling["aten::addmm"]["name"] == "aten::linear" and calling["aten::addmm"]["shares_stack"] is True
+        assert calling["aten::sin"]["event_id"] == events["CallsPythonInside"]
+        assert calling["aten::sin"]["shares_stack"] is False
 
 
 def test_show_prints_the_forward_ops_traceback_of_a_backward_op(out_dir: Path, tmp_path: Path) -> None:

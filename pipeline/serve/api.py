@@ -131,8 +131,11 @@ def stack(request: Request, stack_id: int) -> dict[str, Any]:
 def event(request: Request, event_id: int) -> dict[str, Any]:
     with service_of(request).database.read() as cursor:
         info = read.event(cursor, event_id)
+        calling = read.calling_op(cursor, info)
         frames = queries.stack(cursor, info.stack_id) if info.stack_id is not None else []
-    return {**vars(info), "frames": frames}
+    # calling_op: for an op of an op_stacks=outermost run called by another op, that op's event and
+    # whether this event has its stack (see read.CallingOp); null otherwise.
+    return {**vars(info), "calling_op": vars(calling) if calling is not None else None, "frames": frames}
 
 
 @router.get(
