@@ -154,6 +154,12 @@ void register_session_hooks(py::module_& m) {
       "Record an event through the C API's intern + record_interned with the GIL released.");
   m.def("capi_active", []() { return capi().active() != 0; }, "The C API's answer to whether a session is recording.");
 
+  // One op event flagged nested, its scope (a local here) opened and closed around nothing.
+  static constexpr auto record_nested_op = [](const TbpipeCApi& api, uint32_t kind, const std::string& name) {
+    int scope = 0;
+    api.record_scoped(kind, api.intern(name.data(), name.size()), "", 0, &scope, TBPIPE_RECORD_NESTED);
+    api.end_scope(&scope);
+  };
   m.def(
       "record_ops_nested",
       [](const std::string& outer, const std::vector<std::string>& inner, const py::object& between) {
@@ -164,25 +170,14 @@ void register_session_hooks(py::module_& m) {
         const uint32_t kind = api.intern("op", 2);
         int outer_scope = 0;
         api.record_scoped(kind, api.intern(outer.data(), outer.size()), "", 0, &outer_scope, 0);
-        for (const std::string& name : inner) {
-          int inner_scope = 0;
-          api.record_scoped(kind, api.intern(name.data(), name.size()), "", 0, &inner_scope, TBPIPE_RECORD_NESTED);
-          api.end_scope(&inner_scope);
-        }
+        for (const std::string& name : inner) record_nested_op(api, kind, name);
         if (!between.is_none()) between();
         api.end_scope(&outer_scope);
       },
       py::arg("outer"), py::arg("inner"), py::arg("between") = py::none(),
       "Record an op event that opens a scope, the given nested op events inside it, then call `between`.");
   m.def(
-      "record_op_nested",
-      [](const std::string& name) {
-        const TbpipeCApi& api = capi();
-        int scope = 0;
-        api.record_scoped(api.intern("op", 2), api.intern(name.data(), name.size()), "", 0, &scope,
-                          TBPIPE_RECORD_NESTED);
-        api.end_scope(&scope);
-      },
+      "record_op_nested", [](const std::string& name) { record_nested_op(capi(), capi().intern("op", 2), name); },
       py::arg("name"), "Record one op event flagged nested in whatever scope is open on this thread.");
 
   m.def(

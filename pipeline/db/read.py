@@ -197,7 +197,7 @@ def calling_op(con: Any, info: EventInfo) -> CallingOp | None:
         """
         SELECT event_id, name, stack_id FROM events
         WHERE run_id = ? AND thread_id = ? AND kind = 'op' AND event_id < ?
-          AND json_extract(attrs, '$.id')::VARCHAR = ?
+          AND attrs ->> '$.id' = ?
         ORDER BY event_id DESC
         LIMIT 1
         """,
