@@ -373,6 +373,9 @@ def insert_events(db: IngestDb, batch: Batch, runs: range) -> None:
         FROM event_rows
         WHERE {where}
         GROUP BY run_number, name_id, stack_id
+        -- In the index's order: DuckDB adds the rows to `event_counts_by_stack` at the commit, and
+        -- rows in key order cost it about 40 % of what the same rows in hash order do.
+        ORDER BY stack_id
         RETURNING run_number, stack_id, events
         """,
         params,
