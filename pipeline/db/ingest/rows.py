@@ -185,7 +185,8 @@ def event_files_table(batch: Batch, runs: range, first_event_id: int) -> pa.Tabl
     numbers = [run.run_number for run in batch.runs]
     return pa.table(
         {
-            "file_index": pa.array(np.arange(len(parts)), pa.int64()),  # its place in the list read
+            # Its place in the list read, typed as DuckDB's `file_index` so the join casts nothing per row.
+            "file_index": pa.array(np.arange(len(parts)), pa.uint64()),
             "run_index": pa.array([i for i, _path, _rows in parts], pa.int32()),
             "run_number": pa.array([numbers[i] for i, _path, _rows in parts], pa.int32()),
             "first_event_id": pa.array(starts, pa.int64()),
@@ -207,14 +208,15 @@ _ATTRS_WITHOUT_IT = f"""CASE WHEN ({_CORRELATION_ID_IN_ATTRS}) IS NULL THEN e.at
 
 def attrs_columns(batch: Batch, parts: list[tuple[int, Path, int]]) -> tuple[str, str, str]:
     """The SQL of `event_rows.attrs` and `event_rows.correlation_id` for the events of `parts`
-    (read as `e`, with `e.filename` when there are several), and what `read_parquet` needs added."""
-    legacy = [path for i, path, _rows in parts if path in batch.runs[i].parts_without_correlation]
+    (read as `e`, a part known by its `e.file_index` when there are several), and what `read_parquet`
+    needs added."""
+    legacy = [k for k, (i, path, _rows) in enumerate(parts) if path in batch.runs[i].parts_without_correlation]
     if not legacy:
         return "e.attrs", "e.correlation_id", ""
     if len(legacy) == len(parts):
         return _ATTRS_WITHOUT_IT, _CORRELATION_ID_IN_ATTRS, ""
     # Old and new parts in one statement: read by column name, the old parts' column NULL.
-    old = f"list_contains({file_list([(0, p, 0) for p in legacy])}, e.filename)"
+    old = f"list_contains({legacy}, e.file_index)"
     return (
         f"CASE WHEN {old} THEN {_ATTRS_WITHOUT_IT} ELSE e.attrs END",
         f"CASE WHEN {old} THEN {_CORRELATION_ID_IN_ATTRS} ELSE e.correlation_id END",
