@@ -17,8 +17,9 @@ Steps, each timed:
 
 With --stages, step 3 also says where the ingest's time goes: the loading thread's steps (laying out
 the new stacks, each transaction's statements and commit, the wait for prepared runs, the close),
-which follow one another and add up to the wall time, and the CPU time the preparing threads spend
-beside them reading, checking and hashing the runs ahead (wall time on those threads, and their own CPU).
+which follow one another and add up to the wall time, and the time the threads beside it spend reading,
+checking and hashing the runs ahead, and loading the next transaction's events while the loading
+thread finishes the one before (wall time on those threads, and their own CPU).
 """
 
 from __future__ import annotations
@@ -126,6 +127,10 @@ def _warm_symbols(runs_dir: Path, cache_dir: Path) -> None:
 LAYOUT, LOAD, PREPARE = "layout", "load", "prepare"
 RUNS = "tbpipe.pipeline.db.ingest.runs"
 STEPS = {LAYOUT: "lay out new stacks", LOAD: "load runs"}  # each part's own step
+# A transaction's events are loaded in the loading thread for the first transaction of a batch, and
+# on the events thread beside the transaction before it otherwise: the stage has a label for each.
+EVENTS_HERE = "load events + counts (first of a batch)"
+EVENTS_BESIDE = "load events + counts (the events thread)"
 STAGES = [
     (RUNS, "open_database", "open the database (and migrate it)", None),
     (f"{RUNS}.RunLoader", "_lay_out", STEPS[LAYOUT], None),
@@ -135,13 +140,13 @@ STAGES = [
     (f"{RUNS}.layout", "expand", "inline expansion, distinct frames", LAYOUT),
     (RUNS, "resolve_frames", "frame ids", LAYOUT),
     (RUNS, "sites_of_laid_out", "site new stacks", LAYOUT),
-    (f"{RUNS}.RunLoader", "_load_runs", STEPS[LOAD], None),
+    (f"{RUNS}.RunLoader", "_load_groups", STEPS[LOAD], None),
     ("tbpipe.pipeline.db.ingest.rows", "insert_modules", "insert modules", LOAD),
     ("tbpipe.pipeline.db.ingest.rows", "insert_stacks", "insert stacks + frames", LOAD),
     (RUNS, "store_sites", "insert sites", LOAD),
-    ("tbpipe.pipeline.db.ingest.rows", "insert_events", "insert events + counts", LOAD),
+    (RUNS, "_events_phase", EVENTS_HERE, LOAD),
+    (RUNS, "_events_loaded", "waiting for events loaded beside", LOAD),
     (RUNS, "count_sites", "site counts", LOAD),
-    ("tbpipe.pipeline.db.ingest.rows", "insert_runs", "insert runs", LOAD),
     ("tbpipe.pipeline.db.ingest.tables.Transaction", "__exit__", "commit", LOAD),
     (f"{RUNS}.RunLoader", "_count_frames", "summary counts", None),
     (RUNS, "read_manifest", "manifest", PREPARE),
@@ -199,7 +204,11 @@ class _StageTimes:
 
         def make(function):
             def timed(*args, **kwargs):
-                if part in STEPS and not self._inside[part]:
+                if label == EVENTS_HERE and threading.current_thread() is not threading.main_thread():
+                    return self._beside(EVENTS_BESIDE, function, *args, **kwargs)
+                if part in STEPS and (
+                    not self._inside[part] or threading.current_thread() is not threading.main_thread()
+                ):
                     return function(*args, **kwargs)
                 wall, cpu = time.perf_counter(), time.thread_time()
                 if step is not None:
@@ -214,6 +223,13 @@ class _StageTimes:
             return timed
 
         return make
+
+    def _beside(self, label, function, *args, **kwargs):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            self._add(label, time.perf_counter() - wall, time.thread_time() - cpu)
 
     def _timed_iteration(self, original):
         timer = self
@@ -267,8 +283,8 @@ class _StageTimes:
         self._line("the rest (closing, with its checkpoint)", 1, total_wall - accounted)
         # Wall time summed over the workers (it overlaps the loading), and the CPU time of the worker
         # threads themselves (Arrow decodes a big part's columns on its own pool, not counted there).
-        print("  the preparing threads, beside the loading (time on those threads, summed over them):")
-        for _o, _n, label, part in STAGES:
+        print("  the threads beside the loading one, preparing runs and loading events (time on them, summed):")
+        for _o, _n, label, part in [*STAGES, (None, None, EVENTS_BESIDE, PREPARE)]:
             if part == PREPARE and label in self.wall:
                 per_run = f", {self.wall[label] / runs * 1e3:.1f} ms a run" if runs else ""
                 note = f" ({self.calls[label]} calls{per_run}; {self.cpu[label]:.2f} s CPU of the thread)"

@@ -591,3 +591,43 @@ def test_runs_of_the_previous_raw_version_are_still_ingested(workload, tmp_path:
         in output
     )
     assert f"raw schema version {raw.RAW_SCHEMA_VERSION + 1}, this tbpipe reads 1 to {raw.RAW_SCHEMA_VERSION}" in output
+
+
+def test_runs_loaded_beside_one_another_number_and_join_their_activity_apart(
+    workload, tmp_path: Path, symbol_cache: Path
+) -> None:
+    """Three copies of the run in one ingest: the later ones' events load beside the transaction
+    before them, which adds the event names and the activity ids they follow. Each copy still joins
+    its activity to its own launches, as the run alone does, under ids of its own."""
+    _result, run, con = workload
+    runs = tmp_path / "runs"
+    for k in range(3):
+        _copy_run(run.path, runs, f"20250101T000000-1-0000000{k}", raw.RAW_SCHEMA_VERSION, keep_gpu=True)
+    db = tmp_path / "three.duckdb"
+    loaded = ingest(runs, db, symbol_cache)
+    assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+    per_run = """
+        SELECT a.run_number, list((a.name, a.correlation_id, e.correlation_id, e.event_id IS NULL)
+                                ORDER BY a.activity_id) AS joined,
+               count(DISTINCT a.activity_id) AS ids
+        FROM gpu_activity a LEFT JOIN event_rows e USING (event_id)
+        WHERE a.event_id IS NULL OR e.run_number = a.run_number
+        GROUP BY a.run_number ORDER BY a.run_number
+        """
+    ((alone,),) = con.execute(
+        "SELECT list((a.name, a.correlation_id, e.correlation_id, e.event_id IS NULL) ORDER BY a.activity_id) FROM gpu_activity a LEFT JOIN event_rows e USING (event_id)"
+    ).fetchall()
+    three = duckdb.connect(str(db), read_only=True)
+    try:
+        copies = three.execute(per_run).fetchall()
+        distinct_ids = three.execute("SELECT count(DISTINCT activity_id) = count(*) FROM gpu_activity").fetchall()
+        time_counts = three.execute(
+            "SELECT run_number, sum(executions), sum(gpu_time_ns), count(name_id) FROM gpu_time_counts GROUP BY ALL ORDER BY 1"
+        ).fetchall()
+    finally:
+        three.close()
+    assert [number for number, _joined, _ids in copies] == [1, 2, 3]
+    assert all(joined == alone and ids == len(alone) for _number, joined, ids in copies)
+    assert sum(1 for _name, _activity, launch, missing in alone if not missing) >= 5
+    assert distinct_ids == [(True,)]
+    assert len({tuple(totals) for _number, *totals in time_counts}) == 1 and len(time_counts) == 3

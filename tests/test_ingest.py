@@ -946,6 +946,130 @@ def test_runs_sharing_a_transaction_load_as_runs_alone(tmp_path, symbol_cache, m
     assert rows(db, "SELECT list(run_number ORDER BY run_number) FROM runs") == [(list(range(1, 8)),)]
 
 
+def _ingested_one_by_one(tmp_path: Path, runs: Path, cache: Path, skip: tuple[str, ...] = ()) -> Path:
+    """The runs ingested by one ingest each, in order: nothing else is under way while one loads."""
+    db = tmp_path / "one-by-one.duckdb"
+    for run_dir in find_run_dirs([runs]):
+        if run_dir.name not in skip:
+            assert ingest(db, run_dir, cache=cache).ingested == 1
+    return db
+
+
+def _stored_alike(db: Path, other: Path) -> None:
+    """The two databases hold the same rows, but for the numbers given to frames (a batch of runs
+    laid out together numbers its distinct frames in another order than its runs laid out alone)."""
+    ours, theirs = snapshot(db, exclude_ingest_times=True), snapshot(other, exclude_ingest_times=True)
+    ours.pop("stack_frames"), theirs.pop("stack_frames")
+    assert ours == theirs
+    frames = "SELECT count(*), sum(hash(t)) FROM (SELECT * EXCLUDE (frame_id) FROM stack_frames) t"
+    assert rows(db, frames) == rows(other, frames)
+
+
+def _synthetic_night(runs: Path, count: int) -> None:
+    """Runs that bring in new stacks, symbols, modules and event names of their own, and share others."""
+    from support.synthetic import SyntheticConfig, generate
+
+    generate(
+        runs,
+        SyntheticConfig(
+            runs=count, events=1000 * count, unique_stacks=400, native_addresses=600, code_objects=120, max_modules=6
+        ),
+    )
+
+
+def test_the_next_transaction_loading_beside_changes_nothing_stored(tmp_path, symbol_cache, monkeypatch) -> None:
+    """While a transaction inserts its stacks and sites and commits, the next one's events load on a
+    second connection, which cannot see the first one's rows (it began before they were committed):
+    the site counts of stacks the run before brought in, the event names and modules it added, the
+    ids given after its own must still come out as when every run is ingested alone."""
+    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
+
+    runs = tmp_path / "runs"
+    _synthetic_night(runs, 7)
+    threads = []
+    events_phase = ingest_runs_module._events_phase
+
+    def noted(batch, tx):
+        threads.append(threading.current_thread().name)
+        return events_phase(batch, tx)
+
+    monkeypatch.setattr(ingest_runs_module, "_events_phase", noted)
+    db = tmp_path / "together.duckdb"
+    summary = ingest(db, runs, cache=symbol_cache)
+    assert summary.ok and summary.ingested == 7
+    # The first run's events load in the loading thread, every later run's beside the one before.
+    assert [name.startswith("tbpipe-events") for name in threads] == [False] + [True] * 6
+    monkeypatch.setattr(ingest_runs_module, "_events_phase", events_phase)
+    _stored_alike(db, _ingested_one_by_one(tmp_path, runs, symbol_cache))
+    assert rows(db, "SELECT count(*) FROM site_counts WHERE site_id IS NULL") == [(0,)]
+
+
+def _load_more_modules(run_dir: Path, *build_ids: str) -> None:
+    """The run loaded more modules than its stacks use (each still gets its row in `modules`)."""
+
+    def more(table: pa.Table) -> pa.Table:
+        extra = []
+        for k, build_id in enumerate(build_ids):
+            row = table.slice(0, 1)
+            for name, value in (
+                ("module_index", pc.max(table["module_index"]).as_py() + 1 + k),
+                ("path", f"/opt/extra/lib{build_id}.so"),
+                ("build_id", build_id),
+            ):
+                index = row.schema.get_field_index(name)
+                row = row.set_column(index, row.schema.field(name), pa.array([value], row.schema.field(name).type))
+            extra.append(row)
+        return pa.concat_tables([table, *extra])
+
+    (part,) = run_dir.glob("modules-*.parquet")
+    _rewrite(part, more)
+
+
+def test_a_module_the_transaction_before_added_unseen_gets_one_row(tmp_path, good_run, symbol_cache) -> None:
+    """The next run's transaction begins before the one before it commits, so it cannot see the
+    `modules` row that one adds: a module both runs loaded first still gets one row, as does the
+    module the later run adds."""
+    runs = tmp_path / "runs"
+    _copy(good_run, runs, "a")
+    _load_more_modules(_copy(good_run, runs, "b"), "e0e0e0e0e0e0e0e001")
+    _load_more_modules(_copy(good_run, runs, "c"), "e0e0e0e0e0e0e0e001", "e0e0e0e0e0e0e0e002")
+    db = tmp_path / "t.duckdb"
+    summary = ingest(db, runs, cache=symbol_cache)
+    assert summary.ok and summary.ingested == 3
+    assert rows(
+        db, "SELECT module_key, count(*) FROM modules WHERE path LIKE '/opt/extra/%' GROUP BY ALL ORDER BY 1"
+    ) == [
+        ("e0e0e0e0e0e0e0e001", 1),
+        ("e0e0e0e0e0e0e0e002", 1),
+    ]
+    _stored_alike(db, _ingested_one_by_one(tmp_path, runs, symbol_cache))
+
+
+def test_a_run_failing_while_the_next_one_loads_beside_it(tmp_path, symbol_cache, monkeypatch) -> None:
+    """A transaction fails at its end, after the next one began beside it on the other connection:
+    that one is rolled back with it, laid out again without the failed run, and loaded; the database
+    is the one the other runs make alone."""
+    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
+    from tbpipe.pipeline.db.ingest.tables import QuarantineRun
+
+    runs = tmp_path / "runs"
+    _synthetic_night(runs, 5)
+    victim = find_run_dirs([runs])[1]
+    victim_id = json.loads((victim / "manifest.json").read_text())["run_id"]
+
+    def before_commit(run_id: str) -> None:
+        if run_id == victim_id:
+            raise QuarantineRun("failed at the commit")
+
+    monkeypatch.setattr(ingest_runs_module, "_before_commit", before_commit)
+    db = tmp_path / "t.duckdb"
+    summary = ingest(db, runs, cache=symbol_cache)
+    assert [o.path.name for o in summary.quarantined] == [victim.name]
+    assert "failed at the commit" in summary.quarantined[0].reason
+    assert summary.ingested == 4
+    _stored_alike(db, _ingested_one_by_one(tmp_path, runs, symbol_cache, skip=(victim.name,)))
+
+
 def test_cli_loads_runs_together_on_request(tmp_path, good_run, symbol_cache) -> None:
     runs = tmp_path / "runs"
     for name in ("a", "b"):

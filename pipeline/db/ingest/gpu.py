@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tbpipe.pipeline.db.connection import query_value
-from tbpipe.pipeline.db.ingest.tables import IngestDb, sql_text
+from tbpipe.pipeline.db.ingest.tables import IngestDb
 from tbpipe.pipeline.rawrun import read_tables
 from tbpipe.schemas.raw import CORRELATED_KINDS
 
@@ -80,8 +80,10 @@ def activity_rows(paths: list[Path]) -> pa.Table:
     )
 
 
-def insert_gpu_activity(db: IngestDb, run_number: int, files: dict[str, list[Path]]) -> int:
-    """The run's `gpu_activity` rows and `gpu_time_counts`; returns the records loaded."""
+def insert_gpu_activity(db: IngestDb, run_number: int, files: dict[str, list[Path]], launch_names: list[int]) -> int:
+    """The run's `gpu_activity` rows and `gpu_time_counts`; returns the records loaded.
+    `launch_names` are the `name_id`s of the launch kinds' names (kept by the ingest, as are the
+    activity ids given: the transaction before this one may add both after this one began)."""
     activity_files = files.get("gpu_activity") or []
     if not activity_files:
         return 0
@@ -89,8 +91,11 @@ def insert_gpu_activity(db: IngestDb, run_number: int, files: dict[str, list[Pat
     nodes = read_tables({"gpu_graph_nodes": files.get("gpu_graph_nodes") or []}, ("gpu_graph_nodes",))
     captures = capture_correlations(nodes["gpu_graph_nodes"])
     records = activity_rows(activity_files)
-    kinds = "[" + ", ".join(sql_text(kind) for kind in LAUNCH_KINDS) + "]"
-    first = int(query_value(con, "SELECT coalesce(max(activity_id), 0) + 1 FROM gpu_activity"))
+    first = db.next_ids(
+        "activity_id",
+        records.num_rows,
+        lambda: int(query_value(con, "SELECT coalesce(max(activity_id), 0) + 1 FROM gpu_activity")),
+    )
     db.register("ingest_gpu_captures", captures)
     db.register("ingest_gpu_records", records)
     try:
@@ -98,8 +103,9 @@ def insert_gpu_activity(db: IngestDb, run_number: int, files: dict[str, list[Pat
             f"""
             CREATE OR REPLACE TEMP TABLE ingest_gpu_launches AS
             SELECT e.correlation_id, min(e.event_id) AS event_id
-            FROM event_rows e JOIN event_names n USING (name_id)
-            WHERE e.run_number = {int(run_number)} AND list_contains({kinds}, n.kind) AND e.correlation_id IS NOT NULL
+            FROM event_rows e
+            WHERE e.run_number = {int(run_number)} AND list_contains({[int(i) for i in launch_names]}, e.name_id)
+              AND e.correlation_id IS NOT NULL
             GROUP BY e.correlation_id
             """
         )

@@ -105,8 +105,7 @@ class Batch:
 
     def part_of(self, runs: range) -> RunPart:
         """What the runs `runs` (consecutive indices) insert of the batch's new things: the stacks
-        they bring in, their frame rows and frames, and the new symbols (and module statuses) they
-        are the first to need."""
+        they bring in, their frame rows and frames, and the new symbols they are the first to need."""
         order = self.new_order[_within(self.run_of_stack[self.new_order], runs)]
         rows = frames = None
         if self.frames is not None and len(order):
@@ -114,15 +113,20 @@ class Batch:
                 self._row_runs = self.runs_of_new_stacks(self.frames.rows["stack_id"].to_numpy())
             rows = np.flatnonzero(_within(self._row_runs, runs))
             frames = np.flatnonzero(self.frame_ids.new & _within(self.frame_first_run, runs))
-        symbols = statuses = None
+        symbols = None
         if self.symbols is not None and self.symbols.num_rows:
             symbols = self.symbols.filter(pa.array(_within(self._first_runs_of_symbols(), runs)))
-            if self.statuses is not None:
-                # A module's status is stored by the first transaction that needs it, not again by
-                # every later one.
-                keys = sorted(set(symbols["module_key"].to_pylist()) - self.statuses_stored)
-                statuses = self.statuses.filter(pc.is_in(self.statuses["module_key"], pa.array(keys, pa.string())))
-        return RunPart(runs, order, rows, frames, symbols, statuses)
+        return RunPart(runs, order, rows, frames, symbols)
+
+    def statuses_of(self, runs: range) -> pa.Table | None:
+        """`modules` rows of the modules the batch symbolized that the runs `runs` load and no
+        committed transaction of the batch has stored: each is written by the first transaction
+        that loads the module (never by two: the transaction after it may not see its rows)."""
+        if self.statuses is None or not self.statuses.num_rows:
+            return None
+        loaded = {key for i in runs for key in self.runs[i].flat.modules["module_key"].to_pylist()}
+        keys = sorted(loaded - self.statuses_stored)
+        return self.statuses.filter(pc.is_in(self.statuses["module_key"], pa.array(keys, pa.string())))
 
     def _first_runs_of_symbols(self) -> np.ndarray:
         """Per new `symbols` row: the first run of the batch whose new stacks need its address."""
@@ -161,7 +165,6 @@ class RunPart:
     rows: np.ndarray | None  # rows of `Batch.frames.rows` of those stacks
     frames: np.ndarray | None  # rows of `Batch.frames.frames` to store: new frames these runs use first
     symbols: pa.Table | None  # new `symbols` rows they are the first to need
-    statuses: pa.Table | None  # `modules` rows of the modules of those symbols
 
 
 def stack_map(batch: Batch, runs: range) -> pa.Table:
@@ -228,25 +231,37 @@ def file_list(files: list[tuple[int, Path, int]]) -> str:
     return "[" + ", ".join(sql_text(str(path)) for _i, path, _rows in files) + "]"
 
 
-def insert_modules(db: IngestDb, runs: list[PreparedRun], statuses: pa.Table | None) -> None:
-    """`run_modules` rows of the runs, and a `modules` row for every module the database lacks."""
-    if statuses is not None and statuses.num_rows:
-        upsert_module_statuses(db, statuses)
+def _modules_of(runs: list[PreparedRun]) -> pa.Table:
+    """The modules every run loaded, with its run id and place (run after run)."""
     modules = pa.concat_tables(
         [
             run.flat.modules.append_column("run_id", pa.array([run.run_id] * run.flat.modules.num_rows, pa.string()))
             for run in runs
         ]
     )
-    modules = modules.append_column("position", pa.array(np.arange(modules.num_rows), pa.int64()))
+    return modules.append_column("position", pa.array(np.arange(modules.num_rows), pa.int64()))
+
+
+def insert_run_modules(db: IngestDb, runs: list[PreparedRun]) -> None:
+    """`run_modules` rows of the runs (what each loaded: no other run's rows are read)."""
     db.insert(
         "INSERT INTO run_modules BY NAME SELECT run_id, module_index, module_key, path, load_bias, exec_ranges FROM {}",
-        modules,
+        _modules_of(runs),
     )
+
+
+def insert_modules(db: IngestDb, runs: list[PreparedRun], statuses: pa.Table | None) -> None:
+    """A `modules` row for every module of the runs the database lacks, and the statuses of the
+    modules just symbolized."""
+    if statuses is not None and statuses.num_rows:
+        upsert_module_statuses(db, statuses)
     # Every module a run loaded has a row, even one none of whose addresses needed symbols yet.
     known = db.keep("module_keys", lambda: {key for (key,) in query_rows(db.con, "SELECT module_key FROM modules")})
-    keys = set(modules["module_key"].to_pylist())
+    keys = {key for run in runs for key in run.flat.modules["module_key"].to_pylist()}
     if not keys <= known:
+        # Only keys nobody gave a row yet: the transaction before this one may have, unseen here.
+        modules = _modules_of(runs)
+        modules = modules.filter(pc.is_in(modules["module_key"], pa.array(sorted(keys - known), pa.string())))
         db.insert(
             """
             INSERT INTO modules BY NAME
@@ -305,43 +320,80 @@ def next_event_ids(db: IngestDb, count: int) -> int:
     )
 
 
-def insert_events(db: IngestDb, batch: Batch, runs: range) -> None:
-    """The runs' `event_names` the database lacks (of those their parts hold), their
-    `event_rows` straight from their Parquet parts (one statement), and their `event_counts`."""
+@dataclass
+class EventsPlan:
+    """What a transaction's events need decided in run order before they are loaded (which may
+    happen on another connection, beside the previous transaction's other rows)."""
+
+    first_event_id: int  # of its first part's first row
+    names: pa.Table  # kind, name, name_id of every name its parts hold
+    fresh: pa.Table | None  # `event_names` rows of those the database lacks (inserted with its other rows)
+
+
+def plan_events(db: IngestDb, batch: Batch, runs: range) -> EventsPlan:
+    """The event ids of the runs' events and the ids of their names: names the database lacks get
+    the next ids, run after run, each run's in (kind, name) order (as when the runs are loaded one
+    by one)."""
     con = db.con
+    known = event_name_ids(db)
+    fresh: list[tuple[str, str]] = []
+    wanted: dict[tuple[str, str], None] = {}
+    for i in runs:
+        for pair in sorted(batch.runs[i].event_names):
+            if pair not in known and pair not in wanted:
+                fresh.append(pair)
+            wanted[pair] = None
+    fresh_rows = None
+    if fresh:  # (a failed transaction forgets `known` with the rest of what the ingest keeps)
+        first = db.next_ids(
+            "name_id",
+            len(fresh),
+            lambda: int(query_value(con, "SELECT coalesce(max(name_id), 0) + 1 FROM event_names")),
+        )
+        known.update({pair: first + k for k, pair in enumerate(fresh)})
+        fresh_rows = _names_table(fresh, known)
+    # Event ids follow the parts' order and their rows' order.
+    first_event_id = next_event_ids(db, sum(rows for _i, _path, rows in batch.event_files_of(runs)))
+    return EventsPlan(first_event_id, _names_table(list(wanted), known), fresh_rows)
+
+
+def event_name_ids(db: IngestDb) -> dict[tuple[str, str], int]:
+    """{(kind, name): name_id} of the names stored or given to a transaction under way (kept)."""
+    return db.keep(
+        "event_names",
+        lambda: {(k, n): i for i, k, n in query_rows(db.con, "SELECT name_id, kind, name FROM event_names")},
+    )
+
+
+def _names_table(pairs: list[tuple[str, str]], ids: dict[tuple[str, str], int]) -> pa.Table:
+    return pa.table(
+        {
+            "name_id": pa.array([ids[pair] for pair in pairs], pa.int32()),
+            "kind": pa.array([k for k, _n in pairs], pa.string()),
+            "name": pa.array([n for _k, n in pairs], pa.string()),
+        }
+    )
+
+
+def insert_event_names(db: IngestDb, plan: EventsPlan) -> None:
+    """The `event_names` rows the runs of the plan are the first to use."""
+    if plan.fresh is not None:
+        db.insert("INSERT INTO event_names BY NAME SELECT * FROM {}", plan.fresh)
+
+
+def load_events(con: Any, batch: Batch, runs: range, plan: EventsPlan) -> None:
+    """The runs' `event_rows` straight from their Parquet parts (one statement), and their
+    `event_counts`, on `con` (a connection whose transaction they join). Reads nothing another
+    transaction under way writes: names and stack ids come from the plan and the batch."""
     parts = batch.event_files_of(runs)
     if not parts:
         return
     files = file_list(parts)
-    # Names the database lacks get the next ids: run after run, each run's in (kind, name) order
-    # (as when the runs are loaded one by one).
-    known = db.keep("event_names", lambda: set(query_rows(con, "SELECT kind, name FROM event_names")))
-    fresh: list[tuple[str, str]] = []
-    for i in runs:
-        for pair in sorted(batch.runs[i].event_names):
-            if pair not in known:
-                known.add(pair)
-                fresh.append(pair)
-    if fresh:  # (a failed transaction forgets `known` with the rest of what the ingest keeps)
-        db.insert(
-            """
-            INSERT INTO event_names BY NAME
-            SELECT (SELECT coalesce(max(name_id), 0) FROM event_names) + position AS name_id, kind, name
-            FROM {}
-            """,
-            pa.table(
-                {
-                    "position": pa.array(np.arange(1, len(fresh) + 1), pa.int64()),
-                    "kind": pa.array([k for k, _n in fresh], pa.string()),
-                    "name": pa.array([n for _k, n in fresh], pa.string()),
-                }
-            ),
-        )
-    # Event ids follow the parts' order and their rows' order.
-    first = next_event_ids(db, sum(rows for _i, _path, rows in parts))
+    first = plan.first_event_id
     # Read by DuckDB by these names (replacement scans: no view to register and drop per run;
     # names no view ever takes, which would come first).
     loading_stack_map = stack_map(batch, runs)  # noqa: F841
+    loading_names = plan.names  # noqa: F841
     attrs, correlation_id, options = attrs_columns(batch, parts)
     if len(parts) == 1:
         # One part (most small runs): its run and first event id as constants, without the join on
@@ -363,7 +415,7 @@ def insert_events(db: IngestDb, batch: Batch, runs: range) -> None:
                {attrs} AS attrs, {correlation_id} AS correlation_id
         FROM {source}
         {part_of_row}
-        JOIN event_names n ON n.kind = e.kind AND n.name = e.name
+        JOIN loading_names n ON n.kind = e.kind AND n.name = e.name
         LEFT JOIN loading_stack_map m ON m.run_index = {run_index} AND m.raw_id = e.stack_id
         """
     )

@@ -9,9 +9,12 @@ database does not know yet, symbolize their new addresses (`symbols`) and lay ou
 (`stacks.layout`) once for the batch. Then each run is loaded in one transaction of its own (or,
 with `runs_per_transaction`, consecutive runs share one): its share of the new symbols, stacks and
 frames (`rows`), its sites (`siting`), events and run row, each step one statement for all the
-transaction's runs. A kill at any point leaves the database as it was before that transaction; a
-run whose data fails to load is quarantined (a shared transaction that fails is tried again run by
-run to find it), and the runs after it are laid out again without it. The ingest lock keeps two
+transaction's runs. Two transactions are under way at a time, on two connections: the next one's
+events, modules and run rows load on a worker thread while the loading thread inserts the current
+one's stacks and sites and commits it; they commit in order. A kill at any point leaves the database
+as it was before the transactions under way; a run whose data fails to load is quarantined (a
+shared transaction that fails is tried again run by run to find it), the transaction begun beside
+it is rolled back, and the runs after it are laid out again without it. The ingest lock keeps two
 ingests apart.
 """
 
@@ -22,7 +25,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +61,7 @@ from tbpipe.pipeline.db.ingest.siting import (
     store_user_code,
 )
 from tbpipe.pipeline.db.ingest.symbols import SymbolLoader
-from tbpipe.pipeline.db.ingest.tables import IngestDb, QuarantineRun
+from tbpipe.pipeline.db.ingest.tables import IngestDb, QuarantineRun, raise_for_data_error
 from tbpipe.pipeline.progress import RunProgress
 from tbpipe.pipeline.rawrun import (
     DamagedRunError,
@@ -141,6 +146,11 @@ class RunLoader:
         # Deleted rows are reclaimed by the same vacuum: `close` turns it back on when there are some.
         self._vacuum_paused = _pause_vacuum(db.con)
         self._default_threads = self._threads = int(query_value(db.con, "SELECT current_setting('threads')"))
+        # A second connection for the transaction loaded beside the one finishing (`_load_groups`),
+        # and the thread that loads its events.
+        self._dbs = [db, db.on(db.con.cursor())]
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tbpipe-events")
+        self._open: list[_Underway] = []
         self._loaded = {
             run_id: (complete, parts)
             for run_id, complete, parts in query_rows(db.con, "SELECT run_id, complete, parts FROM runs")
@@ -150,6 +160,9 @@ class RunLoader:
         """Before the database closes (and checkpoints): the symbolizer stopped, DuckDB's threads as
         they were, and its vacuum back on when the ingest deleted rows, so that their space is
         reclaimed."""
+        self._abandon()
+        self._worker.shutdown()
+        self._dbs[1].con.close()
         self.symbols.close()
         self._use_threads(self._default_threads)  # for the closing checkpoint
         if self._vacuum_paused and self.db.rows_deleted:
@@ -282,73 +295,153 @@ class RunLoader:
         self, batch: Batch, group: int, loaded: dict[int, RunOutcome], progress: RunProgress
     ) -> int | None:
         """Loads the batch's runs, `group` to a transaction; the index of the first run that failed
-        on its data (quarantined; the runs after it are not loaded), else None."""
+        on its data (quarantined; the runs after it are not loaded), else None.
+
+        Two transactions are under way at a time, on two connections: while one inserts its
+        stacks, sites and run rows and commits (one statement after another, mostly on one core),
+        the next one's events are loaded on the other connection (`_begin`). They commit in order,
+        and the next one is rolled back whenever the one before it fails."""
         start = alone_until = 0
-        while start < len(batch.runs):
-            runs = range(start, min(start + (1 if start < alone_until else group), len(batch.runs)))
-            events = sum(batch.runs[i].events for i in runs)
-            names = batch.runs[start].run_dir.name + (f" and {len(runs) - 1} more" if len(runs) > 1 else "")
-            progress.describe(f"loading {events:,} events of {names}")
-            try:
-                loaded.update(self._load_runs(batch, runs))
-            except (DamagedRunError, QuarantineRun) as error:
-                if len(runs) > 1:
-                    alone_until = runs.stop  # the runs of this group one by one: which of them fails
-                    continue
-                run = batch.runs[start]
-                reason = str(error) if isinstance(error, DamagedRunError) else f"{run.run_dir}: {error}"
-                loaded[id(run)] = RunOutcome(run.run_dir, "quarantined", run_id=run.run_id, reason=reason)
-                return start
-            start = runs.stop
+
+        def runs_from(first: int) -> range:
+            return range(first, min(first + (1 if first < alone_until else group), len(batch.runs)))
+
+        self._use_threads(1 if self._small(batch, group) else self._default_threads)
+        try:
+            while start < len(batch.runs):
+                runs = runs_from(start)
+                events = sum(batch.runs[i].events for i in runs)
+                names = batch.runs[start].run_dir.name + (f" and {len(runs) - 1} more" if len(runs) > 1 else "")
+                progress.describe(f"loading {events:,} events of {names}")
+                try:
+                    if not any(tx.runs == runs for tx in self._open):
+                        self._begin(batch, runs)
+                    if runs.stop < len(batch.runs):
+                        self._begin(batch, runs_from(runs.stop), background=True)
+                    loaded.update(self._load_runs(batch, runs))
+                except (DamagedRunError, QuarantineRun) as error:
+                    self._abandon()
+                    if len(runs) > 1:
+                        alone_until = runs.stop  # the runs of this group one by one: which of them fails
+                        continue
+                    run = batch.runs[start]
+                    reason = str(error) if isinstance(error, DamagedRunError) else f"{run.run_dir}: {error}"
+                    loaded[id(run)] = RunOutcome(run.run_dir, "quarantined", run_id=run.run_id, reason=reason)
+                    return start
+                start = runs.stop
+        finally:
+            self._abandon()
         return None
 
+    @staticmethod
+    def _small(batch: Batch, group: int) -> bool:
+        events = [run.events for run in batch.runs]
+        return max(sum(events[i : i + group]) for i in range(0, len(events), group)) < ONE_THREAD_BELOW_EVENTS
+
+    def _begin(self, batch: Batch, runs: range, *, background: bool = False) -> None:
+        """Opens the transaction of the runs `runs` on a connection no other one uses, and loads their
+        events there (`_events_phase`): in the worker thread with `background`, else at once.
+
+        What must follow run order is decided here, before: their run numbers, event ids and new
+        event names' ids. A transaction begun in the background reads nothing the one before it
+        writes (its names and stack ids are in memory), so it may run before that one commits."""
+        db = next(d for d in self._dbs if all(tx.db is not d for tx in self._open))
+        chosen = [batch.runs[i] for i in runs]
+        # Numbers first, deletes after: a new run must not be given the number (or event ids) of a
+        # run loaded again, whose rows the deletes take away.
+        run_rows.next_event_ids(db, 0)
+        replaced = []
+        for run in chosen:
+            numbers = (
+                query_rows(db.con, "SELECT run_number FROM runs WHERE run_id = ?", [run.run_id]) if run.replace else []
+            )
+            if numbers:
+                run.run_number = numbers[0][0]
+                replaced.append(run)
+            else:
+                run.run_number = run_rows.next_run_numbers(db, 1)
+        tx = _Underway(runs, db, replaced, run_rows.plan_events(db, batch, runs))
+        tx.before = self._open[-1] if self._open else None
+        self._open.append(tx)
+        db.con.execute("BEGIN TRANSACTION")
+        tx.open = True
+        # DuckDB takes a transaction's snapshot at its first read of the database, not at BEGIN:
+        # read now, it sees every transaction committed so far and none still under way (the one
+        # `before` it), wherever the worker thread gets to it. What it needs of that one's rows,
+        # it is handed (`_load_runs`).
+        db.con.execute("SELECT 1 FROM runs WHERE false").fetchall()
+        if background:
+            tx.events_loaded = self._worker.submit(_events_phase, batch, tx)
+            return
+        try:
+            _events_phase(batch, tx)
+        except BaseException:
+            db.kept.clear()
+            raise
+
+    def _abandon(self) -> None:
+        """Rolls back every transaction under way (after a failure: the ids they were given are
+        forgotten with the rest of what the ingest keeps)."""
+        if not self._open:
+            return
+        for tx in self._open:
+            if tx.events_loaded is not None:
+                tx.events_loaded.exception()  # waits; a failed one rolled itself back
+            if tx.open:
+                tx.open = False
+                try:
+                    tx.db.con.execute("ROLLBACK")
+                except Exception:  # the connection's transaction already ended with its error
+                    pass
+            self.db.rows_deleted = self.db.rows_deleted or tx.db.rows_deleted
+        self._open.clear()
+        self.db.kept.clear()
+
     def _load_runs(self, batch: Batch, runs: range) -> dict[int, RunOutcome]:
-        """Runs of a laid-out batch (consecutive indices), in one transaction: their share of the
-        batch's new symbols, stacks and frames, their sites, events and run rows."""
-        db = self.db
+        """Runs of a laid-out batch (consecutive indices), in one transaction, begun by `_begin`
+        (their events, modules and run rows loaded): their share of the batch's new symbols, stacks
+        and frames, their sites, GPU activity and site counts, then the commit."""
+        tx = next((tx for tx in self._open if tx.runs == runs), None)
+        if tx is None:
+            self._begin(batch, runs)
+            tx = self._open[-1]
+        if tx.events_loaded is not None:
+            try:
+                _events_loaded(tx)
+            except BaseException:
+                self._open.remove(tx)
+                self.db.kept.clear()
+                raise
+        db = tx.db
         chosen = [batch.runs[i] for i in runs]
         part = batch.part_of(runs)
-        small = sum(run.events for run in chosen) < ONE_THREAD_BELOW_EVENTS
-        self._use_threads(1 if small else self._default_threads)
-        with db.transaction() as con:
-            # Numbers first, deletes after: a new run must not be given the number (or event ids)
-            # of a run loaded again, whose rows the deletes take away.
-            run_rows.next_event_ids(db, 0)
-            replaced = []
-            for run in chosen:
-                numbers = (
-                    query_rows(con, "SELECT run_number FROM runs WHERE run_id = ?", [run.run_id]) if run.replace else []
-                )
-                if numbers:
-                    run.run_number = numbers[0][0]
-                    replaced.append(run)
-                else:
-                    run.run_number = run_rows.next_run_numbers(db, 1)
-            for run in replaced:
-                for table in ("event_counts", "event_rows", "site_counts"):
-                    db.delete(f"DELETE FROM {table} WHERE run_number = ?", [run.run_number])
-                run_gpu.delete_run(db, run.run_number)
-                for table in ("run_modules", "runs"):
-                    db.delete(f"DELETE FROM {table} WHERE run_id = ?", [run.run_id])
+        self._open.remove(tx)
+        tx.open = False  # ended by the block below, committed or rolled back
+        with db.transaction(begun=True):
+            run_rows.insert_event_names(db, tx.events)
             if part.symbols is not None and part.symbols.num_rows:
                 db.insert("INSERT INTO symbols BY NAME SELECT * FROM {}", part.symbols)
-            run_rows.insert_modules(db, chosen, part.statuses)
+            statuses = batch.statuses_of(runs)
+            run_rows.insert_modules(db, chosen, statuses)
             if part.new_order is not None and len(part.new_order):
                 run_rows.insert_stacks(db, batch, part)
                 record_portable_files(
                     db, {f: (p, root) for f, (p, root, first) in batch.new_files.items() if first in runs}
                 )
                 sites = batch.sites.filter(pc.is_in(batch.sites["stack_id"], pa.array(batch.new_ids[part.new_order])))
-                store_sites(db, sites, batch.runs_of_new_stacks(sites["stack_id"].to_numpy()), batch.sites)
-            run_rows.insert_events(db, batch, runs)
+                tx.stack_sites = store_sites(
+                    db, sites, batch.runs_of_new_stacks(sites["stack_id"].to_numpy()), batch.sites
+                )
+            launches = [i for (kind, _name), i in run_rows.event_name_ids(db).items() if kind in run_gpu.LAUNCH_KINDS]
             for run in chosen:
-                run_gpu.insert_gpu_activity(db, run.run_number, run.gpu_files)
-            count_sites(db, [run.run_number for run in chosen])
-            run_rows.insert_runs(db, chosen)
+                run_gpu.insert_gpu_activity(db, run.run_number, run.gpu_files, launches)
+            unseen, tx.before = (tx.before.stack_sites if tx.before is not None else None), None
+            count_sites(db, [run.run_number for run in chosen], unseen)
             for run in chosen:
                 _before_commit(run.run_id)
-        if part.statuses is not None:
-            batch.statuses_stored.update(part.statuses["module_key"].to_pylist())
+        self.db.rows_deleted = self.db.rows_deleted or db.rows_deleted
+        if statuses is not None:
+            batch.statuses_stored.update(statuses["module_key"].to_pylist())
         outcomes = {}
         for run in chosen:
             complete = bool(run.manifest.get("complete"))
@@ -495,6 +588,48 @@ class RunLoader:
             group = summary.unsymbolized.setdefault(reason, UnsymbolizedGroup(reason))
             group.frames += count
             group.modules[module_key or "?"] = module or "?"
+
+
+@dataclass
+class _Underway:
+    """A transaction begun and not yet ended: its runs, its connection, what was decided for it."""
+
+    runs: range
+    db: IngestDb  # on the connection it holds
+    replaced: list[PreparedRun]  # runs loaded again, whose old rows it deletes
+    events: run_rows.EventsPlan
+    open: bool = False  # its connection's transaction is open
+    events_loaded: Future | None = None  # its events phase, when in the worker thread
+    before: _Underway | None = None  # the transaction under way when it began: it cannot see its rows
+    stack_sites: pa.Table | None = None  # the `stack_sites` rows it inserted
+
+
+def _events_phase(batch: Batch, tx: _Underway) -> None:
+    """BEGIN, the old rows of runs loaded again deleted, then the rows that depend on no other run's:
+    events and their counts, the modules each run loaded, the run rows. The transaction is left open
+    (or rolled back on failure)."""
+    db, con = tx.db, tx.db.con
+    try:
+        for run in tx.replaced:
+            for table in ("event_counts", "event_rows", "site_counts"):
+                db.delete(f"DELETE FROM {table} WHERE run_number = ?", [run.run_number])
+            run_gpu.delete_run(db, run.run_number)
+            for table in ("run_modules", "runs"):
+                db.delete(f"DELETE FROM {table} WHERE run_id = ?", [run.run_id])
+        run_rows.load_events(con, batch, tx.runs, tx.events)
+        chosen = [batch.runs[i] for i in tx.runs]
+        run_rows.insert_run_modules(db, chosen)
+        run_rows.insert_runs(db, chosen)
+    except BaseException as error:
+        tx.open = False
+        con.execute("ROLLBACK")
+        raise_for_data_error(error)
+        raise
+
+
+def _events_loaded(tx: _Underway) -> None:
+    """Waits for the events phase of a transaction begun in the worker thread (raising its error)."""
+    tx.events_loaded.result()
 
 
 class _PreparedAhead:

@@ -129,9 +129,16 @@ def site_stacks(db: IngestDb, from_stack: int | None) -> None:
 SITE_PLACE_ORDER = "struct_pack(n := c.events, f := coalesce(s.site_file, ''), l := coalesce(s.site_line, -1))"
 
 
-def count_sites(db: IngestDb, run_numbers: list[int] | None) -> None:
-    """`site_counts` of the given runs (all runs with None) from their `event_counts` and the stacks' sites."""
+def count_sites(db: IngestDb, run_numbers: list[int] | None, unseen: pa.Table | None = None) -> None:
+    """`site_counts` of the given runs (all runs with None) from their `event_counts` and the stacks'
+    sites; `unseen` holds `stack_sites` rows the transaction cannot see (inserted by one that began
+    before it and committed since)."""
     where, params = run_numbers_filter("c.run_number", run_numbers) if run_numbers is not None else ("true", [])
+    stack_sites = "stack_sites"
+    if unseen is not None and unseen.num_rows:
+        ingest_unseen_sites = unseen  # noqa: F841 - read by DuckDB
+        columns = "stack_id, site_id, site_file, site_line, site_is_user"
+        stack_sites = f"(SELECT {columns} FROM stack_sites UNION ALL SELECT {columns} FROM ingest_unseen_sites)"
     db.con.execute(
         f"""
         INSERT INTO site_counts BY NAME
@@ -139,7 +146,7 @@ def count_sites(db: IngestDb, run_numbers: list[int] | None) -> None:
                arg_max(s.site_file, {SITE_PLACE_ORDER}) AS site_file,
                arg_max(s.site_line, {SITE_PLACE_ORDER}) AS site_line, bool_or(s.site_is_user) AS site_is_user
         FROM event_counts c
-        LEFT JOIN stack_sites s USING (stack_id)
+        LEFT JOIN {stack_sites} s USING (stack_id)
         WHERE {where}
         GROUP BY c.run_number, c.name_id, s.site_id
         -- In the order of `site_counts_by_site` (cheaper to add at the commit; see `insert_events`).
@@ -324,8 +331,8 @@ _SITE_IDS = "site ids"
 _NEXT_SITE_ID = "next site_id"
 
 
-def store_sites(db: IngestDb, sites: pa.Table, site_order: np.ndarray, batch_sites: pa.Table) -> None:
-    """`sites` rows for the keys the table lacks and `stack_sites` rows, from rows shaped like
+def store_sites(db: IngestDb, sites: pa.Table, site_order: np.ndarray, batch_sites: pa.Table) -> pa.Table:
+    """`sites` rows for the keys the table lacks and `stack_sites` rows (returned), from rows shaped like
     `stack_sites_from`'s; new sites are numbered by `site_order` per row (the index of the run
     bringing in the stack: runs loaded together number their sites as they would one by one), then
     by key. `batch_sites` holds `sites`' rows and those of the transactions to come with the same
@@ -371,20 +378,19 @@ def store_sites(db: IngestDb, sites: pa.Table, site_order: np.ndarray, batch_sit
         at = pc.fill_null(pc.index_in(keys, value_set=numbered["site_key"].combine_chunks()), -1).to_numpy(
             zero_copy_only=False
         )
-    db.insert(
-        "INSERT INTO stack_sites BY NAME SELECT * FROM {}",
-        pa.table(
-            {
-                "stack_id": sites["stack_id"],
-                "site_id": numbered["site_id"].take(pa.array(at, pa.int64(), mask=at < 0)),
-                "site_depth": sites["site_depth"],
-                "site_kind": sites["site_kind"],
-                "site_is_user": sites["site_is_user"],
-                "site_file": sites["site_file"],
-                "site_line": sites["site_line"],
-            }
-        ),
+    stack_sites = pa.table(
+        {
+            "stack_id": sites["stack_id"],
+            "site_id": numbered["site_id"].take(pa.array(at, pa.int64(), mask=at < 0)),
+            "site_depth": sites["site_depth"],
+            "site_kind": sites["site_kind"],
+            "site_is_user": sites["site_is_user"],
+            "site_file": sites["site_file"],
+            "site_line": sites["site_line"],
+        }
     )
+    db.insert("INSERT INTO stack_sites BY NAME SELECT * FROM {}", stack_sites)
+    return stack_sites
 
 
 def _site_ids(db: IngestDb, batch_sites: pa.Table) -> pa.Table:

@@ -26,12 +26,17 @@ class QuarantineRun(Exception):
 
 
 class IngestDb:
-    def __init__(self, con: Any):
+    def __init__(self, con: Any, kept: dict[str, Any] | None = None):
         self.con = con
-        self.kept: dict[str, Any] = {}
+        self.kept: dict[str, Any] = {} if kept is None else kept
         # Whether the ingest deleted rows (a run loaded again, sites or symbols rebuilt): their space
         # is reclaimed by the checkpoint that closes the database (`RunLoader.close`).
         self.rows_deleted = False
+
+    def on(self, con: Any) -> IngestDb:
+        """The same handle on another connection to the database, sharing what is kept (the ingest
+        loads two transactions at a time, and numbers their rows in one sequence)."""
+        return IngestDb(con, self.kept)
 
     def keep(self, name: str, read: Callable[[], Any]) -> Any:
         """The kept fact `name`, read with `read()` the first time (or after a rollback)."""
@@ -71,19 +76,22 @@ class IngestDb:
         ingest_rows = table  # noqa: F841 - read by DuckDB
         self.con.execute(sql.format("ingest_rows"), params or [])
 
-    def transaction(self) -> Transaction:
-        return Transaction(self)
+    def transaction(self, *, begun: bool = False) -> Transaction:
+        return Transaction(self, begun=begun)
 
 
 class Transaction:
-    """BEGIN ... COMMIT, or ROLLBACK on any exception (data errors quarantine the run)."""
+    """BEGIN ... COMMIT, or ROLLBACK on any exception (data errors quarantine the run). With
+    `begun`, the connection's transaction is already open (its first statements ran before)."""
 
-    def __init__(self, db: IngestDb):
+    def __init__(self, db: IngestDb, *, begun: bool = False):
         self.db = db
         self.con = db.con
+        self.begun = begun
 
     def __enter__(self) -> Any:
-        self.con.execute("BEGIN TRANSACTION")
+        if not self.begun:
+            self.con.execute("BEGIN TRANSACTION")
         return self.con
 
     def __exit__(self, kind, error, _traceback) -> None:
