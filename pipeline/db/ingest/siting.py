@@ -136,9 +136,14 @@ def count_sites(db: IngestDb, run_numbers: list[int] | None, unseen: pa.Table | 
     where, params = run_numbers_filter("c.run_number", run_numbers) if run_numbers is not None else ("true", [])
     stack_sites = "stack_sites"
     if unseen is not None and unseen.num_rows:
-        ingest_unseen_sites = unseen  # noqa: F841 - read by DuckDB
         columns = "stack_id, site_id, site_file, site_line, site_is_user"
-        stack_sites = f"(SELECT {columns} FROM stack_sites UNION ALL SELECT {columns} FROM ingest_unseen_sites)"
+        # Copied into a table of the connection first: joined straight from Arrow, DuckDB (1.5)
+        # pushes a filter into the Arrow scan that the scan refuses. Replaced the next time.
+        ingest_unseen_sites = unseen  # noqa: F841 - read by DuckDB
+        db.con.execute(
+            f"CREATE OR REPLACE TEMP TABLE ingest_unseen_stack_sites AS SELECT {columns} FROM ingest_unseen_sites"
+        )
+        stack_sites = f"(SELECT {columns} FROM stack_sites UNION ALL SELECT {columns} FROM ingest_unseen_stack_sites)"
     db.con.execute(
         f"""
         INSERT INTO site_counts BY NAME
