@@ -911,6 +911,25 @@ def test_killed_ingest_loses_only_the_transaction_in_progress(tmp_path, good_run
     assert snapshot(db, exclude_ingest_times=True) == snapshot(_ingested_alone(tmp_path, runs, symbol_cache), True)
 
 
+def test_killed_ingest_loses_the_run_loading_beside_the_one_in_progress(tmp_path, good_run, symbol_cache) -> None:
+    """Killed while a run's transaction commits, with the next run's events already loading on the
+    other connection: both runs are lost, the one before stays, and the next ingest loads the two."""
+    runs = tmp_path / "runs"
+    for name in ("a", "b", "c"):
+        _copy(good_run, runs, name)
+    first_id, second_id, _third_id = _run_ids(runs)
+    ingest(tmp_path / "warm.duckdb", runs / "a", cache=symbol_cache)  # (see above)
+    db = tmp_path / "t.duckdb"
+    holder = PausingIngest(tmp_path, runs, db, symbol_cache, second_id, runs_per_transaction=1)
+    holder.process.send_signal(signal.SIGKILL)
+    holder.process.communicate(timeout=30)
+    assert rows(db, "SELECT run_id FROM runs") == [(first_id,)]
+    assert rows(db, "SELECT count(*) FROM event_rows WHERE run_number > 1") == [(0,)]
+    summary = ingest(db, runs, cache=symbol_cache)
+    assert (summary.ingested, summary.present) == (2, 1)
+    assert snapshot(db, exclude_ingest_times=True) == snapshot(_ingested_alone(tmp_path, runs, symbol_cache), True)
+
+
 def _ingested_alone(tmp_path: Path, runs: Path, cache: Path) -> Path:
     """The runs ingested one transaction per run, into a database of their own."""
     db = tmp_path / "alone.duckdb"

@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
             "--runs-per-transaction",
             min=1,
             help="Load up to N runs in one transaction: a night of small runs goes in several times faster, "
-            "each run still whole or not at all, but a kill loses the runs of the transaction in progress "
+            "each run still whole or not at all, but a kill loses the runs of the two transactions under way "
             "(the next ingest loads them).",
         ),
         engine: str = typer.Option(
