@@ -204,11 +204,9 @@ class _StageTimes:
 
         def make(function):
             def timed(*args, **kwargs):
-                if label == EVENTS_HERE and threading.current_thread() is not threading.main_thread():
-                    return self._beside(EVENTS_BESIDE, function, *args, **kwargs)
-                if part in STEPS and (
-                    not self._inside[part] or threading.current_thread() is not threading.main_thread()
-                ):
+                here = threading.current_thread() is threading.main_thread()
+                name = label if here or label != EVENTS_HERE else EVENTS_BESIDE
+                if part in STEPS and name == label and not (here and self._inside[part]):
                     return function(*args, **kwargs)
                 wall, cpu = time.perf_counter(), time.thread_time()
                 if step is not None:
@@ -218,18 +216,11 @@ class _StageTimes:
                 finally:
                     if step is not None:
                         self._inside[step] -= 1
-                    self._add(label, time.perf_counter() - wall, time.thread_time() - cpu)
+                    self._add(name, time.perf_counter() - wall, time.thread_time() - cpu)
 
             return timed
 
         return make
-
-    def _beside(self, label, function, *args, **kwargs):
-        wall, cpu = time.perf_counter(), time.thread_time()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            self._add(label, time.perf_counter() - wall, time.thread_time() - cpu)
 
     def _timed_iteration(self, original):
         timer = self

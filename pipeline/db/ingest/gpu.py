@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tbpipe.pipeline.db.connection import query_value
+from tbpipe.pipeline.db.ingest.rows import event_name_ids
 from tbpipe.pipeline.db.ingest.tables import IngestDb
 from tbpipe.pipeline.rawrun import read_tables
 from tbpipe.schemas.raw import CORRELATED_KINDS
@@ -80,13 +81,14 @@ def activity_rows(paths: list[Path]) -> pa.Table:
     )
 
 
-def insert_gpu_activity(db: IngestDb, run_number: int, files: dict[str, list[Path]], launch_names: list[int]) -> int:
-    """The run's `gpu_activity` rows and `gpu_time_counts`; returns the records loaded.
-    `launch_names` are the `name_id`s of the launch kinds' names (kept by the ingest, as are the
-    activity ids given: the transaction before this one may add both after this one began)."""
+def insert_gpu_activity(db: IngestDb, run_number: int, files: dict[str, list[Path]]) -> int:
+    """The run's `gpu_activity` rows and `gpu_time_counts`; returns the records loaded. The launch
+    kinds' name ids and the activity ids come from what the ingest keeps, not from the tables: the
+    transaction before this one may add both after this one began."""
     activity_files = files.get("gpu_activity") or []
     if not activity_files:
         return 0
+    launch_names = [i for (kind, _name), i in event_name_ids(db).items() if kind in LAUNCH_KINDS]
     con = db.con
     nodes = read_tables({"gpu_graph_nodes": files.get("gpu_graph_nodes") or []}, ("gpu_graph_nodes",))
     captures = capture_correlations(nodes["gpu_graph_nodes"])

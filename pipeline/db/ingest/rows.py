@@ -124,8 +124,7 @@ class Batch:
         that loads the module (never by two: the transaction after it may not see its rows)."""
         if self.statuses is None or not self.statuses.num_rows:
             return None
-        loaded = {key for i in runs for key in self.runs[i].flat.modules["module_key"].to_pylist()}
-        keys = sorted(loaded - self.statuses_stored)
+        keys = sorted(module_keys([self.runs[i] for i in runs]) - self.statuses_stored)
         return self.statuses.filter(pc.is_in(self.statuses["module_key"], pa.array(keys, pa.string())))
 
     def _first_runs_of_symbols(self) -> np.ndarray:
@@ -231,6 +230,11 @@ def file_list(files: list[tuple[int, Path, int]]) -> str:
     return "[" + ", ".join(sql_text(str(path)) for _i, path, _rows in files) + "]"
 
 
+def module_keys(runs: list[PreparedRun]) -> set[str]:
+    """The keys of the modules the runs loaded."""
+    return {key for run in runs for key in run.flat.modules["module_key"].to_pylist()}
+
+
 def _modules_of(runs: list[PreparedRun]) -> pa.Table:
     """The modules every run loaded, with its run id and place (run after run)."""
     modules = pa.concat_tables(
@@ -257,7 +261,7 @@ def insert_modules(db: IngestDb, runs: list[PreparedRun], statuses: pa.Table | N
         upsert_module_statuses(db, statuses)
     # Every module a run loaded has a row, even one none of whose addresses needed symbols yet.
     known = db.keep("module_keys", lambda: {key for (key,) in query_rows(db.con, "SELECT module_key FROM modules")})
-    keys = {key for run in runs for key in run.flat.modules["module_key"].to_pylist()}
+    keys = module_keys(runs)
     if not keys <= known:
         # Only keys nobody gave a row yet: the transaction before this one may have, unseen here.
         modules = _modules_of(runs)

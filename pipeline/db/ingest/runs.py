@@ -393,7 +393,6 @@ class RunLoader:
                     tx.db.con.execute("ROLLBACK")
                 except Exception:  # the connection's transaction already ended with its error
                     pass
-            self.db.rows_deleted = self.db.rows_deleted or tx.db.rows_deleted
         self._open.clear()
         self.db.kept.clear()
 
@@ -432,14 +431,12 @@ class RunLoader:
                 tx.stack_sites = store_sites(
                     db, sites, batch.runs_of_new_stacks(sites["stack_id"].to_numpy()), batch.sites
                 )
-            launches = [i for (kind, _name), i in run_rows.event_name_ids(db).items() if kind in run_gpu.LAUNCH_KINDS]
             for run in chosen:
-                run_gpu.insert_gpu_activity(db, run.run_number, run.gpu_files, launches)
+                run_gpu.insert_gpu_activity(db, run.run_number, run.gpu_files)
             unseen, tx.before = (tx.before.stack_sites if tx.before is not None else None), None
             count_sites(db, [run.run_number for run in chosen], unseen)
             for run in chosen:
                 _before_commit(run.run_id)
-        self.db.rows_deleted = self.db.rows_deleted or db.rows_deleted
         if statuses is not None:
             batch.statuses_stored.update(statuses["module_key"].to_pylist())
         outcomes = {}

@@ -12,6 +12,7 @@ ingest's own statements change them; a rolled-back transaction forgets them all.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -25,18 +26,33 @@ class QuarantineRun(Exception):
     """The run's data cannot be loaded (found while loading, e.g. attributes that are not JSON)."""
 
 
+@dataclass
+class _Shared:
+    """What the ingest's handles on its connections share."""
+
+    kept: dict[str, Any] = field(default_factory=dict)
+    # Whether the ingest deleted rows (a run loaded again, sites or symbols rebuilt): their space
+    # is reclaimed by the checkpoint that closes the database (`RunLoader.close`).
+    rows_deleted: bool = False
+
+
 class IngestDb:
-    def __init__(self, con: Any, kept: dict[str, Any] | None = None):
+    def __init__(self, con: Any, shared: _Shared | None = None):
         self.con = con
-        self.kept: dict[str, Any] = {} if kept is None else kept
-        # Whether the ingest deleted rows (a run loaded again, sites or symbols rebuilt): their space
-        # is reclaimed by the checkpoint that closes the database (`RunLoader.close`).
-        self.rows_deleted = False
+        self._shared = shared or _Shared()
 
     def on(self, con: Any) -> IngestDb:
         """The same handle on another connection to the database, sharing what is kept (the ingest
         loads two transactions at a time, and numbers their rows in one sequence)."""
-        return IngestDb(con, self.kept)
+        return IngestDb(con, self._shared)
+
+    @property
+    def kept(self) -> dict[str, Any]:
+        return self._shared.kept
+
+    @property
+    def rows_deleted(self) -> bool:
+        return self._shared.rows_deleted
 
     def keep(self, name: str, read: Callable[[], Any]) -> Any:
         """The kept fact `name`, read with `read()` the first time (or after a rollback)."""
@@ -67,7 +83,7 @@ class IngestDb:
     def delete(self, sql: str, params: list[Any] | None = None) -> None:
         """Runs a DELETE statement, noting whether it deleted any row."""
         (count,) = self.con.execute(sql, params or []).fetchone()
-        self.rows_deleted = self.rows_deleted or count > 0
+        self._shared.rows_deleted = self._shared.rows_deleted or count > 0
 
     def insert(self, sql: str, table: pa.Table, params: list[Any] | None = None) -> None:
         """Runs `sql` with `{}` naming `table` (e.g. 'INSERT INTO t BY NAME SELECT * FROM {}')."""
