@@ -1159,6 +1159,26 @@ def test_runs_loaded_together_number_what_they_add_as_one_by_one(tmp_path, good_
     assert rows(grouped, "SELECT count(DISTINCT event_id) = count(*) FROM event_rows") == [(True,)]
 
 
+def test_a_transactions_share_of_its_batch_is_the_rows_of_its_runs() -> None:
+    """`ByRun` gives each transaction the rows of its runs (one run, or several in a row), in the
+    batch's order, as a scan of the whole batch would: rows and table rows alike, for runs in any
+    order of the rows, runs without rows, and indices past the last run."""
+    import numpy as np
+
+    from tbpipe.pipeline.db.ingest.rows import ByRun
+
+    generator = np.random.default_rng(7)
+    run_of_row = generator.integers(0, 9, 500)
+    run_of_row[run_of_row == 4] = 3  # run 4 has no rows
+    table = pa.table({"row": np.arange(len(run_of_row)), "run": run_of_row})
+    grouped = ByRun(run_of_row)
+    for runs in [range(i, i + 1) for i in range(10)] + [range(0, 3), range(2, 6), range(5, 9), range(0, 9)]:
+        expected = np.flatnonzero((run_of_row >= runs.start) & (run_of_row < runs.stop))
+        assert grouped.rows_of(runs).tolist() == expected.tolist(), runs
+        assert grouped.table_of(table, runs)["row"].to_pylist() == expected.tolist(), runs
+    assert grouped.rows_of(range(4, 5)).tolist() == []
+
+
 def _thread_id_past_int64(run_dir: Path) -> None:
     manifest = json.loads((run_dir / "manifest.json").read_text())
     _manifest(run_dir, threads={**manifest.get("threads", {}), "9999999999999999999": "huge"})

@@ -9,6 +9,7 @@ stack ids with a join.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -89,8 +90,7 @@ class Batch:
     new_files: dict[str, tuple[str, str | None, int]] = field(default_factory=dict)
 
     statuses_stored: set[str] = field(default_factory=set)  # module keys whose status a committed part stored
-    _symbol_runs: np.ndarray | None = None
-    _row_runs: np.ndarray | None = None  # per layout row: the run that brings its stack in
+    _by_run: dict[str, ByRun] = field(default_factory=dict)  # the batch's rows grouped by run, per kind of row
 
     def event_files_of(self, runs: range) -> list[tuple[int, Path, int]]:
         """(run index, part, rows) of the events parts of the runs `runs`, in order."""
@@ -106,17 +106,35 @@ class Batch:
     def part_of(self, runs: range) -> RunPart:
         """What the runs `runs` (consecutive indices) insert of the batch's new things: the stacks
         they bring in, their frame rows and frames, and the new symbols they are the first to need."""
-        order = self.new_order[_within(self.run_of_stack[self.new_order], runs)]
+        order = self.new_order[self._grouped("stacks", lambda: self.run_of_stack[self.new_order]).rows_of(runs)]
         rows = frames = None
         if self.frames is not None and len(order):
-            if self._row_runs is None:
-                self._row_runs = self.runs_of_new_stacks(self.frames.rows["stack_id"].to_numpy())
-            rows = np.flatnonzero(_within(self._row_runs, runs))
-            frames = np.flatnonzero(self.frame_ids.new & _within(self.frame_first_run, runs))
+            rows = self._grouped(
+                "rows", lambda: self.runs_of_new_stacks(self.frames.rows["stack_id"].to_numpy())
+            ).rows_of(runs)
+            # Frames the database lacks, by the first run whose new stacks use them (the others: none).
+            frames = self._grouped(
+                "frames", lambda: np.where(self.frame_ids.new, self.frame_first_run, len(self.runs))
+            ).rows_of(runs)
         symbols = None
         if self.symbols is not None and self.symbols.num_rows:
-            symbols = self.symbols.filter(pa.array(_within(self._first_runs_of_symbols(), runs)))
+            symbols = self._grouped("symbols", self._first_runs_of_symbols).table_of(self.symbols, runs)
         return RunPart(runs, order, rows, frames, symbols)
+
+    def new_sites_of(self, runs: range) -> pa.Table:
+        """The rows of `sites` of the stacks the runs `runs` bring in."""
+        grouped = self._grouped("sites", lambda: self.runs_of_new_stacks(self.sites["stack_id"].to_numpy()))
+        return grouped.table_of(self.sites, runs)
+
+    def stack_rows_of(self, runs: range) -> np.ndarray:
+        """The flat stacks of the runs `runs` (increasing)."""
+        return self._grouped("flat", lambda: self.run_of_stack).rows_of(runs)
+
+    def _grouped(self, kind: str, run_of_row: Callable[[], np.ndarray]) -> ByRun:
+        """The batch's rows of one kind grouped by run, computed at the first transaction that asks."""
+        if kind not in self._by_run:
+            self._by_run[kind] = ByRun(run_of_row())
+        return self._by_run[kind]
 
     def statuses_of(self, runs: range) -> pa.Table | None:
         """`modules` rows of the modules the batch symbolized that the runs `runs` load and no
@@ -129,30 +147,51 @@ class Batch:
 
     def _first_runs_of_symbols(self) -> np.ndarray:
         """Per new `symbols` row: the first run of the batch whose new stacks need its address."""
-        if self._symbol_runs is None:
-            slots = self.slot_keys
-            used = pa.table(
-                {
-                    "module_key": slots["module_key"],
-                    "address": slots["address"],
-                    "exact": slots["exact"],
-                    "run": pa.array(self.runs_of_new_stacks(slots["stack_id"].to_numpy()), pa.int64()),
-                }
-            )
-            first = used.group_by(["module_key", "address", "exact"]).aggregate([("run", "min")])
-            keyed = self.symbols.select(["module_key", "address", "exact"]).append_column(
-                "row", pa.array(np.arange(self.symbols.num_rows), pa.int64())
-            )
-            joined = keyed.join(first, ["module_key", "address", "exact"], join_type="left outer")
-            runs = np.zeros(self.symbols.num_rows, dtype=np.int64)
-            runs[joined["row"].to_numpy()] = pc.fill_null(joined["run_min"], 0).to_numpy()
-            self._symbol_runs = runs
-        return self._symbol_runs
+        slots = self.slot_keys
+        used = pa.table(
+            {
+                "module_key": slots["module_key"],
+                "address": slots["address"],
+                "exact": slots["exact"],
+                "run": pa.array(self.runs_of_new_stacks(slots["stack_id"].to_numpy()), pa.int64()),
+            }
+        )
+        first = used.group_by(["module_key", "address", "exact"]).aggregate([("run", "min")])
+        keyed = self.symbols.select(["module_key", "address", "exact"]).append_column(
+            "row", pa.array(np.arange(self.symbols.num_rows), pa.int64())
+        )
+        joined = keyed.join(first, ["module_key", "address", "exact"], join_type="left outer")
+        runs = np.zeros(self.symbols.num_rows, dtype=np.int64)
+        runs[joined["row"].to_numpy()] = pc.fill_null(joined["run_min"], 0).to_numpy()
+        return runs
 
 
-def _within(values: np.ndarray, runs: range) -> np.ndarray:
-    """Whether each run index is one of `runs`."""
-    return (values >= runs.start) & (values < runs.stop)
+class ByRun:
+    """Rows of a batch grouped by the run each belongs to: a transaction takes its runs' rows with a
+    binary search, where a scan of the whole batch per transaction cost a night of small runs (a
+    batch of 64) a few milliseconds a run."""
+
+    def __init__(self, run_of_row: np.ndarray):
+        self._rows = np.argsort(run_of_row, kind="stable")  # each run's rows in increasing order
+        self._runs = run_of_row[self._rows]
+        self._by_run: pa.Table | None = None
+
+    def rows_of(self, runs: range) -> np.ndarray:
+        """The rows of the runs `runs` (consecutive run indices), increasing."""
+        start, stop = np.searchsorted(self._runs, [runs.start, runs.stop])
+        rows = self._rows[start:stop]
+        return rows if len(runs) == 1 else np.sort(rows)
+
+    def table_of(self, table: pa.Table, runs: range) -> pa.Table:
+        """The rows of `table` (the batch's, one row per row grouped) of the runs `runs`, in order.
+        One run's rows are a slice of the table taken once in run order (a take per transaction
+        copied every column)."""
+        if len(runs) != 1:
+            return table.take(self.rows_of(runs))
+        if self._by_run is None:
+            self._by_run = table.take(self._rows)
+        start, stop = np.searchsorted(self._runs, [runs.start, runs.stop])
+        return self._by_run.slice(start, stop - start)
 
 
 @dataclass
@@ -168,7 +207,7 @@ class RunPart:
 
 def stack_map(batch: Batch, runs: range) -> pa.Table:
     """(run index, raw_id) -> stack_id for every distinct raw stack of the runs `runs`."""
-    chosen = _within(batch.run_of_stack, runs)
+    chosen = batch.stack_rows_of(runs)
     return pa.table(
         {
             "run_index": pa.array(batch.run_of_stack[chosen], pa.int32()),

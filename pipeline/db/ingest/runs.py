@@ -427,7 +427,7 @@ class RunLoader:
                 record_portable_files(
                     db, {f: (p, root) for f, (p, root, first) in batch.new_files.items() if first in runs}
                 )
-                sites = batch.sites.filter(pc.is_in(batch.sites["stack_id"], pa.array(batch.new_ids[part.new_order])))
+                sites = batch.new_sites_of(runs)
                 tx.stack_sites = store_sites(
                     db, sites, batch.runs_of_new_stacks(sites["stack_id"].to_numpy()), batch.sites
                 )

@@ -154,7 +154,7 @@ def count_sites(db: IngestDb, run_numbers: list[int] | None, unseen: pa.Table | 
         LEFT JOIN {stack_sites} s USING (stack_id)
         WHERE {where}
         GROUP BY c.run_number, c.name_id, s.site_id
-        -- In the order of `site_counts_by_site` (cheaper to add at the commit; see `insert_events`).
+        -- In the order of `site_counts_by_site` (cheaper to add at the commit; see `load_events`).
         ORDER BY s.site_id
         """,
         params,
