@@ -174,7 +174,7 @@ class ByRun:
     def __init__(self, run_of_row: np.ndarray):
         self._rows = np.argsort(run_of_row, kind="stable")  # each run's rows in increasing order
         self._runs = run_of_row[self._rows]
-        self._by_run: pa.Table | None = None
+        self._in_run_order: pa.Table | None = None  # `table_of`'s table, taken once
 
     def rows_of(self, runs: range) -> np.ndarray:
         """The rows of the runs `runs` (consecutive run indices), increasing."""
@@ -188,10 +188,10 @@ class ByRun:
         copied every column)."""
         if len(runs) != 1:
             return table.take(self.rows_of(runs))
-        if self._by_run is None:
-            self._by_run = table.take(self._rows)
+        if self._in_run_order is None:
+            self._in_run_order = table.take(self._rows)
         start, stop = np.searchsorted(self._runs, [runs.start, runs.stop])
-        return self._by_run.slice(start, stop - start)
+        return self._in_run_order.slice(start, stop - start)
 
 
 @dataclass
