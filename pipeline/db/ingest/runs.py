@@ -372,16 +372,13 @@ class RunLoader:
         db.con.execute("SELECT 1 FROM runs WHERE false").fetchall()
         if background:
             tx.events_loaded = self._worker.submit(_events_phase, batch, tx)
-            return
-        try:
-            _events_phase(batch, tx)
-        except BaseException:
-            db.kept.clear()
-            raise
+        else:
+            _events_phase(batch, tx)  # a failure leaves it in `_open`, for `_abandon`
 
     def _abandon(self) -> None:
-        """Rolls back every transaction under way (after a failure: the ids they were given are
-        forgotten with the rest of what the ingest keeps)."""
+        """Rolls back every transaction under way, failed ones included (`_load_groups` calls it
+        whenever a load ends): the ids they were given are forgotten with the rest of what the
+        ingest keeps."""
         if not self._open:
             return
         for tx in self._open:
@@ -405,12 +402,7 @@ class RunLoader:
             self._begin(batch, runs)
             tx = self._open[-1]
         if tx.events_loaded is not None:
-            try:
-                _events_loaded(tx)
-            except BaseException:
-                self._open.remove(tx)
-                self.db.kept.clear()
-                raise
+            _events_loaded(tx)  # a failure leaves it in `_open`, for `_abandon`
         db = tx.db
         chosen = [batch.runs[i] for i in runs]
         part = batch.part_of(runs)
