@@ -146,7 +146,7 @@ STAGES = [
     (RUNS, "store_sites", "insert sites", LOAD),
     (RUNS, "_events_phase", EVENTS_HERE, LOAD),
     (RUNS, "_events_loaded", "waiting for events loaded beside", LOAD),
-    (RUNS, "count_sites", "site counts", LOAD),
+    (RUNS, "insert_site_counts", "site counts", LOAD),
     ("tbpipe.pipeline.db.ingest.tables.Transaction", "__exit__", "commit", LOAD),
     (f"{RUNS}.RunLoader", "_count_frames", "summary counts", None),
     (RUNS, "read_manifest", "manifest", PREPARE),

@@ -1023,6 +1023,80 @@ def test_the_next_transaction_loading_beside_changes_nothing_stored(tmp_path, sy
     assert rows(db, "SELECT count(*) FROM site_counts WHERE site_id IS NULL") == [(0,)]
 
 
+def test_site_counts_counted_in_memory_equal_the_sql_definition(tmp_path, symbol_cache) -> None:
+    """A transaction counts its runs' sites in memory, from their event counts and the sites of
+    their stacks: stored before its batch, brought in by the transactions before it (which it cannot
+    see), or by itself. `count_sites` (SQL) is the definition: counting every run again with it must
+    give the same rows, where a site's stacks show it at several files and lines too."""
+    from tbpipe.pipeline.db.ingest.siting import count_sites
+    from tbpipe.pipeline.db.ingest.tables import IngestDb
+
+    runs = tmp_path / "runs"
+    _synthetic_night(runs, 7)
+    db = tmp_path / "night.duckdb"
+    run_dirs = find_run_dirs([runs])
+    for chosen in (run_dirs[:3], run_dirs[3:]):  # the second ingest's runs use stored stacks too
+        assert ingest(db, *chosen, cache=symbol_cache).ingested == len(chosen)
+    query = (
+        "SELECT run_number, name_id, site_id, events, site_file, site_line, site_is_user FROM site_counts ORDER BY ALL"
+    )
+    counted = rows(db, query)
+    assert len(counted) > 50
+    con = open_database(db)
+    try:
+        con.execute("DELETE FROM site_counts")
+        count_sites(IngestDb(con), None)
+    finally:
+        con.close()
+    assert rows(db, query) == counted
+
+
+def test_site_counts_in_memory_place_a_site_as_the_sql_does(tmp_path) -> None:
+    """Where a run's stacks show one site at several files and lines, the site is placed at the file
+    and line of its stack with the most events (ties to the greater file, then line), each taken
+    only from stacks that have one; stacks without a site and events without a stack count under
+    no site."""
+    from tbpipe.pipeline.db.ingest.siting import count_sites, insert_site_counts
+    from tbpipe.pipeline.db.ingest.tables import IngestDb
+
+    con = open_database(tmp_path / "sites.duckdb")
+    db = IngestDb(con)
+    stack_sites = pa.table(
+        {
+            "stack_id": pa.array([1, 2, 3, 4, 5, 6], pa.int64()),
+            "site_id": pa.array([10, 10, 10, None, 11, 11], pa.int64()),
+            "site_file": pa.array(["a.py", "b.py", None, None, "c.py", "c.py"]),
+            "site_line": pa.array([5, 3, 7, None, None, 2], pa.int32()),
+            "site_is_user": [True, True, False, False, False, False],
+        }
+    )
+    counts = pa.table(
+        {
+            "run_number": pa.array([1, 1, 1, 1, 1, 1, 1, 2, 2, 2], pa.int32()),
+            "name_id": pa.array([1, 1, 1, 1, 1, 1, 1, 1, 2, 2], pa.int32()),
+            "stack_id": pa.array([1, 2, 3, None, 4, 5, 99, 1, 5, 6], pa.int64()),
+            "events": pa.array([5, 5, 9, 4, 2, 8, 3, 1, 6, 6], pa.int64()),
+        }
+    )
+    try:
+        db.insert("INSERT INTO stack_sites BY NAME SELECT * FROM {}", stack_sites)
+        db.insert("INSERT INTO event_counts BY NAME SELECT * FROM {}", counts)
+        query = "SELECT run_number, name_id, site_id, events, site_file, site_line, site_is_user FROM site_counts"
+        count_sites(db, [1, 2])
+        by_sql = sorted(query_rows(con, query), key=str)
+        con.execute("DELETE FROM site_counts")
+        insert_site_counts(db, counts, stack_sites)
+        in_memory = query_rows(con, query)
+    finally:
+        con.close()
+    assert sorted(in_memory, key=str) == by_sql
+    assert (1, 1, 10, 19, "b.py", 7, True) in by_sql  # file from the 5/5 tie, line from the 9 without a file
+    assert (1, 1, None, 9, None, None, False) in by_sql  # no stack (4), no site (2), a stack not stored (3)
+    assert (2, 2, 11, 12, "c.py", 2, False) in by_sql
+    # Rows in the order of `site_counts_by_site`: by site, those without one last.
+    assert [row[2] for row in in_memory] == sorted((row[2] for row in in_memory), key=lambda s: (s is None, s or 0))
+
+
 def _load_more_modules(run_dir: Path, *build_ids: str) -> None:
     """The run loaded more modules than its stacks use (each still gets its row in `modules`)."""
 

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from tbpipe.pipeline.db.connection import query_rows, query_value
 from tbpipe.pipeline.db.ingest.frames import FrameIds, insert_frame_rows
+from tbpipe.pipeline.db.ingest.siting import BatchStackSites
 from tbpipe.pipeline.db.ingest.symbols import upsert_module_statuses
 from tbpipe.pipeline.db.ingest.tables import IngestDb, QuarantineRun, run_numbers_filter, sql_text
 from tbpipe.pipeline.db.schema import correlation_id_in_attrs
@@ -90,6 +91,8 @@ class Batch:
     new_files: dict[str, tuple[str, str | None, int]] = field(default_factory=dict)
 
     statuses_stored: set[str] = field(default_factory=set)  # module keys whose status a committed part stored
+    # `stack_sites` rows of the stacks its runs use, for counting their sites in memory
+    stack_sites: BatchStackSites = field(default_factory=BatchStackSites)
     _by_run: dict[str, ByRun] = field(default_factory=dict)  # the batch's rows grouped by run, per kind of row
 
     def event_files_of(self, runs: range) -> list[tuple[int, Path, int]]:
@@ -102,6 +105,12 @@ class Batch:
         # place there is its id less the first.
         first = self.new_ids[self.new_order[0]] if len(self.new_order) else 0
         return self.run_of_stack[self.new_order][stack_ids - first]
+
+    def stored_stack_ids(self) -> np.ndarray:
+        """Ids of the stacks its runs use that were stored before the batch (its new ones come after)."""
+        if not len(self.new_order):
+            return self.stack_ids
+        return self.stack_ids[self.stack_ids < self.new_ids[self.new_order[0]]]
 
     def part_of(self, runs: range) -> RunPart:
         """What the runs `runs` (consecutive indices) insert of the batch's new things: the stacks
@@ -424,13 +433,14 @@ def insert_event_names(db: IngestDb, plan: EventsPlan) -> None:
         db.insert("INSERT INTO event_names BY NAME SELECT * FROM {}", plan.fresh)
 
 
-def load_events(con: Any, batch: Batch, runs: range, plan: EventsPlan) -> None:
+def load_events(con: Any, batch: Batch, runs: range, plan: EventsPlan) -> pa.Table | None:
     """The runs' `event_rows` straight from their Parquet parts (one statement), and their
-    `event_counts`, on `con` (a connection whose transaction they join). Reads nothing another
-    transaction under way writes: names and stack ids come from the plan and the batch."""
+    `event_counts`, on `con` (a connection whose transaction they join); the counts' rows are
+    returned (None without events parts). Reads nothing another transaction under way writes:
+    names and stack ids come from the plan and the batch."""
     parts = batch.event_files_of(runs)
     if not parts:
-        return
+        return None
     files = file_list(parts)
     first = plan.first_event_id
     # Read by DuckDB by these names (replacement scans: no view to register and drop per run;
@@ -475,7 +485,7 @@ def load_events(con: Any, batch: Batch, runs: range, plan: EventsPlan) -> None:
         -- In the index's order: DuckDB adds the rows to `event_counts_by_stack` at the commit, and
         -- rows in key order cost it about 40 % of what the same rows in hash order do.
         ORDER BY stack_id
-        RETURNING run_number, stack_id, events
+        RETURNING run_number, name_id, stack_id, events
         """,
         params,
     ).fetchnumpy()
@@ -492,6 +502,14 @@ def load_events(con: Any, batch: Batch, runs: range, plan: EventsPlan) -> None:
         run.dangling_events = int(counted["events"][mine & count_stackless].sum()) - run.events_without_stack
         if run.dangling_events and run.manifest.get("complete"):
             raise QuarantineRun(dangling_events_note(run.dangling_events))
+    return pa.table(
+        {
+            "run_number": count_run,
+            "name_id": counted["name_id"],
+            "stack_id": pa.array(count_stack, pa.int64(), mask=count_stackless),
+            "events": counted["events"],
+        }
+    )
 
 
 def manifest_columns(m: dict[str, Any]) -> dict[str, Any]:

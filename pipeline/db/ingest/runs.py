@@ -50,8 +50,8 @@ from tbpipe.pipeline.db.ingest.outcomes import IngestOptions, IngestSummary, Run
 from tbpipe.pipeline.db.ingest.rows import Batch, PreparedRun
 from tbpipe.pipeline.db.ingest.siting import (
     backfill_site_identity,
-    count_sites,
     import_roots,
+    insert_site_counts,
     parse_user_code,
     portable_file,
     record_portable_files,
@@ -361,14 +361,13 @@ class RunLoader:
             else:
                 run.run_number = run_rows.next_run_numbers(db, 1)
         tx = _Underway(runs, db, replaced, run_rows.plan_events(db, batch, runs))
-        tx.before = self._open[-1] if self._open else None
         self._open.append(tx)
         db.con.execute("BEGIN TRANSACTION")
         tx.open = True
         # DuckDB takes a transaction's snapshot at its first read of the database, not at BEGIN:
         # read now, it sees every transaction committed so far and none still under way (the one
-        # `before` it), wherever the worker thread gets to it. What it needs of that one's rows,
-        # it is handed (`_load_runs`).
+        # begun before it), wherever the worker thread gets to it. What it needs of that one's
+        # rows, the sites of the stacks it brought in, the batch holds (`Batch.stack_sites`).
         db.con.execute("SELECT 1 FROM runs WHERE false").fetchall()
         if background:
             tx.events_loaded = self._worker.submit(_events_phase, batch, tx)
@@ -425,12 +424,15 @@ class RunLoader:
                 )
             for run in chosen:
                 run_gpu.insert_gpu_activity(db, run.run_number, run.gpu_files)
-            unseen, tx.before = (tx.before.stack_sites if tx.before is not None else None), None
-            count_sites(db, [run.run_number for run in chosen], unseen)
+            if tx.counts is not None:
+                batch.stack_sites.read_stored(db, batch.stored_stack_ids())
+                insert_site_counts(db, tx.counts, batch.stack_sites.with_rows(tx.stack_sites))
             for run in chosen:
                 _before_commit(run.run_id)
         if statuses is not None:
             batch.statuses_stored.update(statuses["module_key"].to_pylist())
+        if tx.stack_sites is not None:
+            batch.stack_sites.add(tx.stack_sites)
         outcomes = {}
         for run in chosen:
             complete = bool(run.manifest.get("complete"))
@@ -589,7 +591,7 @@ class _Underway:
     events: run_rows.EventsPlan
     open: bool = False  # its connection's transaction is open
     events_loaded: Future | None = None  # its events phase, when in the worker thread
-    before: _Underway | None = None  # the transaction under way when it began: it cannot see its rows
+    counts: pa.Table | None = None  # its runs' `event_counts` rows, once its events are loaded
     stack_sites: pa.Table | None = None  # the `stack_sites` rows it inserted
 
 
@@ -605,7 +607,7 @@ def _events_phase(batch: Batch, tx: _Underway) -> None:
             run_gpu.delete_run(db, run.run_number)
             for table in ("run_modules", "runs"):
                 db.delete(f"DELETE FROM {table} WHERE run_id = ?", [run.run_id])
-        run_rows.load_events(con, batch, tx.runs, tx.events)
+        tx.counts = run_rows.load_events(con, batch, tx.runs, tx.events)
         chosen = [batch.runs[i] for i in tx.runs]
         run_rows.insert_run_modules(db, chosen)
         run_rows.insert_runs(db, chosen)

@@ -3,7 +3,9 @@
 The rules live in the `user_code` table (`--user-code PREFIX` / `!PREFIX`, plus tbpipe's own
 source folders); `sql/call_sites.sql` computes a stack's site from them (`stack_sites_from`), and
 the ingest stores the answer in `sites` / `stack_sites` for the views to read: for new stacks as
-they come in, and for every stack again when the rules change.
+they come in, and for every stack again when the rules change. Events are counted per run, name
+and site (`site_counts`) by `count_sites` in SQL, and by the ingest in memory for the runs it loads
+(`insert_site_counts`, held equal to it by the tests).
 
 A site's key must not change when the same code runs from another checkout folder, so each Python
 file is also named relative to the import root that held it (`source_files`): the run's sys.path
@@ -129,21 +131,10 @@ def site_stacks(db: IngestDb, from_stack: int | None) -> None:
 SITE_PLACE_ORDER = "struct_pack(n := c.events, f := coalesce(s.site_file, ''), l := coalesce(s.site_line, -1))"
 
 
-def count_sites(db: IngestDb, run_numbers: list[int] | None, unseen: pa.Table | None = None) -> None:
+def count_sites(db: IngestDb, run_numbers: list[int] | None) -> None:
     """`site_counts` of the given runs (all runs with None) from their `event_counts` and the stacks'
-    sites; `unseen` holds `stack_sites` rows the transaction cannot see (inserted by one that began
-    before it and committed since)."""
+    sites (the ingest counts a transaction's runs in memory: `insert_site_counts`)."""
     where, params = run_numbers_filter("c.run_number", run_numbers) if run_numbers is not None else ("true", [])
-    stack_sites = "stack_sites"
-    if unseen is not None and unseen.num_rows:
-        columns = "stack_id, site_id, site_file, site_line, site_is_user"
-        # Copied into a table of the connection first: joined straight from Arrow, DuckDB (1.5)
-        # pushes a filter into the Arrow scan that the scan refuses. Replaced the next time.
-        ingest_unseen_sites = unseen  # noqa: F841 - read by DuckDB
-        db.con.execute(
-            f"CREATE OR REPLACE TEMP TABLE ingest_unseen_stack_sites AS SELECT {columns} FROM ingest_unseen_sites"
-        )
-        stack_sites = f"(SELECT {columns} FROM stack_sites UNION ALL SELECT {columns} FROM ingest_unseen_stack_sites)"
     db.con.execute(
         f"""
         INSERT INTO site_counts BY NAME
@@ -151,7 +142,7 @@ def count_sites(db: IngestDb, run_numbers: list[int] | None, unseen: pa.Table | 
                arg_max(s.site_file, {SITE_PLACE_ORDER}) AS site_file,
                arg_max(s.site_line, {SITE_PLACE_ORDER}) AS site_line, bool_or(s.site_is_user) AS site_is_user
         FROM event_counts c
-        LEFT JOIN {stack_sites} s USING (stack_id)
+        LEFT JOIN stack_sites s USING (stack_id)
         WHERE {where}
         GROUP BY c.run_number, c.name_id, s.site_id
         -- In the order of `site_counts_by_site` (cheaper to add at the commit; see `load_events`).
@@ -159,6 +150,131 @@ def count_sites(db: IngestDb, run_numbers: list[int] | None, unseen: pa.Table | 
         """,
         params,
     )
+
+
+# The `stack_sites` columns a count of sites reads.
+_COUNTED_SITE_COLUMNS = ("stack_id", "site_id", "site_file", "site_line", "site_is_user")
+
+
+class BatchStackSites:
+    """The `stack_sites` rows of the stacks a batch's runs use, by stack id, for counting their
+    sites in memory (`insert_site_counts`): the rows stored before the batch, read once at its first
+    transaction, then those its transactions add, as each commits."""
+
+    def __init__(self) -> None:
+        self._merged: pa.Table | None = None  # by stack id
+        self._read = False
+
+    def read_stored(self, db: IngestDb, stack_ids: np.ndarray) -> None:
+        """The stored rows of the given stacks (ids stored before the batch), once."""
+        if self._read:
+            return
+        self._read = True
+        ids = pa.table({"stack_id": pa.array(np.unique(stack_ids), pa.int64())})
+        db.register("ingest_stored_stacks", ids)
+        try:
+            stored = query_arrow(
+                db.con,
+                f"SELECT {', '.join(_COUNTED_SITE_COLUMNS)} FROM stack_sites "
+                "WHERE stack_id IN (SELECT stack_id FROM ingest_stored_stacks)",
+            )
+        finally:
+            db.unregister("ingest_stored_stacks")
+        self.add(stored)
+
+    def add(self, rows: pa.Table) -> None:
+        if rows.num_rows:
+            self._merged = _by_stack(self._merged, _counted_site_columns(rows))
+
+    def with_rows(self, rows: pa.Table | None) -> pa.Table:
+        """The rows so far and `rows` (a transaction's own, not committed yet), by stack id."""
+        if self._merged is None:
+            self._merged = _counted_site_columns(None)
+        if rows is None or not rows.num_rows:
+            return self._merged
+        return _by_stack(self._merged, _counted_site_columns(rows))
+
+
+def _by_stack(before: pa.Table | None, rows: pa.Table) -> pa.Table:
+    """`before` (by stack id) and `rows` together, by stack id: without a sort in the usual case,
+    where `rows` are a transaction's new stacks, numbered after every stack before them."""
+    ids = rows["stack_id"].to_numpy()
+    in_order = bool(np.all(ids[1:] > ids[:-1]))
+    if before is not None and before.num_rows:
+        last = before["stack_id"][-1].as_py()
+        in_order = in_order and ids[0] > last
+        rows = pa.concat_tables([before, rows])
+    rows = rows.combine_chunks()
+    return rows if in_order else rows.take(pc.sort_indices(rows["stack_id"]))
+
+
+def _counted_site_columns(rows: pa.Table | None) -> pa.Table:
+    types = (pa.int64(), pa.int64(), pa.string(), pa.int32(), pa.bool_())
+    if rows is None:
+        return pa.table({name: pa.array([], kind) for name, kind in zip(_COUNTED_SITE_COLUMNS, types)})
+    return pa.table({name: rows[name].cast(kind) for name, kind in zip(_COUNTED_SITE_COLUMNS, types)})
+
+
+def insert_site_counts(db: IngestDb, counts: pa.Table, stack_sites: pa.Table) -> None:
+    """`site_counts` rows from `event_counts` rows (run_number, name_id, stack_id, events) and the
+    `stack_sites` rows of their stacks (by stack id): what `count_sites` computes in SQL, in memory.
+    A small run's counts are a few thousand rows, and joining them with `stack_sites` and grouping
+    in a statement cost more than the rest of its transaction but the commit."""
+    run = counts["run_number"].to_numpy(zero_copy_only=False).astype(np.int64)
+    name = counts["name_id"].to_numpy(zero_copy_only=False).astype(np.int64)
+    stack = pc.fill_null(counts["stack_id"], -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    events = counts["events"].to_numpy(zero_copy_only=False).astype(np.int64)
+    site_stack = stack_sites["stack_id"].to_numpy(zero_copy_only=False)
+    at = np.minimum(np.searchsorted(site_stack, stack), max(len(site_stack) - 1, 0))
+    found = (stack >= 0) & (site_stack[at] == stack) if len(site_stack) else np.zeros(len(stack), bool)
+    rows = pa.array(np.where(found, at, 0), pa.int64(), mask=~found)
+    site_id = pc.fill_null(stack_sites["site_id"].take(rows), -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    file = stack_sites["site_file"].take(rows)
+    line = stack_sites["site_line"].take(rows)
+    is_user = stack_sites["site_is_user"].take(rows)
+    # Which stack's file and line a site shows: the greatest (events, file or '', line or -1), as
+    # SITE_PLACE_ORDER orders them; files ranked in DuckDB's order (bytewise).
+    padded = pc.fill_null(file, "")
+    distinct = pc.unique(padded)
+    file_rank = pc.index_in(padded, value_set=distinct.take(pc.sort_indices(distinct))).to_numpy(zero_copy_only=False)
+    line_order = pc.fill_null(line, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    order = np.lexsort((line_order, file_rank, events, site_id, name, run))
+    run, name, site_id = run[order], name[order], site_id[order]
+    change = np.ones(len(order), dtype=bool)
+    if len(order):
+        change[1:] = (run[1:] != run[:-1]) | (name[1:] != name[:-1]) | (site_id[1:] != site_id[:-1])
+    starts = np.flatnonzero(change)
+    group = np.cumsum(change) - 1
+
+    def last_valid(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+        """Per group, the value of its greatest row where the value is not null (arg_max skips nulls)."""
+        valid = np.flatnonzero(pc.is_valid(values).to_numpy(zero_copy_only=False)[order])
+        groups = group[valid]
+        last = valid[np.append(groups[1:] != groups[:-1], True)] if len(valid) else valid
+        pick = np.full(len(starts), -1, dtype=np.int64)
+        pick[group[last]] = order[last]
+        return values.take(pa.array(np.maximum(pick, 0), pa.int64(), mask=pick < 0))
+
+    # bool_or: NULL where no row has a value.
+    any_user = np.zeros(len(starts), dtype=bool)
+    any_user[group[pc.fill_null(is_user, False).to_numpy(zero_copy_only=False)[order]]] = True
+    has_user = np.zeros(len(starts), dtype=bool)
+    has_user[group[pc.is_valid(is_user).to_numpy(zero_copy_only=False)[order]]] = True
+    site = site_id[starts]
+    by_site = np.lexsort((site, site < 0))  # as `ORDER BY site_id` (NULLs last): the index's order
+    counted = pa.table(
+        {
+            "run_number": pa.array(run[starts], pa.int32()),
+            "name_id": pa.array(name[starts], pa.int32()),
+            "site_id": pa.array(site, pa.int64(), mask=site < 0),
+            "events": pa.array(np.add.reduceat(events[order], starts) if len(starts) else [], pa.int64()),
+            "site_file": last_valid(file),
+            "site_line": last_valid(line),
+            "site_is_user": pa.array(any_user, pa.bool_(), mask=~has_user),
+        }
+    )
+    if counted.num_rows:
+        db.insert("INSERT INTO site_counts BY NAME SELECT * FROM {}", counted.take(pa.array(by_site, pa.int64())))
 
 
 def sites_of_laid_out(db: IngestDb, frames: Any, stack_ids: np.ndarray, portable: dict[str, str]) -> pa.Table:
