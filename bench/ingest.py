@@ -143,7 +143,7 @@ STAGES = [
     (f"{RUNS}.RunLoader", "_load_groups", STEPS[LOAD], None),
     ("tbpipe.pipeline.db.ingest.rows", "insert_modules", "insert modules", LOAD),
     ("tbpipe.pipeline.db.ingest.rows", "insert_stacks", "insert stacks + frames", LOAD),
-    (RUNS, "store_sites", "insert sites", LOAD),
+    (RUNS, "insert_sites", "insert sites", LOAD),
     (RUNS, "_events_phase", EVENTS_HERE, LOAD),
     (RUNS, "_events_loaded", "waiting for events loaded beside", LOAD),
     (RUNS, "insert_site_counts", "site counts", LOAD),
@@ -266,7 +266,11 @@ class _StageTimes:
             self._line(parent, 1, wall, f" ({self.calls.get(parent, 0)} calls{each})")
             inside = [(label, self.wall[label]) for _o, _n, label, p in STAGES if p == part and label in self.wall]
             for label, seconds in sorted(inside, key=lambda item: -item[1]):
-                self._line(label, 2, seconds, f" ({self.calls[label]} calls)")
+                # CPU of the thread: what DuckDB does on it too (a small transaction's statements
+                # run there alone); much less than the wall time means waiting (locks, the GIL, cores).
+                self._line(
+                    label, 2, seconds, f" ({self.calls[label]} calls; {self.cpu[label]:.2f} s CPU of the thread)"
+                )
             self._line("the rest of it", 2, wall - sum(seconds for _label, seconds in inside))
         for label in ("summary counts", WAITING):
             accounted += self.wall.get(label, 0.0)

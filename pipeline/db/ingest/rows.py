@@ -21,7 +21,6 @@ import pyarrow.compute as pc
 
 from tbpipe.pipeline.db.connection import query_rows, query_value
 from tbpipe.pipeline.db.ingest.frames import FrameIds, insert_frame_rows
-from tbpipe.pipeline.db.ingest.siting import BatchStackSites
 from tbpipe.pipeline.db.ingest.symbols import upsert_module_statuses
 from tbpipe.pipeline.db.ingest.tables import IngestDb, QuarantineRun, run_numbers_filter, sql_text
 from tbpipe.pipeline.db.schema import correlation_id_in_attrs
@@ -85,14 +84,16 @@ class Batch:
     statuses: pa.Table | None = None  # `modules` rows of the modules just symbolized
     slot_keys: pa.Table | None = None  # stack_id, module_key, address, exact of the new stacks' native slots
     sites: pa.Table | None = None  # the new stacks' sites, shaped like `stack_sites_from`
+    stack_sites: pa.Table | None = None  # their `stack_sites` rows (as `sites`), site ids decided
+    new_sites: pa.Table | None = None  # `sites` rows of the keys the database lacks, with the first run (site_order)
+    # `stack_sites` rows of every stack its runs use, by stack id: what their site counts read
+    counted_sites: pa.Table | None = None
     frame_ids: FrameIds | None = None  # database ids of the layout's frames
     frame_first_run: np.ndarray | None = None  # per layout frame: the first run whose new stacks use it
     # Python files of the new frames that the database does not name yet: (portable, root, first run index)
     new_files: dict[str, tuple[str, str | None, int]] = field(default_factory=dict)
 
     statuses_stored: set[str] = field(default_factory=set)  # module keys whose status a committed part stored
-    # `stack_sites` rows of the stacks its runs use, for counting their sites in memory
-    stack_sites: BatchStackSites = field(default_factory=BatchStackSites)
     _by_run: dict[str, ByRun] = field(default_factory=dict)  # the batch's rows grouped by run, per kind of row
 
     def event_files_of(self, runs: range) -> list[tuple[int, Path, int]]:
@@ -130,10 +131,12 @@ class Batch:
             symbols = self._grouped("symbols", self._first_runs_of_symbols).table_of(self.symbols, runs)
         return RunPart(runs, order, rows, frames, symbols)
 
-    def new_sites_of(self, runs: range) -> pa.Table:
-        """The rows of `sites` of the stacks the runs `runs` bring in."""
-        grouped = self._grouped("sites", lambda: self.runs_of_new_stacks(self.sites["stack_id"].to_numpy()))
-        return grouped.table_of(self.sites, runs)
+    def new_sites_of(self, runs: range) -> tuple[pa.Table, pa.Table]:
+        """What the runs `runs` insert of the batch's sites: the `sites` rows of the keys they are
+        the first to bring in, and the `stack_sites` rows of the stacks they bring in."""
+        stacks = self._grouped("sites", lambda: self.runs_of_new_stacks(self.sites["stack_id"].to_numpy()))
+        keys = self._grouped("site keys", lambda: self.new_sites["site_order"].to_numpy())
+        return keys.table_of(self.new_sites, runs).drop_columns(["site_order"]), stacks.table_of(self.stack_sites, runs)
 
     def stack_rows_of(self, runs: range) -> np.ndarray:
         """The flat stacks of the runs `runs` (increasing)."""

@@ -10,8 +10,8 @@ database does not know yet, symbolize their new addresses (`symbols`) and lay ou
 with `runs_per_transaction`, consecutive runs share one): its share of the new symbols, stacks and
 frames (`rows`), its sites (`siting`), events and run row, each step one statement for all the
 transaction's runs. Two transactions are under way at a time, on two connections: the next one's
-events, modules and run rows load on a worker thread while the loading thread inserts the current
-one's stacks and sites and commits it; they commit in order. A kill at any point leaves the database
+events, event and site counts, modules and run rows load on a worker thread while the loading thread
+inserts the current one's stacks and sites and commits it; they commit in order. A kill at any point leaves the database
 as it was before the transactions under way; a run whose data fails to load is quarantined (a
 shared transaction that fails is tried again run by run to find it), the transaction begun beside
 it is rolled back, and the runs after it are laid out again without it. The ingest lock keeps two
@@ -52,12 +52,14 @@ from tbpipe.pipeline.db.ingest.siting import (
     backfill_site_identity,
     import_roots,
     insert_site_counts,
+    insert_sites,
+    number_sites,
     parse_user_code,
     portable_file,
     record_portable_files,
+    sites_for_counting,
     sites_of_laid_out,
     store_generated_code,
-    store_sites,
     store_user_code,
 )
 from tbpipe.pipeline.db.ingest.symbols import SymbolLoader
@@ -367,7 +369,7 @@ class RunLoader:
         # DuckDB takes a transaction's snapshot at its first read of the database, not at BEGIN:
         # read now, it sees every transaction committed so far and none still under way (the one
         # begun before it), wherever the worker thread gets to it. What it needs of that one's
-        # rows, the sites of the stacks it brought in, the batch holds (`Batch.stack_sites`).
+        # rows (the sites of the stacks it brought in, for the site counts) the batch holds.
         db.con.execute("SELECT 1 FROM runs WHERE false").fetchall()
         if background:
             tx.events_loaded = self._worker.submit(_events_phase, batch, tx)
@@ -395,7 +397,7 @@ class RunLoader:
     def _load_runs(self, batch: Batch, runs: range) -> dict[int, RunOutcome]:
         """Runs of a laid-out batch (consecutive indices), in one transaction, begun by `_begin`
         (their events, modules and run rows loaded): their share of the batch's new symbols, stacks
-        and frames, their sites, GPU activity and site counts, then the commit."""
+        and frames, their sites and GPU activity, then the commit."""
         tx = next((tx for tx in self._open if tx.runs == runs), None)
         if tx is None:
             self._begin(batch, runs)
@@ -418,21 +420,13 @@ class RunLoader:
                 record_portable_files(
                     db, {f: (p, root) for f, (p, root, first) in batch.new_files.items() if first in runs}
                 )
-                sites = batch.new_sites_of(runs)
-                tx.stack_sites = store_sites(
-                    db, sites, batch.runs_of_new_stacks(sites["stack_id"].to_numpy()), batch.sites
-                )
+                insert_sites(db, *batch.new_sites_of(runs))
             for run in chosen:
                 run_gpu.insert_gpu_activity(db, run.run_number, run.gpu_files)
-            if tx.counts is not None:
-                batch.stack_sites.read_stored(db, batch.stored_stack_ids())
-                insert_site_counts(db, tx.counts, batch.stack_sites.with_rows(tx.stack_sites))
             for run in chosen:
                 _before_commit(run.run_id)
         if statuses is not None:
             batch.statuses_stored.update(statuses["module_key"].to_pylist())
-        if tx.stack_sites is not None:
-            batch.stack_sites.add(tx.stack_sites)
         outcomes = {}
         for run in chosen:
             complete = bool(run.manifest.get("complete"))
@@ -483,6 +477,11 @@ class RunLoader:
             np.minimum.at(batch.frame_first_run, batch.frames.rows["frame"].to_numpy(), row_run)
             portable = self._name_source_files(batch)
             batch.sites = sites_of_laid_out(self.db, batch.frames, new_ids[new_order], portable)
+            # Site ids decided here for the batch, as stack and frame ids are: each transaction's
+            # site counts can then be taken beside the one before it, with its events.
+            site_order = batch.runs_of_new_stacks(batch.sites["stack_id"].to_numpy())
+            batch.stack_sites, batch.new_sites = number_sites(self.db, batch.sites, site_order)
+        batch.counted_sites = sites_for_counting(self.db, batch.stored_stack_ids(), batch.stack_sites)
         return batch
 
     def _stack_ids(self, flat) -> tuple[np.ndarray, np.ndarray]:
@@ -591,13 +590,11 @@ class _Underway:
     events: run_rows.EventsPlan
     open: bool = False  # its connection's transaction is open
     events_loaded: Future | None = None  # its events phase, when in the worker thread
-    counts: pa.Table | None = None  # its runs' `event_counts` rows, once its events are loaded
-    stack_sites: pa.Table | None = None  # the `stack_sites` rows it inserted
 
 
 def _events_phase(batch: Batch, tx: _Underway) -> None:
     """BEGIN, the old rows of runs loaded again deleted, then the rows that depend on no other run's:
-    events and their counts, the modules each run loaded, the run rows. The transaction is left open
+    events, their counts per stack and per site, the modules each run loaded, the run rows. The transaction is left open
     (or rolled back on failure)."""
     db, con = tx.db, tx.db.con
     try:
@@ -607,7 +604,9 @@ def _events_phase(batch: Batch, tx: _Underway) -> None:
             run_gpu.delete_run(db, run.run_number)
             for table in ("run_modules", "runs"):
                 db.delete(f"DELETE FROM {table} WHERE run_id = ?", [run.run_id])
-        tx.counts = run_rows.load_events(con, batch, tx.runs, tx.events)
+        counts = run_rows.load_events(con, batch, tx.runs, tx.events)
+        if counts is not None:
+            insert_site_counts(db, counts, batch.counted_sites)
         chosen = [batch.runs[i] for i in tx.runs]
         run_rows.insert_run_modules(db, chosen)
         run_rows.insert_runs(db, chosen)

@@ -115,11 +115,9 @@ def site_stacks(db: IngestDb, from_stack: int | None) -> None:
     if from_stack is None:
         db.delete("DELETE FROM stack_sites")
         db.delete("DELETE FROM sites")
-    # Site ids read or counted before are stale once sites are deleted.
-    db.kept.pop(_SITE_IDS, None)
-    db.kept.pop(_NEXT_SITE_ID, None)
     sites = query_arrow(db.con, "SELECT * FROM stack_sites_from(?)", [from_stack or 0])
-    store_sites(db, sites, np.zeros(sites.num_rows, dtype=np.int64), sites)
+    stack_sites, new_sites = number_sites(db, sites, np.zeros(sites.num_rows, dtype=np.int64))
+    insert_sites(db, new_sites.drop_columns(["site_order"]), stack_sites)
     if from_stack is None:
         db.delete("DELETE FROM site_counts")
         count_sites(db, None)
@@ -156,63 +154,27 @@ def count_sites(db: IngestDb, run_numbers: list[int] | None) -> None:
 _COUNTED_SITE_COLUMNS = ("stack_id", "site_id", "site_file", "site_line", "site_is_user")
 
 
-class BatchStackSites:
-    """The `stack_sites` rows of the stacks a batch's runs use, by stack id, for counting their
-    sites in memory (`insert_site_counts`): the rows stored before the batch, read once at its first
-    transaction, then those its transactions add, as each commits."""
-
-    def __init__(self) -> None:
-        self._merged: pa.Table | None = None  # by stack id
-        self._read = False
-
-    def read_stored(self, db: IngestDb, stack_ids: np.ndarray) -> None:
-        """The stored rows of the given stacks (ids stored before the batch), once."""
-        if self._read:
-            return
-        self._read = True
-        ids = pa.table({"stack_id": pa.array(np.unique(stack_ids), pa.int64())})
-        db.register("ingest_stored_stacks", ids)
-        try:
-            stored = query_arrow(
-                db.con,
-                f"SELECT {', '.join(_COUNTED_SITE_COLUMNS)} FROM stack_sites "
-                "WHERE stack_id IN (SELECT stack_id FROM ingest_stored_stacks)",
-            )
-        finally:
-            db.unregister("ingest_stored_stacks")
-        self.add(stored)
-
-    def add(self, rows: pa.Table) -> None:
-        if rows.num_rows:
-            self._merged = _by_stack(self._merged, _counted_site_columns(rows))
-
-    def with_rows(self, rows: pa.Table | None) -> pa.Table:
-        """The rows so far and `rows` (a transaction's own, not committed yet), by stack id."""
-        if self._merged is None:
-            self._merged = _counted_site_columns(None)
-        if rows is None or not rows.num_rows:
-            return self._merged
-        return _by_stack(self._merged, _counted_site_columns(rows))
-
-
-def _by_stack(before: pa.Table | None, rows: pa.Table) -> pa.Table:
-    """`before` (by stack id) and `rows` together, by stack id: without a sort in the usual case,
-    where `rows` are a transaction's new stacks, numbered after every stack before them."""
-    ids = rows["stack_id"].to_numpy()
-    in_order = bool(np.all(ids[1:] > ids[:-1]))
-    if before is not None and before.num_rows:
-        last = before["stack_id"][-1].as_py()
-        in_order = in_order and ids[0] > last
-        rows = pa.concat_tables([before, rows])
-    rows = rows.combine_chunks()
-    return rows if in_order else rows.take(pc.sort_indices(rows["stack_id"]))
-
-
-def _counted_site_columns(rows: pa.Table | None) -> pa.Table:
+def sites_for_counting(db: IngestDb, stored_stack_ids: np.ndarray, new: pa.Table | None) -> pa.Table:
+    """The `stack_sites` rows (`_COUNTED_SITE_COLUMNS`) of the stacks a batch's runs use, by stack
+    id, for counting their sites in memory (`insert_site_counts`): those of stacks stored before the
+    batch, read here, and `new`, the rows of the stacks it brings in (numbered after them)."""
+    ids = pa.table({"stack_id": pa.array(np.unique(stored_stack_ids), pa.int64())})
+    db.register("ingest_stored_stacks", ids)
+    try:
+        stored = query_arrow(
+            db.con,
+            f"SELECT {', '.join(_COUNTED_SITE_COLUMNS)} FROM stack_sites "
+            "WHERE stack_id IN (SELECT stack_id FROM ingest_stored_stacks) ORDER BY stack_id",
+        )
+    finally:
+        db.unregister("ingest_stored_stacks")
     types = (pa.int64(), pa.int64(), pa.string(), pa.int32(), pa.bool_())
-    if rows is None:
-        return pa.table({name: pa.array([], kind) for name, kind in zip(_COUNTED_SITE_COLUMNS, types)})
-    return pa.table({name: rows[name].cast(kind) for name, kind in zip(_COUNTED_SITE_COLUMNS, types)})
+    tables = [
+        pa.table({column: table[column].cast(kind) for column, kind in zip(_COUNTED_SITE_COLUMNS, types)})
+        for table in (stored, new)
+        if table is not None
+    ]
+    return pa.concat_tables(tables).combine_chunks()
 
 
 def insert_site_counts(db: IngestDb, counts: pa.Table, stack_sites: pa.Table) -> None:
@@ -446,26 +408,27 @@ def _lent_rows(
     return lent
 
 
-# What `IngestDb.kept` holds them under: (the rows whose keys were looked up, a table of site_key,
-# site_id), and the next site id.
-_SITE_IDS = "site ids"
-_NEXT_SITE_ID = "next site_id"
-
-
-def store_sites(db: IngestDb, sites: pa.Table, site_order: np.ndarray, batch_sites: pa.Table) -> pa.Table:
-    """`sites` rows for the keys the table lacks and `stack_sites` rows (returned), from rows shaped like
-    `stack_sites_from`'s; new sites are numbered by `site_order` per row (the index of the run
-    bringing in the stack: runs loaded together number their sites as they would one by one), then
-    by key. `batch_sites` holds `sites`' rows and those of the transactions to come with the same
-    batch: the ids of their keys are looked up in the database once for them all (a lookup per
-    transaction scanned the whole `sites` table, which grows with every night), and kept with the
-    ids the transactions give new sites (a rollback forgets them, and they are looked up again)."""
-    numbered = _site_ids(db, batch_sites)
+def number_sites(db: IngestDb, sites: pa.Table, site_order: np.ndarray) -> tuple[pa.Table, pa.Table]:
+    """From rows shaped like `stack_sites_from`'s: their `stack_sites` rows, each with the id of its
+    site, and the `sites` rows of the keys the table lacks, with the `site_order` of the first row
+    that has each (read-only). New sites are numbered after the stored ones by `site_order` (the
+    index of the run bringing in the stack: a batch numbers its sites as its runs loaded one by
+    one would), then by key."""
     keys = sites["site_key"].combine_chunks().cast(pa.string())
+    db.register("ingest_site_keys", pa.table({"site_key": pc.unique(keys).drop_null()}))
+    try:
+        stored = query_arrow(db.con, "SELECT site_key, site_id FROM sites SEMI JOIN ingest_site_keys USING (site_key)")
+        start = query_value(db.con, "SELECT coalesce(max(site_id), 0) + 1 FROM sites")
+    finally:
+        db.unregister("ingest_site_keys")
+    numbered = pa.table(
+        {"site_key": stored["site_key"].cast(pa.string()), "site_id": stored["site_id"].cast(pa.int64())}
+    )
     at = pc.fill_null(pc.index_in(keys, value_set=numbered["site_key"].combine_chunks()), -1).to_numpy(
         zero_copy_only=False
     )
     new_rows = np.flatnonzero(pc.is_valid(keys).to_numpy(zero_copy_only=False) & (at < 0))
+    firsts = np.zeros(0, np.int64)
     if len(new_rows):
         # Each new key's first row among those of its smallest site_order; numbered by (site_order, key).
         by_order = new_rows[np.argsort(site_order[new_rows], kind="stable")]
@@ -473,32 +436,26 @@ def store_sites(db: IngestDb, sites: pa.Table, site_order: np.ndarray, batch_sit
         firsts = by_order[np.unique(codes, return_index=True)[1]]
         ranked = pa.table({"order": site_order[firsts], "key": keys.take(firsts)})
         firsts = firsts[pc.sort_indices(ranked, [("order", "ascending"), ("key", "ascending")]).to_numpy()]
-        start = db.next_ids(
-            "site_id", len(firsts), lambda: query_value(db.con, "SELECT coalesce(max(site_id), 0) + 1 FROM sites")
-        )
-        new = sites.take(pa.array(firsts, pa.int64()))
         site_ids = pa.array(np.arange(start, start + len(firsts)), pa.int64())
-        db.insert(
-            "INSERT INTO sites BY NAME SELECT * FROM {}",
-            pa.table(
-                {
-                    "site_id": site_ids,
-                    "site_key": new["site_key"],
-                    "function": new["site_function"],
-                    "file": new["site_file"],
-                    "line": new["site_line"],
-                    "kind": new["site_kind"],
-                    "portable_file": new["site_portable_file"],
-                    "line_offset": new["site_line_offset"],
-                    "module": pc.replace_substring_regex(new["site_module"], "^.*/", ""),  # the file name
-                }
-            ),
-        )
         numbered = pa.concat_tables([numbered, pa.table({"site_key": keys.take(firsts), "site_id": site_ids})])
-        db.kept[_SITE_IDS] = (batch_sites, numbered)
         at = pc.fill_null(pc.index_in(keys, value_set=numbered["site_key"].combine_chunks()), -1).to_numpy(
             zero_copy_only=False
         )
+    new = sites.take(pa.array(firsts, pa.int64()))
+    new_sites = pa.table(
+        {
+            "site_id": pa.array(np.arange(start, start + len(firsts)), pa.int64()),
+            "site_key": new["site_key"],
+            "function": new["site_function"],
+            "file": new["site_file"],
+            "line": new["site_line"],
+            "kind": new["site_kind"],
+            "portable_file": new["site_portable_file"],
+            "line_offset": new["site_line_offset"],
+            "module": pc.replace_substring_regex(new["site_module"], "^.*/", ""),  # the file name
+            "site_order": pa.array(site_order[firsts], pa.int64()),
+        }
+    )
     stack_sites = pa.table(
         {
             "stack_id": sites["stack_id"],
@@ -510,24 +467,15 @@ def store_sites(db: IngestDb, sites: pa.Table, site_order: np.ndarray, batch_sit
             "site_line": sites["site_line"],
         }
     )
-    db.insert("INSERT INTO stack_sites BY NAME SELECT * FROM {}", stack_sites)
-    return stack_sites
+    return stack_sites, new_sites
 
 
-def _site_ids(db: IngestDb, batch_sites: pa.Table) -> pa.Table:
-    """(site_key, site_id) of the database's sites among the keys of `batch_sites`, kept while the
-    same table is asked for."""
-    kept = db.kept.get(_SITE_IDS)
-    if kept is not None and kept[0] is batch_sites:
-        return kept[1]
-    db.register("ingest_site_keys", pa.table({"site_key": pc.unique(batch_sites["site_key"]).drop_null()}))
-    try:
-        ids = query_arrow(db.con, "SELECT site_key, site_id FROM sites SEMI JOIN ingest_site_keys USING (site_key)")
-    finally:
-        db.unregister("ingest_site_keys")
-    ids = pa.table({"site_key": ids["site_key"].cast(pa.string()), "site_id": ids["site_id"].cast(pa.int64())})
-    db.kept[_SITE_IDS] = (batch_sites, ids)
-    return ids
+def insert_sites(db: IngestDb, new_sites: pa.Table, stack_sites: pa.Table) -> None:
+    """`sites` rows and `stack_sites` rows, as `number_sites` gave them."""
+    if new_sites.num_rows:
+        db.insert("INSERT INTO sites BY NAME SELECT * FROM {}", new_sites)
+    if stack_sites.num_rows:
+        db.insert("INSERT INTO stack_sites BY NAME SELECT * FROM {}", stack_sites)
 
 
 # ------------------------------------------------------------------------------------------ portable file names
