@@ -194,19 +194,27 @@ def insert_site_counts(db: IngestDb, counts: pa.Table, stack_sites: pa.Table) ->
     file = stack_sites["site_file"].take(rows)
     line = stack_sites["site_line"].take(rows)
     is_user = stack_sites["site_is_user"].take(rows)
-    # Which stack's file and line a site shows: the greatest (events, file or '', line or -1), as
-    # SITE_PLACE_ORDER orders them; files ranked in DuckDB's order (bytewise).
-    padded = pc.fill_null(file, "")
-    distinct = pc.unique(padded)
-    file_rank = pc.index_in(padded, value_set=distinct.take(pc.sort_indices(distinct))).to_numpy(zero_copy_only=False)
-    line_order = pc.fill_null(line, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-    order = np.lexsort((line_order, file_rank, events, site_id, name, run))
+    # Rows by group (run, name, site): run and name numbers fit side by side in one integer.
+    order = np.lexsort((site_id, (run << 32) | name))
     run, name, site_id = run[order], name[order], site_id[order]
     change = np.ones(len(order), dtype=bool)
     if len(order):
         change[1:] = (run[1:] != run[:-1]) | (name[1:] != name[:-1]) | (site_id[1:] != site_id[:-1])
     starts = np.flatnonzero(change)
     group = np.cumsum(change) - 1
+    # Which stack's file and line a site shows: the greatest (events, file or '', line or -1), as
+    # SITE_PLACE_ORDER orders them, files ranked in DuckDB's order (bytewise). Only the rows of
+    # groups of several rows need ordering (most sites have one stack in a run).
+    shared = np.flatnonzero(np.diff(np.append(starts, len(order)))[group] > 1)
+    if len(shared):
+        rows_shared = order[shared]
+        padded = pc.fill_null(file.take(pa.array(rows_shared, pa.int64())), "")
+        distinct = pc.unique(padded)
+        file_rank = pc.index_in(padded, value_set=distinct.take(pc.sort_indices(distinct))).to_numpy(
+            zero_copy_only=False
+        )
+        line_order = pc.fill_null(line, -1).to_numpy(zero_copy_only=False).astype(np.int64)[rows_shared]
+        order[shared] = rows_shared[np.lexsort((line_order, file_rank, events[rows_shared], group[shared]))]
 
     def last_valid(values: pa.Array | pa.ChunkedArray) -> pa.Array:
         """Per group, the value of its greatest row where the value is not null (arg_max skips nulls)."""
