@@ -10,12 +10,12 @@ database does not know yet, symbolize their new addresses (`symbols`) and lay ou
 with `runs_per_transaction`, consecutive runs share one): its share of the new symbols, stacks and
 frames (`rows`), its sites (`siting`), events and run row, each step one statement for all the
 transaction's runs. Two transactions are under way at a time, on two connections: the next one's
-events, event and site counts, modules and run rows load on a worker thread while the loading thread
-inserts the current one's stacks and sites and commits it; they commit in order. A kill at any point leaves the database
-as it was before the transactions under way; a run whose data fails to load is quarantined (a
-shared transaction that fails is tried again run by run to find it), the transaction begun beside
-it is rolled back, and the runs after it are laid out again without it. The ingest lock keeps two
-ingests apart.
+events and their counts per stack and per site load on a worker thread while the loading thread
+inserts the current one's run rows, stacks and sites and commits it; they commit in order. A kill
+at any point leaves the database as it was before the transactions under way; a run whose data
+fails to load is quarantined (a shared transaction that fails is tried again run by run to find
+it), the transaction begun beside it is rolled back, and the runs after it are laid out again
+without it. The ingest lock keeps two ingests apart.
 """
 
 from __future__ import annotations
@@ -396,8 +396,8 @@ class RunLoader:
 
     def _load_runs(self, batch: Batch, runs: range) -> dict[int, RunOutcome]:
         """Runs of a laid-out batch (consecutive indices), in one transaction, begun by `_begin`
-        (their events, modules and run rows loaded): their share of the batch's new symbols, stacks
-        and frames, their sites and GPU activity, then the commit."""
+        (their events loaded): their run rows and the modules each loaded, their share of the
+        batch's new symbols, stacks and frames, their sites and GPU activity, then the commit."""
         tx = next((tx for tx in self._open if tx.runs == runs), None)
         if tx is None:
             self._begin(batch, runs)
@@ -410,6 +410,9 @@ class RunLoader:
         self._open.remove(tx)
         tx.open = False  # ended by the block below, committed or rolled back
         with db.transaction(begun=True):
+            # Here rather than beside (`_events_phase`): the events' load is the longer of the two.
+            run_rows.insert_runs(db, chosen)
+            run_rows.insert_run_modules(db, chosen)
             run_rows.insert_event_names(db, tx.events)
             if part.symbols is not None and part.symbols.num_rows:
                 db.insert("INSERT INTO symbols BY NAME SELECT * FROM {}", part.symbols)
@@ -594,8 +597,8 @@ class _Underway:
 
 def _events_phase(batch: Batch, tx: _Underway) -> None:
     """BEGIN, the old rows of runs loaded again deleted, then the rows that depend on no other run's:
-    events, their counts per stack and per site, the modules each run loaded, the run rows. The transaction is left open
-    (or rolled back on failure)."""
+    events, and their counts per stack and per site. The transaction is left open (or rolled back
+    on failure)."""
     db, con = tx.db, tx.db.con
     try:
         for run in tx.replaced:
@@ -607,9 +610,6 @@ def _events_phase(batch: Batch, tx: _Underway) -> None:
         counts = run_rows.load_events(con, batch, tx.runs, tx.events)
         if counts is not None:
             insert_site_counts(db, counts, batch.counted_sites)
-        chosen = [batch.runs[i] for i in tx.runs]
-        run_rows.insert_run_modules(db, chosen)
-        run_rows.insert_runs(db, chosen)
     except BaseException as error:
         tx.open = False
         con.execute("ROLLBACK")
