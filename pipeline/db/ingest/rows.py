@@ -82,7 +82,7 @@ class Batch:
     problems: pa.Array | None = None  # per new stack (order of `new_order`)
     symbols: pa.Table | None = None  # new `symbols` rows
     statuses: pa.Table | None = None  # `modules` rows of the modules just symbolized
-    slot_keys: pa.Table | None = None  # stack_id, module_key, address, exact of the new stacks' native slots
+    slot_keys: pa.Table | None = None  # stack_id, module_key, address, exact of each native symbol key's first slot
     sites: pa.Table | None = None  # the new stacks' sites, shaped like `stack_sites_from`
     stack_sites: pa.Table | None = None  # their `stack_sites` rows (as `sites`), site ids decided
     new_sites: pa.Table | None = None  # `sites` rows of the keys the database lacks, with the first run (site_order)

@@ -460,16 +460,17 @@ class RunLoader:
         if len(new_order):
             slots, shapes = self._slots(flat, new_ids, new_order)
             progress.describe(f"symbolizing the frames of {len(new_order):,} new stacks")
-            known, batch.symbols, batch.statuses = self.symbols.symbols_for(slots)
-            native = pa.array(
-                (slots.kind == layout.NATIVE) & pc.is_valid(slots.module_key).to_numpy(zero_copy_only=False)
-            )
+            # Each symbol key's first slot: slots come by stack id, so that is the first run's use.
+            first_uses = layout.distinct_native_slots(slots)
+            known, batch.symbols, batch.statuses = self.symbols.symbols_for(slots, first_uses)
             batch.slot_keys = pa.table(
                 {
-                    "stack_id": pa.array(slots.stack_id, pa.int64()).filter(native),
-                    "module_key": slots.module_key.filter(native).cast(pa.string()),  # joined with plain keys
-                    "address": pa.array(slots.address, pa.uint64()).filter(native),
-                    "exact": pa.array(slots.exact, pa.bool_()).filter(native),
+                    "stack_id": pa.array(slots.stack_id[first_uses], pa.int64()),
+                    "module_key": slots.module_key.take(pa.array(first_uses)).cast(
+                        pa.string()
+                    ),  # joined with plain keys
+                    "address": pa.array(slots.address[first_uses], pa.uint64()),
+                    "exact": pa.array(slots.exact[first_uses], pa.bool_()),
                 }
             )
             batch.frames = layout.expand(slots, known)

@@ -58,11 +58,14 @@ class SymbolLoader:
 
     # ---------------------------------------------------------------- new frames
 
-    def symbols_for(self, slots: layout.Slots) -> tuple[pa.Table, pa.Table | None, pa.Table | None]:
-        """(every `symbols` row the slots need, the new ones among them, `modules` rows of the modules symbolized)."""
+    def symbols_for(
+        self, slots: layout.Slots, first_uses: np.ndarray | None = None
+    ) -> tuple[pa.Table, pa.Table | None, pa.Table | None]:
+        """(every `symbols` row the slots need, the new ones among them, `modules` rows of the modules
+        symbolized); `first_uses`: `layout.distinct_native_slots(slots)` when the caller has it."""
         # Each (module key, address, exact) once, of a module the run describes: the SQL below needs
         # no grouping of its own.
-        rows = layout.distinct_native_slots(slots)
+        rows = layout.distinct_native_slots(slots) if first_uses is None else first_uses
         keys = pa.table(
             {
                 "module_key": slots.module_key.take(pa.array(rows)),
