@@ -209,14 +209,17 @@ def combined_slots(
 
 
 def _problems(has_native: np.ndarray, truncated: np.ndarray, leftover: np.ndarray) -> pa.Array:
-    """order.CombinedOrder.problem, per stack."""
-    count = pc.cast(pa.array(leftover), pa.string())
+    """order.CombinedOrder.problem, per stack (the text made only for the few stacks that have one)."""
+    with_problem = np.flatnonzero(has_native & (leftover > 0))
+    count = pc.cast(pa.array(leftover[with_problem]), pa.string())
     stopped = pc.binary_join_element_wise("native walk stopped early; ", count, " outer Python frames follow it", "")
     disagree = pc.binary_join_element_wise(
         count, " Python frames had no eval-loop frame to match; showing the Python stack alone", ""
     )
-    problem = pc.if_else(pa.array(truncated), stopped, disagree)
-    return pc.if_else(pa.array(has_native & (leftover > 0)), problem, pa.scalar(None, pa.string()))
+    problem = pc.if_else(pa.array(truncated[with_problem]), stopped, disagree)
+    at = np.full(len(leftover), -1, dtype=np.int64)
+    at[with_problem] = np.arange(len(with_problem))
+    return _take(problem, at)
 
 
 def slots_from_table(table: pa.Table) -> Slots:
