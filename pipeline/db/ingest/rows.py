@@ -83,8 +83,7 @@ class Batch:
     symbols: pa.Table | None = None  # new `symbols` rows
     statuses: pa.Table | None = None  # `modules` rows of the modules just symbolized
     slot_keys: pa.Table | None = None  # stack_id, module_key, address, exact of each native symbol key's first slot
-    sites: pa.Table | None = None  # the new stacks' sites, shaped like `stack_sites_from`
-    stack_sites: pa.Table | None = None  # their `stack_sites` rows (as `sites`), site ids decided
+    stack_sites: pa.Table | None = None  # the new stacks' `stack_sites` rows, by stack id, site ids decided
     new_sites: pa.Table | None = None  # `sites` rows of the keys the database lacks, with the first run (site_order)
     # `stack_sites` rows of every stack its runs use, by stack id: what their site counts read
     counted_sites: pa.Table | None = None
@@ -134,7 +133,7 @@ class Batch:
     def new_sites_of(self, runs: range) -> tuple[pa.Table, pa.Table]:
         """What the runs `runs` insert of the batch's sites: the `sites` rows of the keys they are
         the first to bring in, and the `stack_sites` rows of the stacks they bring in."""
-        stacks = self._grouped("sites", lambda: self.runs_of_new_stacks(self.sites["stack_id"].to_numpy()))
+        stacks = self._grouped("sites", lambda: self.runs_of_new_stacks(self.stack_sites["stack_id"].to_numpy()))
         keys = self._grouped("site keys", lambda: self.new_sites["site_order"].to_numpy())
         return keys.table_of(self.new_sites, runs).drop_columns(["site_order"]), stacks.table_of(self.stack_sites, runs)
 
@@ -158,7 +157,8 @@ class Batch:
         return self.statuses.filter(pc.is_in(self.statuses["module_key"], pa.array(keys, pa.string())))
 
     def _first_runs_of_symbols(self) -> np.ndarray:
-        """Per new `symbols` row: the first run of the batch whose new stacks need its address."""
+        """Per new `symbols` row: the first run of the batch whose new stacks need its address (the
+        run of its key's first slot: `slot_keys` holds each key once)."""
         slots = self.slot_keys
         used = pa.table(
             {
@@ -168,13 +168,12 @@ class Batch:
                 "run": pa.array(self.runs_of_new_stacks(slots["stack_id"].to_numpy()), pa.int64()),
             }
         )
-        first = used.group_by(["module_key", "address", "exact"]).aggregate([("run", "min")])
         keyed = self.symbols.select(["module_key", "address", "exact"]).append_column(
             "row", pa.array(np.arange(self.symbols.num_rows), pa.int64())
         )
-        joined = keyed.join(first, ["module_key", "address", "exact"], join_type="left outer")
+        joined = keyed.join(used, ["module_key", "address", "exact"], join_type="left outer")
         runs = np.zeros(self.symbols.num_rows, dtype=np.int64)
-        runs[joined["row"].to_numpy()] = pc.fill_null(joined["run_min"], 0).to_numpy()
+        runs[joined["row"].to_numpy()] = pc.fill_null(joined["run"], 0).to_numpy()
         return runs
 
 

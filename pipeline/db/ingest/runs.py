@@ -466,9 +466,8 @@ class RunLoader:
             batch.slot_keys = pa.table(
                 {
                     "stack_id": pa.array(slots.stack_id[first_uses], pa.int64()),
-                    "module_key": slots.module_key.take(pa.array(first_uses)).cast(
-                        pa.string()
-                    ),  # joined with plain keys
+                    # Plain strings: joined with the plain keys of the new symbols.
+                    "module_key": slots.module_key.take(pa.array(first_uses)).cast(pa.string()),
                     "address": pa.array(slots.address[first_uses], pa.uint64()),
                     "exact": pa.array(slots.exact[first_uses], pa.bool_()),
                 }
@@ -480,11 +479,11 @@ class RunLoader:
             batch.frame_first_run = np.full(batch.frames.frames.num_rows, len(runs), dtype=np.int64)
             np.minimum.at(batch.frame_first_run, batch.frames.rows["frame"].to_numpy(), row_run)
             portable = self._name_source_files(batch)
-            batch.sites = sites_of_laid_out(self.db, batch.frames, new_ids[new_order], portable)
+            sites = sites_of_laid_out(self.db, batch.frames, new_ids[new_order], portable)
             # Site ids decided here for the batch, as stack and frame ids are: each transaction's
             # site counts can then be taken beside the one before it, with its events.
-            site_order = batch.runs_of_new_stacks(batch.sites["stack_id"].to_numpy())
-            batch.stack_sites, batch.new_sites = number_sites(self.db, batch.sites, site_order)
+            site_order = batch.runs_of_new_stacks(sites["stack_id"].to_numpy())
+            batch.stack_sites, batch.new_sites = number_sites(self.db, sites, site_order)
         batch.counted_sites = sites_for_counting(self.db, batch.stored_stack_ids(), batch.stack_sites)
         return batch
 
