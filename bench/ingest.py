@@ -48,6 +48,11 @@ def _args() -> argparse.Namespace:
     parser.add_argument(
         "--runs-per-transaction", type=int, default=1, help="as tbpipe ingest --runs-per-transaction [default: 1]"
     )
+    parser.add_argument(
+        "--no-written-hashes",
+        action="store_true",
+        help="runs without the stack hashes the capture writes (as captures before raw schema 4 wrote them)",
+    )
     return parser.parse_args()
 
 
@@ -55,7 +60,13 @@ def _generate(args: argparse.Namespace):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the helpers shared with the tests
     from support.synthetic import PARTS_FORMAT, SyntheticConfig, generate
 
-    config = SyntheticConfig(runs=args.runs, events=args.events, unique_stacks=args.stacks, zipf_s=args.zipf)
+    config = SyntheticConfig(
+        runs=args.runs,
+        events=args.events,
+        unique_stacks=args.stacks,
+        zipf_s=args.zipf,
+        written_hashes=not args.no_written_hashes,
+    )
     key = json.dumps({k: getattr(config, k) for k in config.__dataclass_fields__}, sort_keys=True) + sys.version
     key += f" parts format {PARTS_FORMAT}"
     runs_dir = args.work / "runs"
@@ -147,12 +158,16 @@ STAGES = [
     (RUNS, "_events_phase", EVENTS_HERE, LOAD),
     (RUNS, "_events_loaded", "waiting for events loaded beside", LOAD),
     (RUNS, "insert_site_counts", "site counts", LOAD),
+    ("tbpipe.pipeline.db.ingest.rows", "insert_runs", "insert runs", LOAD),
+    ("tbpipe.pipeline.db.ingest.rows", "insert_run_modules", "insert run modules", LOAD),
     ("tbpipe.pipeline.db.ingest.tables.Transaction", "__exit__", "commit", LOAD),
     (f"{RUNS}.RunLoader", "_count_frames", "summary counts", None),
     (RUNS, "read_manifest", "manifest", PREPARE),
     (RUNS, "read_tables", "read stacks/modules/code parts", PREPARE),
     (RUNS, "events_part", "events parts: checksums, names, stackless", PREPARE),
     (RUNS, "flatten_run", "flatten + hash stacks", PREPARE),
+    # A run whose stacks are all stored: their hashes and references, without the frames.
+    (RUNS, "read_stack_keys", "read stacks without frames (all stored)", PREPARE),
 ]
 WAITING = "waiting for prepared runs"
 

@@ -21,6 +21,8 @@ import pyarrow.parquet as pq
 from tbpipe import _native
 from tbpipe.capture import columns
 from tbpipe.capture.manifest import write_manifest
+from tbpipe.pipeline.stacks.identity import md5_low64
+from tbpipe.pipeline.symbols.modulekey import ModuleKey
 from tbpipe.schemas import raw
 
 # zstd level 3 keeps the flusher cheap; repeated stack ids and names are
@@ -75,6 +77,19 @@ def _list_offsets(ends: pa.Array) -> pa.Array:
     return pa.concat_arrays([zero, ends.cast(pa.int32())])
 
 
+# The hashes of the modules and code objects a stack's frames refer to, as the ingest computes them
+# from the same rows (pipeline/stacks/flatten.py), made from Python values: Arrow's compute
+# functions would import pandas here (see `columns`).
+def _module_hashes(modules: pa.Table) -> np.ndarray:
+    build_ids, paths = (modules.column(name).chunk(0).to_pylist() for name in ("build_id", "path"))
+    return md5_low64(columns.strings([str(ModuleKey.of(b, p)) for b, p in zip(build_ids, paths)]))
+
+
+def _code_hashes(code: pa.Table) -> np.ndarray:
+    rows = zip(*(code.column(name).chunk(0).to_pylist() for name in ("filename", "qualname", "first_line")))
+    return md5_low64(columns.strings([f"{file}\x1f{qualname}\x1f{line}" for file, qualname, line in rows]))
+
+
 class RunWriter:
     """Writes one run directory: a part file per table per flush, then the manifest."""
 
@@ -88,6 +103,10 @@ class RunWriter:
         self._strings: pa.Array | None = None
         self._written_codes: set[int] = set()
         self._written_modules: set[int] = set()
+        # What the stacks of later flushes hash with (`_with_hashes`): every code object and module
+        # written so far, by id and by index, with its hash.
+        self._code_hashes = (np.zeros(0, np.uint64), np.zeros(0, np.uint64))
+        self._module_hashes = (np.zeros(0, np.int64), np.zeros(0, np.uint64))
         self._lock = threading.Lock()  # one flush at a time (flusher thread vs. close)
         self._manifest_written: str | None = None  # what the manifest on disk says (write_manifest)
 
@@ -117,6 +136,7 @@ class RunWriter:
             }
             tables["code"] = self._code(tables["stacks"])
             tables["modules"] = self._modules(tables["stacks"])
+            tables["stacks"] = self._with_hashes(tables["stacks"])
             if gpu is not None:
                 tables["gpu_activity"] = self._gpu_activity(gpu)
                 tables["gpu_graph_nodes"] = self._gpu_graph_nodes(gpu)
@@ -238,7 +258,9 @@ class RunWriter:
         )
 
     def _stacks(self, drained: dict[str, Any]) -> pa.Table:
+        """The drained stacks, without their hashes (`_with_hashes` adds them)."""
         schema = raw.stacks_schema()
+        schema = schema.remove(schema.get_field_index("stack_hash"))
         native = pa.StructArray.from_arrays(
             [
                 columns.fixed_width(drained["native_module"], pa.int32()),
@@ -279,10 +301,17 @@ class RunWriter:
         new_ids = sorted(set(referenced.to_pylist()) - self._written_codes)
         rows = [(i, info) for i, info in zip(new_ids, _native.code_info(new_ids)) if info is not None]
         self._written_codes.update(i for i, _ in rows)
-        return columns.table_from_rows(
+        code = columns.table_from_rows(
             [{"code_id": i, "filename": f, "qualname": q, "first_line": line} for i, (f, q, line) in rows],
             schema=raw.code_schema(),
         )
+        if code.num_rows:
+            ids, hashes = self._code_hashes
+            self._code_hashes = (
+                np.concatenate([ids, np.array([i for i, _info in rows], dtype=np.uint64)]),
+                np.concatenate([hashes, _code_hashes(code)]),
+            )
+        return code
 
     def _modules(self, stacks: pa.Table) -> pa.Table:
         if not stacks.num_rows:
@@ -306,7 +335,36 @@ class RunWriter:
                     }
                 )
             self._written_modules.update(r["module_index"] for r in rows)
-        return columns.table_from_rows(rows, raw.modules_schema())
+        modules = columns.table_from_rows(rows, raw.modules_schema())
+        if modules.num_rows:
+            indices, hashes = self._module_hashes
+            self._module_hashes = (
+                np.concatenate([indices, np.array([r["module_index"] for r in rows], dtype=np.int64)]),
+                np.concatenate([hashes, _module_hashes(modules)]),
+            )
+        return modules
+
+    def _with_hashes(self, stacks: pa.Table) -> pa.Table:
+        """The stacks with their portable hash (`stack_hash`), the function the ingest computes over
+        the run's modules and code objects: these are all written by now (this flush's with the
+        stacks), so the ingest of a run whose stacks it stores already need not read their frames."""
+        status, native, python = (stacks.column(name).chunk(0) for name in ("status", "native", "python"))
+        hashes = _native.hash_raw_stacks(
+            columns.values_of(status),
+            columns.values_of(native.offsets).view(np.int32),
+            columns.values_of(native.values.field("module")).view(np.int32),
+            columns.values_of(native.values.field("offset")),
+            columns.values_of(native.values.field("flags")),
+            columns.values_of(python.offsets).view(np.int32),
+            columns.values_of(python.values.field("code_id")),
+            columns.values_of(python.values.field("line")).view(np.int32),
+            columns.values_of(python.values.field("flags")),
+            *self._module_hashes,
+            *self._code_hashes,
+        )
+        return pa.Table.from_arrays(
+            [*stacks.columns, columns.fixed_width(hashes, pa.uint64())], schema=raw.stacks_schema()
+        )
 
 
 def _thread_names() -> dict[str, str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -264,6 +265,26 @@ def _read_part(path: Path, table: str) -> pa.Table:
     return part
 
 
+def _read_columns(path: Path, table: str, columns: list[str]) -> pa.Table | None:
+    """Only `columns` of a part (Parquet column paths, such as "native.list.element.module" for one
+    field of a list of structs), every page of the part checked as `verify_part` does (damage in a
+    column not read is damage all the same); None when the part lacks one of the columns."""
+    data, metadata = _verified(path, table)
+    return _columns_of(path, data, metadata, columns)
+
+
+def _columns_of(path: Path, data: bytes, metadata: pq.FileMetaData, columns: list[str]) -> pa.Table | None:
+    """`columns` of a part read from its bytes (`_verified`); None when it lacks one of them."""
+    leaves = metadata.schema
+    if not set(columns) <= {leaves.column(i).path for i in range(len(leaves))}:
+        return None
+    try:
+        with pq.ParquetFile(pa.BufferReader(data), metadata=metadata) as parquet:
+            return parquet.read(columns=columns, use_threads=_threaded(metadata))
+    except (OSError, pa.ArrowException, ValueError) as error:
+        raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
+
+
 # Parts of fewer rows are decoded on the calling thread: the ingest reads several runs at once on
 # threads of its own, and handing a small part's columns to Arrow's pool cost more than it saved
 # (0.5 ms of a 2,500-event part's 2.2). A big run's columns are still decoded side by side.
@@ -372,6 +393,42 @@ def read_tables(files: dict[str, list[Path]], names: tuple[str, ...]) -> dict[st
         parts = [_in_current_columns(_read_part(path, table), table) for path in files[table]]
         tables[table] = pa.concat_tables(parts) if parts else RUN_TABLES[table]().empty_table()
     return tables
+
+
+# What tells whether a run's stacks are all stored already, and checks their references, without
+# their frames (`read_stack_keys`): frames are read only for runs that bring a new stack.
+STACK_KEY_COLUMNS = [
+    "stack_id",
+    "stack_hash",
+    "native.list.element.module",
+    "native.list.element.flags",
+    "python.list.element.code_id",
+]
+
+
+def read_stack_keys(
+    files: dict[str, list[Path]], all_stored: Callable[[np.ndarray], bool]
+) -> dict[str, pa.Table] | None:
+    """A run's stacks without their frames (`STACK_KEY_COLUMNS`), its modules, and the ids of its code
+    objects: enough for `reference_problems` and to find its stacks by the hashes the capture wrote,
+    when `all_stored` says the database holds every stack of these hashes (by the time the run
+    loads). None otherwise, when a stacks part has no such hashes (written before raw schema 4), or
+    when the run has `code_origins` (its stacks are hashed with those frames spliced in, which the
+    capture does not do): the run is then read whole. Every page of the parts is checked."""
+    if files.get("code_origins") or not files["stacks"]:
+        return None
+    parts = [(path, *_verified(path, "stacks")) for path in files["stacks"]]
+    hashes = [_columns_of(*part, ["stack_hash"]) for part in parts]
+    if any(column is None or column["stack_hash"].null_count for column in hashes):
+        return None
+    if not all_stored(np.concatenate([column["stack_hash"].to_numpy() for column in hashes])):
+        return None
+    code = [_read_columns(path, "code", ["code_id"]) for path in files["code"]]
+    return {
+        "stacks": pa.concat_tables([_columns_of(*part, STACK_KEY_COLUMNS) for part in parts]),
+        "modules": read_tables(files, ("modules",))["modules"],
+        "code": pa.concat_tables(code) if code else pa.table({"code_id": pa.array([], pa.uint64())}),
+    }
 
 
 def _in_current_columns(part: pa.Table, table: str) -> pa.Table:

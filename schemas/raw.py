@@ -1,4 +1,4 @@
-"""Arrow schemas of a raw run directory, version 3, and the constants its columns use.
+"""Arrow schemas of a raw run directory, version 4, and the constants its columns use.
 
 The frame and stack flags and stop reasons are defined here once; the extension (`tbpipe._native`)
 exports the same names from its C++ enums, and the tests hold each pair equal.
@@ -25,7 +25,7 @@ FORMAT_NAME = "tbpipe-raw"
 # The version this tbpipe writes. Readers accept every version from OLDEST_READABLE_RAW_SCHEMA_VERSION
 # up to it (`readable_raw_schema_version`); a table added by a version is optional in runs of it and
 # absent from older runs (TABLE_SINCE), a column added by a version absent from older parts (COLUMN_SINCE).
-RAW_SCHEMA_VERSION = 3
+RAW_SCHEMA_VERSION = 4
 OLDEST_READABLE_RAW_SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 SCHEMA_KEY = b"tbpipe.table"
@@ -123,6 +123,10 @@ def stacks_schema() -> pa.Schema:
             pa.field("status", pa.uint32(), nullable=False),  # STACK_* bits
             pa.field("native", pa.list_(NATIVE_FRAME), nullable=False),
             pa.field("python", pa.list_(PYTHON_FRAME), nullable=False),
+            # (version 4) the portable stack hash (pipeline/stacks/identity.py), as the capture
+            # computed it when it wrote the stack: an ingest that already stores every stack of a
+            # run reads this column instead of the frames. Null where the writer did not compute it.
+            pa.field("stack_hash", pa.uint64()),
         ],
     )
 
@@ -272,7 +276,7 @@ CORRELATED_KINDS = ("kernel_launch", "graph_launch", "memcpy", "memset")
 
 # Columns added by a later raw schema version (appended, nullable), by (table, column): parts of
 # older versions lack them, and readers take them as null.
-COLUMN_SINCE = {("events", "correlation_id"): 3}
+COLUMN_SINCE = {("events", "correlation_id"): 3, ("stacks", "stack_hash"): 4}
 
 
 def table_schema(table: str, version: int = RAW_SCHEMA_VERSION) -> pa.Schema:

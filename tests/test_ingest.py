@@ -996,6 +996,159 @@ def _synthetic_night(runs: Path, count: int) -> None:
     )
 
 
+# ------------------------------------------------------------------ runs read without their frames
+
+
+def _frames_read(monkeypatch) -> list[str]:
+    """The run folders whose stacks the ingest reads with their frames (filled as it goes)."""
+    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
+
+    read: list[str] = []
+    read_tables = ingest_runs_module.read_tables
+
+    def noted(files, tables):
+        read.append(files["stacks"][0].parent.name)
+        return read_tables(files, tables)
+
+    monkeypatch.setattr(ingest_runs_module, "read_tables", noted)
+    return read
+
+
+def _content(db: Path) -> dict[str, tuple]:
+    """What `snapshot` holds but the runs' file fingerprints, and the site counts."""
+    content = snapshot(db, exclude_ingest_times=True)
+    content["runs"] = rows(
+        db, "SELECT count(*), sum(hash(t)) FROM (SELECT run_id, run_number, events, stacks, new_stacks FROM runs) t"
+    )
+    content["site_counts"] = rows(db, "SELECT count(*), sum(hash(t)) FROM site_counts t")
+    return content
+
+
+def test_runs_whose_stacks_are_stored_load_without_their_frames(tmp_path, symbol_cache, monkeypatch) -> None:
+    """The capture writes each stack's hash (raw schema 4): a run all of whose stacks the database
+    holds, or that a run loaded before it brings in, is read without its frames. What is stored is
+    the same as when every run is read whole (runs written without the hashes)."""
+    from support.synthetic import SyntheticConfig, generate
+
+    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
+
+    config = SyntheticConfig(
+        runs=9, events=9000, unique_stacks=300, native_addresses=500, code_objects=100, max_modules=6
+    )
+    generate(tmp_path / "hashed", config)
+    generate(tmp_path / "unhashed", SyntheticConfig(**{**config.__dict__, "written_hashes": False}))
+    read = _frames_read(monkeypatch)
+    # Runs prepared one at a time: read side by side, a run may look before the one ahead of it
+    # tells which stacks it brings in, and read its frames for nothing (which changes no row).
+    monkeypatch.setattr(ingest_runs_module, "PREPARE_THREADS", 1)
+    first, rest = find_run_dirs([tmp_path / "hashed"])[:4], find_run_dirs([tmp_path / "hashed"])[4:]
+    hashed = tmp_path / "hashed.duckdb"
+    assert ingest(hashed, *first, cache=symbol_cache, runs_per_transaction=2).ingested == 4
+    assert ingest(hashed, *rest, cache=symbol_cache).ingested == 5
+    bringing = {path.rsplit("/", 1)[-1] for (path,) in rows(hashed, "SELECT source_dir FROM runs WHERE new_stacks > 0")}
+    assert 0 < len(bringing) < 9
+    assert sorted(read) == sorted(bringing), "frames are read for the runs that bring in stacks, and only for them"
+
+    read.clear()
+    unhashed = tmp_path / "unhashed.duckdb"
+    assert (
+        ingest(
+            unhashed, *find_run_dirs([tmp_path / "unhashed"])[:4], cache=symbol_cache, runs_per_transaction=2
+        ).ingested
+        == 4
+    )
+    assert ingest(unhashed, *find_run_dirs([tmp_path / "unhashed"])[4:], cache=symbol_cache).ingested == 5
+    assert len(read) == 9
+    assert _content(hashed) == _content(unhashed)
+
+
+def test_runs_read_without_their_frames_are_still_checked(tmp_path, good_run, symbol_cache, monkeypatch) -> None:
+    """A run whose stacks are stored is still quarantined when its stacks refer to a module or code
+    object it does not describe, when its events refer to stacks it does not hold, and when a page
+    of a column it does not read is damaged."""
+    runs = tmp_path / "runs"
+    db = tmp_path / "t.duckdb"
+    assert ingest(db, _copy(good_run, runs, "first"), cache=symbol_cache).ingested == 1
+    later = tmp_path / "later"
+    damage = {
+        "nomodule": (DAMAGE["nomodule"][0], DAMAGE["nomodule"][1]),
+        "nocode": (DAMAGE["nocode"][0], DAMAGE["nocode"][1]),
+        "stacksbit": (DAMAGE["stacksbit"][0], DAMAGE["stacksbit"][1]),
+        "dangling": (_events_without_their_stack, "events refer to stacks the run does not hold"),
+    }
+    for name, (change, _reason) in damage.items():
+        change(_copy(good_run, later, name))
+    _copy(good_run, later, "whole")
+    read = _frames_read(monkeypatch)
+    summary = ingest(db, later, cache=symbol_cache)
+    assert read == [], "every one of them was read without its frames"
+    reasons = {outcome.path.name: outcome.reason for outcome in summary.quarantined}
+    assert sorted(reasons) == sorted(damage)
+    for name, (_change, reason) in damage.items():
+        assert reason in reasons[name], (name, reasons[name])
+    assert rows(db, "SELECT count(*) FROM runs") == [(2,)]
+    assert rows(db, "SELECT sum(new_stacks) FROM runs WHERE run_id LIKE '%whole'") == [(0,)]
+
+
+def _events_without_their_stack(run_dir: Path) -> None:
+    """One event of the run's first events part names a stack the run does not hold."""
+
+    def change(table: pa.Table) -> pa.Table:
+        ids = table["stack_id"].to_pylist()
+        ids[0] = 12345
+        index = table.schema.get_field_index("stack_id")
+        return table.set_column(index, table.schema.field(index), pa.array(ids, pa.uint64()))
+
+    _rewrite_as_capture(run_dir / "events-000001.parquet", "events", change)
+
+
+def _rewrite_as_capture(part: Path, table_name: str, change) -> None:
+    """The part rewritten with `change`, with the capture's write options (page checksums)."""
+    from support.synthetic import write_part
+
+    write_part(part.parent, table_name, int(part.stem.rsplit("-", 1)[1]), change(pq.read_table(part)))
+
+
+def test_a_run_read_without_frames_brings_its_stacks_when_the_one_before_fails(
+    tmp_path, good_run, symbol_cache, monkeypatch
+) -> None:
+    """The run that was to bring in the stacks fails as it loads (its events name a stack it does not
+    hold): the next one, read without its frames as its stacks were to come first, is read whole
+    and brings them in itself."""
+    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
+
+    runs = tmp_path / "runs"
+    _events_without_their_stack(_copy(good_run, runs, "a-fails"))
+    _copy(good_run, runs, "b-whole")
+    db = tmp_path / "t.duckdb"
+    read = _frames_read(monkeypatch)
+    monkeypatch.setattr(ingest_runs_module, "PREPARE_THREADS", 1)  # a-fails is looked at first
+    summary = ingest(db, runs, cache=symbol_cache)
+    assert [outcome.path.name for outcome in summary.quarantined] == ["a-fails"]
+    assert read == ["a-fails", "b-whole"], "b-whole was read without its frames first"
+    assert summary.ingested == 1 and summary.new_stacks > 0
+    alone = tmp_path / "alone.duckdb"
+    assert ingest(alone, _copy(good_run, tmp_path / "alone", "b-whole"), cache=symbol_cache).ingested == 1
+    assert {k: v for k, v in _content(db).items() if k != "runs"} == {
+        k: v for k, v in _content(alone).items() if k != "runs"
+    }
+
+
+def test_a_written_stack_hash_unlike_its_frames_quarantines_the_run(tmp_path, good_run, symbol_cache) -> None:
+    runs = tmp_path / "runs"
+
+    def wrong(table: pa.Table) -> pa.Table:
+        hashes = table["stack_hash"].to_pylist()
+        hashes[-1] ^= 1
+        index = table.schema.get_field_index("stack_hash")
+        return table.set_column(index, table.schema.field(index), pa.array(hashes, pa.uint64()))
+
+    _rewrite_as_capture(_copy(good_run, runs, "wrong") / "stacks-000001.parquet", "stacks", wrong)
+    summary = ingest(tmp_path / "t.duckdb", runs, cache=symbol_cache)
+    (outcome,) = summary.quarantined
+    assert "1 stacks' stack_hash differs from the hash of their frames" in outcome.reason
+
+
 def test_the_next_transaction_loading_beside_changes_nothing_stored(tmp_path, symbol_cache, monkeypatch) -> None:
     """While a transaction inserts its stacks and sites and commits, the next one's events load on a
     second connection, which cannot see the first one's rows (it began before they were committed):

@@ -56,6 +56,44 @@ def test_session_writes_a_complete_run(out_dir: Path) -> None:
     assert {"launch", "test_session_writes_a_complete_run"} <= names
 
 
+def test_each_stack_is_written_with_the_hash_the_ingest_gives_it(out_dir: Path) -> None:
+    """`stack_hash` (raw schema 4) is the portable hash the ingest computes from the stack's frames,
+    modules and code objects: a stack of a later flush hashes with the modules and code written by
+    an earlier one."""
+    import numpy as np
+
+    from tbpipe.pipeline.stacks.flatten import flatten_run
+
+    def nested(depth: int, name: str) -> None:
+        if depth:
+            nested(depth - 1, name)
+        else:
+            launch("kernel_launch", name)
+
+    # A caller of its own per flush: each flush writes new stacks, through `nested` written before.
+    callers = [
+        lambda depth: nested(depth, "first"),
+        lambda depth: nested(depth, "second"),
+        lambda depth: nested(depth, "third"),
+    ]
+    with capture.session(out_dir) as session:
+        for caller in callers:
+            for depth in range(4):
+                caller(depth)
+            session.flush()
+        worker = threading.Thread(target=nested, args=(2, "from_thread"))
+        worker.start()
+        worker.join()
+    (run,) = read_runs(out_dir)
+    assert len(run.manifest["files"]["stacks"]) >= 3 and len(run.manifest["files"]["code"]) >= 1
+    stacks = run.tables["stacks"]
+    assert stacks.num_rows >= 5 and stacks["stack_hash"].null_count == 0
+    flat = flatten_run(run.tables)
+    ingest_hashes = flat.hashes[np.searchsorted(flat.raw_ids, stacks["stack_id"].to_numpy())]
+    assert stacks["stack_hash"].to_pylist() == ingest_hashes.tolist()
+    assert len(set(ingest_hashes.tolist())) == stacks.num_rows  # different stacks, different hashes
+
+
 def test_python_lines_are_resolved_at_flush(out_dir: Path) -> None:
     with capture.session(out_dir):
         capture.record("user", "here"); line = _line()  # noqa: E702 - same line on purpose  # fmt: skip

@@ -20,6 +20,7 @@ from tbpipe import _native
 from tbpipe.pipeline.stacks import identity
 from tbpipe.pipeline.stacks.origins import splice_origins
 from tbpipe.pipeline.symbols.modulekey import module_key_column
+from tbpipe.schemas import raw
 
 
 @dataclass
@@ -53,12 +54,21 @@ class FlatRun:
     native_lengths: np.ndarray  # int64 per distinct raw stack
     python_lengths: np.ndarray  # int64 per distinct raw stack
     hashes: np.ndarray  # uint64 per distinct raw stack: the portable identity
-    # Where the frames come from: one run's raw columns, or the runs laid end to end.
-    _source: _RunFrames | _BatchFrames = field(repr=False)
+    # Where the frames come from: one run's raw columns, or the runs laid end to end; None for a
+    # run read without its frames (`known_stacks_run`).
+    _source: _RunFrames | _BatchFrames | None = field(repr=False)
+
+    @property
+    def has_frames(self) -> bool:
+        return self._source is not None and (
+            not isinstance(self._source, _BatchFrames) or all(run.has_frames for run in self._source.runs)
+        )
 
     def frames(self, chosen: np.ndarray) -> StackFrames:
         """The frames of stacks `chosen` (indices of this FlatRun's stacks, in the order given)."""
         chosen = np.asarray(chosen, dtype=np.int64)
+        if self._source is None:
+            raise ValueError("the frames of a run read without them (known_stacks_run)")
         native_ref, native_address, native_flags, python_ref, python_line, python_flags = self._source.select(chosen)
         return StackFrames(
             status=self.status[chosen],
@@ -254,17 +264,8 @@ def flatten_run(tables: dict[str, pa.Table]) -> FlatRun:
 
     # Modules: key and hash per row; frames find their row by module_index.
     raw_modules = tables["modules"]
-    keys = module_key_column(_flat(raw_modules["build_id"]), _flat(raw_modules["path"]))
-    modules = pa.table(
-        {
-            "module_index": raw_modules["module_index"],
-            "module_key": keys,
-            "path": raw_modules["path"],
-            "load_bias": raw_modules["load_bias"],
-            "exec_ranges": raw_modules["exec_ranges"],
-        }
-    )
-    module_hash = identity.md5_low64(keys)
+    modules = _keyed_modules(raw_modules)
+    module_hash = identity.md5_low64(modules["module_key"])
     module_index = _numpy(raw_modules["module_index"], np.int64)
 
     # Code objects: distinct ids, hash over (file, qualname, first line).
@@ -301,6 +302,55 @@ def flatten_run(tables: dict[str, pa.Table]) -> FlatRun:
             module_index=module_index,
             code_ids=code_ids,
         ),
+    )
+
+
+def differing_written_hashes(tables: dict[str, pa.Table], flat: FlatRun) -> int:
+    """How many of a run's stacks carry a hash written by the capture (`stack_hash`) other than the
+    one their frames give (`flat`, from `flatten_run(tables)`): none unless the run is damaged. A
+    run with code origins is not checked: its hashes are taken with the origin frames spliced in,
+    which the capture does not do."""
+    stacks = tables["stacks"]
+    origins = tables.get("code_origins")
+    if "stack_hash" not in stacks.column_names or (origins is not None and origins.num_rows):
+        return 0
+    written = _flat(stacks["stack_hash"])
+    if written.null_count == len(written):  # parts written before raw schema 4
+        return 0
+    rows = np.searchsorted(flat.raw_ids, _numpy(stacks["stack_id"], np.uint64))
+    has = ~np.asarray(written.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    values = _numpy(written.fill_null(0), np.uint64)
+    return int(np.count_nonzero(has & (values != flat.hashes[rows])))
+
+
+def known_stacks_run(stacks: pa.Table, raw_modules: pa.Table) -> FlatRun:
+    """A run whose stacks the database already holds, read without their frames: its raw stack ids
+    and the hashes the capture wrote (`stack_hash`, none null), and its modules keyed. Its stacks
+    are never laid out (their status and frame counts are left 0)."""
+    raw_ids, stack_rows = np.unique(_numpy(stacks["stack_id"], np.uint64), return_index=True)
+    zeros = np.zeros(len(raw_ids), dtype=np.int64)
+    return FlatRun(
+        modules=_keyed_modules(raw_modules),
+        code=raw.code_schema().empty_table(),
+        raw_ids=raw_ids,
+        status=zeros.astype(np.uint32),
+        native_lengths=zeros,
+        python_lengths=zeros,
+        hashes=_numpy(stacks["stack_hash"], np.uint64)[stack_rows],
+        _source=None,
+    )
+
+
+def _keyed_modules(raw_modules: pa.Table) -> pa.Table:
+    """A raw `modules` table with each row's module key, as `FlatRun.modules` holds it."""
+    return pa.table(
+        {
+            "module_index": raw_modules["module_index"],
+            "module_key": module_key_column(_flat(raw_modules["build_id"]), _flat(raw_modules["path"])),
+            "path": raw_modules["path"],
+            "load_bias": raw_modules["load_bias"],
+            "exec_ranges": raw_modules["exec_ranges"],
+        }
     )
 
 

@@ -53,8 +53,8 @@ def read_runs(out_dir: Path) -> list[RawRun]:
 
 def rewrite_as_raw_version(run_dir: Path, version: int) -> None:
     """Rewrites a run's parts as tbpipe wrote them at raw schema `version`: their metadata and the
-    manifest say it, and events parts before version 3 keep a CUDA call's correlation id in
-    `attrs` (a column of its own since)."""
+    manifest say it, events parts before version 3 keep a CUDA call's correlation id in `attrs` (a
+    column of its own since), and stacks parts before version 4 have no `stack_hash`."""
     import json
 
     import pyarrow.parquet as pq
@@ -71,6 +71,8 @@ def rewrite_as_raw_version(run_dir: Path, version: int) -> None:
             ]
             table = table.drop_columns(["correlation_id"])
             table = table.set_column(table.column_names.index("attrs"), "attrs", pa.array(attrs, pa.string()))
+        if part.name.startswith("stacks-") and version < 4 and "stack_hash" in table.column_names:
+            table = table.drop_columns(["stack_hash"])  # written by the capture since version 4
         metadata[VERSION_KEY] = str(version).encode()
         pq.write_table(table.replace_schema_metadata(metadata), part, compression="zstd")
     manifest_path = run_dir / "manifest.json"

@@ -68,8 +68,9 @@ def manifest_for(run_id: str, *, complete: bool = True, labels: dict[str, str] |
 
 # Bumped whenever the parts are written differently, so that benches regenerate what they keep.
 # 2: the capture's write options (page checksums, encodings); 3: events at zstd level 1; 4: raw schema 3
-# (a launch's correlation id in a column of its own)
-PARTS_FORMAT = 4
+# (a launch's correlation id in a column of its own); 5: raw schema 4 (stack hashes written, as the
+# capture writes them)
+PARTS_FORMAT = 5
 
 
 def write_part(run_dir: Path, table_name: str, sequence: int, table: pa.Table) -> str:
@@ -131,6 +132,7 @@ class SyntheticConfig:
     event_parts: int = 4  # events files per run (the capture rotates about once a second)
     max_modules: int | None = None  # use only this many of the loaded modules (libpython always)
     seed: int = 20260101
+    written_hashes: bool = True  # stacks carry their hash, as the capture writes it (raw schema 4)
 
 
 @dataclass
@@ -429,6 +431,18 @@ def _run_tables(
     return {"events": event_table, "stacks": stacks, "modules": modules, "code": code}
 
 
+def with_written_hashes(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
+    """The run's tables with each stack's hash in `stack_hash`, as the capture writes it."""
+    from tbpipe.pipeline.stacks.flatten import flatten_run
+
+    stacks = tables["stacks"]
+    if "stack_hash" in stacks.column_names:
+        stacks = stacks.drop_columns(["stack_hash"])
+    flat = flatten_run({**tables, "stacks": stacks})
+    rows = np.searchsorted(flat.raw_ids, stacks["stack_id"].to_numpy())
+    return {**tables, "stacks": stacks.append_column("stack_hash", pa.array(flat.hashes[rows], pa.uint64()))}
+
+
 def zipf_choices(rng: np.random.Generator, ranks: int, s: float, count: int) -> np.ndarray:
     """`count` draws of ranks 0..ranks-1 with P(r) ~ 1 / (r + 1)**s."""
     weights = 1.0 / np.power(np.arange(1, ranks + 1, dtype=np.float64), s)
@@ -466,6 +480,8 @@ def generate(out_dir: Path, config: SyntheticConfig) -> Generated:
         stacks_used = np.unique(events)
         used[stacks_used] = True
         tables = _run_tables(corpus, stacks_used, events, rng, index)
+        if config.written_hashes:
+            tables = with_written_hashes(tables)
         run_id = f"20260101T{index // 3600:02d}{index // 60 % 60:02d}{index % 60:02d}-{4242 + index}-{int(rng.integers(0, 2**32)):08x}"
         manifest = manifest_for(
             run_id,

@@ -53,6 +53,9 @@ class PreparedRun:
     parts_without_correlation: set[Path] = field(default_factory=set)
     # Set when its events are loaded: events whose stack the run does not hold (their stack is NULL).
     dangling_events: int = 0
+    # Its stacks, modules, code and code_origins parts: read again when it was prepared without its
+    # frames (`flat.has_frames` false) and must bring in a stack after all.
+    stack_files: dict[str, list[Path]] = field(default_factory=dict)
 
     @property
     def run_id(self) -> str:

@@ -3,7 +3,8 @@
 Per run: validate it (`rawrun`: manifest, every part's footer, schema and page checksums; a damaged
 run is quarantined and the others go on), skip it when the database already has it (a run ingested while
 incomplete is loaded again once its files changed), and flatten and hash its stacks
-(`stacks.flatten`). Runs are then laid out in batches (a big run alone, small runs together, so a
+(`stacks.flatten`); a run whose stacks the database holds already, or a run before it brings in, is
+read without their frames, by the hashes its capture wrote (raw schema 4). Runs are then laid out in batches (a big run alone, small runs together, so a
 night of a thousand small runs does not pay a thousand times for each step): find which stacks the
 database does not know yet, symbolize their new addresses (`symbols`) and lay out their frames
 (`stacks.layout`) once for the batch. Then each run is loaded in one transaction of its own (or,
@@ -74,14 +75,22 @@ from tbpipe.pipeline.rawrun import (
     part_files,
     parts_fingerprint,
     read_manifest,
+    read_stack_keys,
     read_tables,
     recovered_manifest,
     reference_problems,
     verify_part,
 )
 from tbpipe.pipeline.stacks import layout
-from tbpipe.pipeline.stacks.flatten import concat_flat_runs, flatten_run
+from tbpipe.pipeline.stacks.flatten import (
+    concat_flat_runs,
+    differing_written_hashes,
+    flatten_run,
+    known_stacks_run,
+)
 
+# The tables a run's stacks are read from (the stacks with their frames).
+STACK_TABLES = ("stacks", "modules", "code", "code_origins")
 # A batch closes once it holds this many events or runs (a run past the first limit goes alone).
 BATCH_EVENTS = 2_000_000
 BATCH_RUNS = 64
@@ -157,6 +166,16 @@ class RunLoader:
             run_id: (complete, parts)
             for run_id, complete, parts in query_rows(db.con, "SELECT run_id, complete, parts FROM runs")
         }
+        # What the preparing threads tell stacks already stored by: the hashes of the database's
+        # stacks, and those of runs prepared with their frames, by the first run (in the order they
+        # load) that holds each. A run all of whose stacks are stored before it (and whose capture
+        # wrote their hashes) is read without its frames (`_read_known_stacks`).
+        self._stored_hashes = np.sort(
+            np.asarray(query_arrow(db.con, "SELECT stack_hash FROM stacks")["stack_hash"].to_numpy(), dtype=np.uint64)
+        )
+        self._claimed_hashes: dict[int, int] = {}
+        self._claims_lock = threading.Lock()
+        self._positions: dict[Path, int] = {}
 
     def close(self) -> None:
         """Before the database closes (and checkpoints): the symbolizer stopped, DuckDB's threads as
@@ -185,6 +204,7 @@ class RunLoader:
         load mostly waits on DuckDB, so the two share the cores."""
         batch: list[PreparedRun | RunOutcome] = []
         events = runs = 0
+        self._positions = {run_dir: position for position, run_dir in enumerate(run_dirs)}
         ahead = _PreparedAhead(self.prepare, run_dirs, PREPARE_THREADS)
         try:
             for run_dir, prepared in ahead:
@@ -249,17 +269,29 @@ class RunLoader:
             return present
         try:
             gpu_files = {table: [p for p in files[table] if verify_part(p, table) >= 0] for table in run_gpu.GPU_TABLES}
-            tables = read_tables(files, ("stacks", "modules", "code", "code_origins"))
+            position = self._positions.get(run_dir, len(self._positions))
+            known = self._read_known_stacks(files, position)
+            tables = known or read_tables(files, STACK_TABLES)
             notes += reference_problems(tables)
             if notes and manifest.get("complete") and not manifest.get("recovered"):
                 raise DamagedRunError(f"{run_dir}: {'; '.join(notes)}")
-            flat = flatten_run(tables)
+            if known:
+                flat = known_stacks_run(known["stacks"], known["modules"])
+            else:
+                flat = flatten_run(tables)
+                differing = differing_written_hashes(tables, flat)
+                if differing:
+                    raise DamagedRunError(
+                        f"{run_dir}: {differing} stacks' stack_hash differs from the hash of their frames"
+                    )
             # Checked, their names read and their events without a stack counted here, in the
             # preparing thread (DuckDB reads them once more, to load them): a night of small runs
             # paid a batch-wide query for these.
             events = [events_part(path) for path in files["events"]]
         except DamagedRunError as error:
             return RunOutcome(run_dir, "quarantined", run_id=run_id, reason=str(error))
+        if not known:
+            self._claim_hashes(flat.hashes, position)  # the runs after it need not read these stacks' frames
         return PreparedRun(
             run_dir,
             manifest,
@@ -272,7 +304,45 @@ class RunLoader:
             event_names=sorted(set().union(*(part.names for part in events))),
             events_without_stack=sum(part.without_stack for part in events),
             parts_without_correlation={p for p, part in zip(files["events"], events) if not part.correlation_column},
+            stack_files={table: files[table] for table in STACK_TABLES},
         )
+
+    def _read_known_stacks(self, files: dict[str, list[Path]], position: int) -> dict[str, pa.Table] | None:
+        """The run's stacks without their frames (`read_stack_keys`) when every one of them is stored
+        already or comes with a run loaded before it (by the hashes the capture wrote); else None,
+        and the run is read whole."""
+
+        def all_stored(hashes: np.ndarray) -> bool:
+            hashes = self._not_stored(hashes)
+            if not len(hashes):
+                return True
+            claimed = self._claimed_hashes
+            with self._claims_lock:
+                if all(claimed.get(h, position) < position for h in hashes.tolist()):
+                    return True
+            # Claimed at once (the run is read whole next), for the runs after it read beside it.
+            self._claim_hashes(hashes, position, stored_left_out=True)
+            return False
+
+        return read_stack_keys(files, all_stored)
+
+    def _claim_hashes(self, hashes: np.ndarray, position: int, *, stored_left_out: bool = False) -> None:
+        """Records the hashes of a run read with its frames, at its place in the order runs load in."""
+        claimed = self._claimed_hashes
+        if not stored_left_out:
+            hashes = self._not_stored(hashes)
+        with self._claims_lock:
+            for h in hashes.tolist():
+                if claimed.get(h, position + 1) > position:
+                    claimed[h] = position
+
+    def _not_stored(self, hashes: np.ndarray) -> np.ndarray:
+        """The hashes the database held no stack of when the ingest began."""
+        stored = self._stored_hashes
+        if not len(stored):
+            return hashes
+        at = np.minimum(np.searchsorted(stored, hashes), len(stored) - 1)
+        return hashes[stored[at] != hashes]
 
     # ---------------------------------------------------------------- loading a batch
 
@@ -286,7 +356,12 @@ class RunLoader:
         loaded: dict[int, RunOutcome] = {}
         group = max(1, self.options.runs_per_transaction)
         while runs:
-            batch = self._lay_out(runs, progress)
+            try:
+                batch = self._lay_out(runs, progress)
+            except _FramesUnreadable as unreadable:
+                run = runs.pop(unreadable.index)
+                loaded[id(run)] = RunOutcome(run.run_dir, "quarantined", run_id=run.run_id, reason=unreadable.reason)
+                continue
             failed = self._load_groups(batch, group, loaded, progress)
             runs = runs[failed + 1 :] if failed is not None else []  # stacks it would have brought in: laid out again
             if batch.frames is not None:
@@ -451,6 +526,14 @@ class RunLoader:
         stack_ids, new_ids = self._stack_ids(flat)
         new_order = np.flatnonzero(new_ids >= 0)
         new_order = new_order[np.argsort(new_ids[new_order], kind="stable")]
+        if not flat.has_frames:
+            # A run read without its frames brings in a stack after all (the run it was to come
+            # with was quarantined, or is not loaded): its frames are read now.
+            lacking = [i for i in np.unique(run_of_stack[new_order]).tolist() if not runs[i].flat.has_frames]
+            if lacking:
+                for i in lacking:
+                    _read_frames(runs, i)
+                return self._lay_out(runs, progress)
         batch = Batch(runs, flat, run_of_stack, stack_ids, new_ids, new_order)
         brought = np.bincount(run_of_stack[new_order], minlength=len(runs))
         for run, count in zip(runs, brought):
@@ -581,6 +664,29 @@ class RunLoader:
             group = summary.unsymbolized.setdefault(reason, UnsymbolizedGroup(reason))
             group.frames += count
             group.modules[module_key or "?"] = module or "?"
+
+
+class _FramesUnreadable(Exception):
+    """The frames of a run prepared without them (`RunLoader._lay_out`) could not be read: it is quarantined."""
+
+    def __init__(self, index: int, reason: str):
+        super().__init__(reason)
+        self.index = index
+        self.reason = reason
+
+
+def _read_frames(runs: list[PreparedRun], index: int) -> None:
+    """Reads the whole stacks of run `index` of `runs`, which was prepared without their frames;
+    their hashes must be the ones it was prepared with."""
+    run = runs[index]
+    try:
+        tables = read_tables(run.stack_files, STACK_TABLES)
+        flat = flatten_run(tables)
+        if not (np.array_equal(flat.raw_ids, run.flat.raw_ids) and np.array_equal(flat.hashes, run.flat.hashes)):
+            raise DamagedRunError(f"{run.run_dir}: its stacks changed while it was loaded")
+    except DamagedRunError as error:
+        raise _FramesUnreadable(index, str(error)) from None
+    run.flat = flat
 
 
 @dataclass
