@@ -39,8 +39,9 @@ _EVENTS_ENCODING = {
     "thread_id": "DELTA_BINARY_PACKED",
     "correlation_id": "DELTA_BINARY_PACKED",
 }
-# Attributes are often unique per event (an op's id): a dictionary would only be built to be dropped.
-_NOT_DICTIONARY = {"attrs"}
+# Attributes are often unique per event (an op's id), and a stack's hash is unique in its part: a
+# dictionary would only be built to be dropped.
+_NOT_DICTIONARY = {"attrs", "stack_hash"}
 
 
 def parquet_options(column_names: list[str]) -> dict[str, Any]:
