@@ -395,11 +395,10 @@ def read_tables(files: dict[str, list[Path]], names: tuple[str, ...]) -> dict[st
     return tables
 
 
-# What tells whether a run's stacks are all stored already, and checks their references, without
-# their frames (`read_stack_keys`): frames are read only for runs that bring a new stack.
+# What checks a run's references without its stacks' frames (`read_stack_keys`, with the hashes
+# the capture wrote): frames are read only for runs that bring a new stack.
 STACK_KEY_COLUMNS = [
     "stack_id",
-    "stack_hash",
     "native.list.element.module",
     "native.list.element.flags",
     "python.list.element.code_id",
@@ -424,8 +423,12 @@ def read_stack_keys(
     if not all_stored(np.concatenate([column["stack_hash"].to_numpy() for column in hashes])):
         return None
     code = [_read_columns(path, "code", ["code_id"]) for path in files["code"]]
+    stacks = [
+        _columns_of(*part, STACK_KEY_COLUMNS).append_column("stack_hash", column["stack_hash"])
+        for part, column in zip(parts, hashes)
+    ]
     return {
-        "stacks": pa.concat_tables([_columns_of(*part, STACK_KEY_COLUMNS) for part in parts]),
+        "stacks": pa.concat_tables(stacks),
         "modules": read_tables(files, ("modules",))["modules"],
         "code": pa.concat_tables(code) if code else pa.table({"code_id": pa.array([], pa.uint64())}),
     }

@@ -436,9 +436,7 @@ def with_written_hashes(tables: dict[str, pa.Table]) -> dict[str, pa.Table]:
     from tbpipe.pipeline.stacks.flatten import flatten_run
 
     stacks = tables["stacks"]
-    if "stack_hash" in stacks.column_names:
-        stacks = stacks.drop_columns(["stack_hash"])
-    flat = flatten_run({**tables, "stacks": stacks})
+    flat = flatten_run(tables)
     rows = np.searchsorted(flat.raw_ids, stacks["stack_id"].to_numpy())
     return {**tables, "stacks": stacks.append_column("stack_hash", pa.array(flat.hashes[rows], pa.uint64()))}
 

@@ -167,9 +167,9 @@ class RunLoader:
             for run_id, complete, parts in query_rows(db.con, "SELECT run_id, complete, parts FROM runs")
         }
         # What the preparing threads tell stacks already stored by: the hashes of the database's
-        # stacks, and those of runs prepared with their frames, by the first run (in the order they
-        # load) that holds each. A run all of whose stacks are stored before it (and whose capture
-        # wrote their hashes) is read without its frames (`_read_known_stacks`).
+        # stacks, and those claimed by runs read whole, by the first run (in the order they load)
+        # that holds each. A run all of whose stacks are stored before it (and whose capture wrote
+        # their hashes) is read without its frames (`_read_known_stacks`).
         self._stored_hashes = np.sort(
             np.asarray(query_arrow(db.con, "SELECT stack_hash FROM stacks")["stack_hash"].to_numpy(), dtype=np.uint64)
         )
@@ -290,8 +290,6 @@ class RunLoader:
             events = [events_part(path) for path in files["events"]]
         except DamagedRunError as error:
             return RunOutcome(run_dir, "quarantined", run_id=run_id, reason=str(error))
-        if not known:
-            self._claim_hashes(flat.hashes, position)  # the runs after it need not read these stacks' frames
         return PreparedRun(
             run_dir,
             manifest,
@@ -313,28 +311,19 @@ class RunLoader:
         and the run is read whole."""
 
         def all_stored(hashes: np.ndarray) -> bool:
-            hashes = self._not_stored(hashes)
-            if not len(hashes):
-                return True
+            hashes = self._not_stored(hashes).tolist()
             claimed = self._claimed_hashes
             with self._claims_lock:
-                if all(claimed.get(h, position) < position for h in hashes.tolist()):
+                if all(claimed.get(h, position) < position for h in hashes):
                     return True
-            # Claimed at once (the run is read whole next), for the runs after it read beside it.
-            self._claim_hashes(hashes, position, stored_left_out=True)
+                # Read whole next: it brings in what no run before it claims, and the runs after it
+                # (read beside it) need not read these stacks' frames.
+                for h in hashes:
+                    if claimed.get(h, position + 1) > position:
+                        claimed[h] = position
             return False
 
         return read_stack_keys(files, all_stored)
-
-    def _claim_hashes(self, hashes: np.ndarray, position: int, *, stored_left_out: bool = False) -> None:
-        """Records the hashes of a run read with its frames, at its place in the order runs load in."""
-        claimed = self._claimed_hashes
-        if not stored_left_out:
-            hashes = self._not_stored(hashes)
-        with self._claims_lock:
-            for h in hashes.tolist():
-                if claimed.get(h, position + 1) > position:
-                    claimed[h] = position
 
     def _not_stored(self, hashes: np.ndarray) -> np.ndarray:
         """The hashes the database held no stack of when the ingest began."""
