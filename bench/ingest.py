@@ -355,14 +355,15 @@ def _duckdb_copy(runs_dir: Path, work: Path) -> tuple[float, float]:
 def _duckdb_copy_per_run(runs_dir: Path, work: Path) -> tuple[float, float]:
     """The floor of an ingest at one transaction per run: DuckDB alone copying each run's events
     Parquet parts into a table in a transaction of its own (BEGIN, one INSERT, COMMIT), with the
-    ingest's rule for DuckDB's threads (one below ONE_THREAD_BELOW_EVENTS events), as (wall, CPU)
-    seconds. Nothing else of a run is stored: its stacks, counts, sites and run row come on top."""
+    ingest's settings (DuckDB's threads: one below ONE_THREAD_BELOW_EVENTS events; no checkpoint
+    before the close, which makes one), as (wall, CPU) seconds. Nothing else of a run is stored: its
+    stacks, counts, sites and run row come on top."""
     import resource
 
     import duckdb
     import pyarrow.parquet as pq
 
-    from tbpipe.pipeline.db.ingest.runs import ONE_THREAD_BELOW_EVENTS
+    from tbpipe.pipeline.db.ingest.runs import ONE_THREAD_BELOW_EVENTS, _pause_vacuum
 
     runs = [sorted(str(p) for p in run.glob("events-*.parquet")) for run in sorted(runs_dir.iterdir())]
     runs = [(parts, sum(pq.ParquetFile(p).metadata.num_rows for p in parts)) for parts in runs if parts]
@@ -372,6 +373,9 @@ def _duckdb_copy_per_run(runs_dir: Path, work: Path) -> tuple[float, float]:
     started = time.perf_counter()
     con = duckdb.connect(str(db))
     default_threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
+    # As the ingest (`RunLoader`): a checkpoint every 16 MB of WAL would rewrite the growing table.
+    con.execute("SET checkpoint_threshold = '4GB'")
+    _pause_vacuum(con)  # nor does it merge each run's partial row groups at that checkpoint
     con.execute("CREATE TABLE events AS SELECT * FROM read_parquet(?) LIMIT 0", [runs[0][0]])
     for parts, events in runs:
         con.execute(f"SET threads = {1 if events < ONE_THREAD_BELOW_EVENTS else default_threads}")
