@@ -33,7 +33,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def _args() -> argparse.Namespace:
@@ -331,63 +333,62 @@ def _ingest(runs_dir: Path, db: Path, cache_dir: Path, label: str, stages: bool 
     return summary, seconds
 
 
-def _duckdb_copy(runs_dir: Path, work: Path) -> tuple[float, float]:
-    """The anchor: DuckDB alone copying the same events Parquet parts into a table of a new database
-    file (read, decompress, store, checkpoint), as (wall, CPU) seconds."""
+def _timed_anchor(work: Path, name: str, fill: Callable[[Any], None]) -> tuple[float, float]:
+    """(wall, CPU) seconds of a new database file WORK/NAME opened, filled by `fill(connection)` and
+    closed (its checkpoint included); the file is removed after."""
     import resource
 
     import duckdb
 
-    parts = sorted(str(p) for p in runs_dir.glob("*/events-*.parquet"))  # raw.table_file_name("events", n)
-    db = work / "anchor-copy.duckdb"
+    db = work / name
     db.unlink(missing_ok=True)
     cpu_started = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
     started = time.perf_counter()
     con = duckdb.connect(str(db))
-    con.execute("CREATE TABLE events AS SELECT * FROM read_parquet(?)", [parts])
+    fill(con)
     con.close()
     seconds = time.perf_counter() - started
     cpu = sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - cpu_started
     db.unlink(missing_ok=True)
     return seconds, cpu
+
+
+def _duckdb_copy(runs_dir: Path, work: Path) -> tuple[float, float]:
+    """The anchor: DuckDB alone copying the same events Parquet parts into a table of a new database
+    file (read, decompress, store, checkpoint), as (wall, CPU) seconds."""
+    parts = sorted(str(p) for p in runs_dir.glob("*/events-*.parquet"))  # raw.table_file_name("events", n)
+
+    def copy(con) -> None:
+        con.execute("CREATE TABLE events AS SELECT * FROM read_parquet(?)", [parts])
+
+    return _timed_anchor(work, "anchor-copy.duckdb", copy)
 
 
 def _duckdb_copy_per_run(runs_dir: Path, work: Path) -> tuple[float, float]:
     """The floor of an ingest at one transaction per run: DuckDB alone copying each run's events
     Parquet parts into a table in a transaction of its own (BEGIN, one INSERT, COMMIT), with the
-    ingest's settings (DuckDB's threads: one below ONE_THREAD_BELOW_EVENTS events; no checkpoint
-    before the close, which makes one), as (wall, CPU) seconds. Nothing else of a run is stored: its
-    stacks, counts, sites and run row come on top."""
-    import resource
-
-    import duckdb
+    ingest's settings (DuckDB's threads: one below ONE_THREAD_BELOW_EVENTS events; one checkpoint,
+    at the close), as (wall, CPU) seconds. Nothing else of a run is stored: its stacks, counts, sites
+    and run row come on top."""
     import pyarrow.parquet as pq
 
-    from tbpipe.pipeline.db.ingest.runs import ONE_THREAD_BELOW_EVENTS, _pause_vacuum
+    from tbpipe.pipeline.db.ingest.runs import ONE_THREAD_BELOW_EVENTS, checkpoint_at_close
 
     runs = [sorted(str(p) for p in run.glob("events-*.parquet")) for run in sorted(runs_dir.iterdir())]
     runs = [(parts, sum(pq.ParquetFile(p).metadata.num_rows for p in parts)) for parts in runs if parts]
-    db = work / "anchor-per-run.duckdb"
-    db.unlink(missing_ok=True)
-    cpu_started = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
-    started = time.perf_counter()
-    con = duckdb.connect(str(db))
-    default_threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
-    # As the ingest (`RunLoader`): a checkpoint every 16 MB of WAL would rewrite the growing table.
-    con.execute("SET checkpoint_threshold = '4GB'")
-    _pause_vacuum(con)  # nor does it merge each run's partial row groups at that checkpoint
-    con.execute("CREATE TABLE events AS SELECT * FROM read_parquet(?) LIMIT 0", [runs[0][0]])
-    for parts, events in runs:
-        con.execute(f"SET threads = {1 if events < ONE_THREAD_BELOW_EVENTS else default_threads}")
-        con.execute("BEGIN TRANSACTION")
-        con.execute("INSERT INTO events SELECT * FROM read_parquet(?)", [parts])
-        con.execute("COMMIT")
-    con.execute(f"SET threads = {default_threads}")
-    con.close()
-    seconds = time.perf_counter() - started
-    cpu = sum(resource.getrusage(resource.RUSAGE_SELF)[:2]) - cpu_started
-    db.unlink(missing_ok=True)
-    return seconds, cpu
+
+    def copy(con) -> None:
+        default_threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
+        checkpoint_at_close(con)
+        con.execute("CREATE TABLE events AS SELECT * FROM read_parquet(?) LIMIT 0", [runs[0][0]])
+        for parts, events in runs:
+            con.execute(f"SET threads = {1 if events < ONE_THREAD_BELOW_EVENTS else default_threads}")
+            con.execute("BEGIN TRANSACTION")
+            con.execute("INSERT INTO events SELECT * FROM read_parquet(?)", [parts])
+            con.execute("COMMIT")
+        con.execute(f"SET threads = {default_threads}")  # for the closing checkpoint, as the ingest
+
+    return _timed_anchor(work, "anchor-per-run.duckdb", copy)
 
 
 TOP_SITES = """

@@ -147,15 +147,8 @@ class RunLoader:
         self.options = options
         self.summary = summary
         self.symbols = SymbolLoader(db, options, summary)
-        # Checkpointing after every commit would rewrite the growing tables once per batch; the WAL
-        # holds the committed batches until the checkpoint that closing the database does.
-        db.con.execute("SET checkpoint_threshold = '4GB'")
-        # That checkpoint would also merge row groups: each run's events end in a partial row group,
-        # and DuckDB rewrites runs of such groups into fewer full ones (its vacuum), freeing the blocks
-        # they were in. Those blocks stay in the file (a quarter of it after the 10M-event bench, and
-        # 2 s of the close); without the merge the partial groups stay as they are (a few per run).
-        # Deleted rows are reclaimed by the same vacuum: `close` turns it back on when there are some.
-        self._vacuum_paused = _pause_vacuum(db.con)
+        # Deleted rows are reclaimed by the vacuum this pauses: `close` turns it back on when there are some.
+        self._vacuum_paused = checkpoint_at_close(db.con)
         self._default_threads = self._threads = int(query_value(db.con, "SELECT current_setting('threads')"))
         # A second connection for the transaction loaded beside the one finishing (`_load_groups`),
         # and the thread that loads its events.
@@ -803,11 +796,20 @@ def _numpy_without_huge_pages() -> Iterator[None]:
         setting(before)
 
 
-def _pause_vacuum(con: Any) -> bool:
-    """Turns off DuckDB's row group merging at checkpoints, for this connection's database; False
-    where the DuckDB version has no such setting."""
+def checkpoint_at_close(con: Any) -> bool:
+    """The ingest's checkpoint settings, for this connection's database: one checkpoint, when the
+    database closes, without merging row groups. Returns False where the DuckDB version cannot turn
+    the merging off.
+
+    Checkpointing after every commit would rewrite the growing tables once per batch; the WAL holds
+    the committed batches until the close. That checkpoint would also merge row groups: each run's
+    events end in a partial row group, and DuckDB rewrites runs of such groups into fewer full ones
+    (its vacuum), freeing the blocks they were in. Those blocks stay in the file (a quarter of it
+    after the 10M-event bench, and 2 s of the close); without the merge the partial groups stay as
+    they are (a few per run)."""
     import duckdb
 
+    con.execute("SET checkpoint_threshold = '4GB'")
     try:
         con.execute("SET max_vacuum_tasks = 0")
     except duckdb.Error:
