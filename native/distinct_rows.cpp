@@ -2,17 +2,10 @@
 
 #include <cstring>
 
+#include "hash_mix.h"
+
 namespace tbpipe {
 namespace {
-
-inline uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
 
 uint64_t hash_row(const uint8_t* row, size_t width) {
   uint64_t hash = width;

@@ -1,7 +1,9 @@
 // Bindings of the ingest's native steps: stack hashing (stack_identity.h, `hash_raw_stacks`), distinct
-// rows (distinct_rows.h), the combined order (combined_order.h) and Parquet page headers
+// rows (distinct_rows.h), the combined order (combined_order.h), inline expansion (inline_rows.h) and
+// Parquet page headers
 // (parquet_pages.h), over the buffers of Arrow columns and numpy arrays (views, no copies).
 // Registered into tbpipe._native by bindings.cpp through register_ingest_bindings().
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -12,6 +14,7 @@
 #include "buffer_args.h"
 #include "combined_order.h"
 #include "distinct_rows.h"
+#include "inline_rows.h"
 #include "md5.h"
 #include "parquet_pages.h"
 #include "stack_identity.h"
@@ -112,6 +115,14 @@ py::bytes vector_bytes(const std::vector<T>& values) {
   return py::bytes(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
 }
 
+// A vector handed to numpy without a copy: the array owns it (for outputs of many megabytes).
+template <typename T>
+py::array_t<T> vector_array(std::vector<T>&& values) {
+  auto* owned = new std::vector<T>(std::move(values));
+  py::capsule release(owned, [](void* vector) { delete static_cast<std::vector<T>*>(vector); });
+  return py::array_t<T>(static_cast<ssize_t>(owned->size()), owned->data(), release);
+}
+
 py::tuple combined_order_binding(const py::buffer& native_lengths, const py::buffer& python_lengths,
                                  const py::buffer& status, const py::buffer& native_flags,
                                  const py::buffer& python_flags, uint32_t no_native_bit, uint32_t marker_bit,
@@ -207,6 +218,64 @@ py::tuple slot_columns_binding(const py::buffer& source, const py::buffer& is_py
                         vector_bytes(columns.inlined), vector_bytes(columns.first_line));
 }
 
+py::tuple inline_rows_binding(const py::buffer& stack_id, const py::buffer& slot, const py::buffer& kind,
+                              const py::buffer& key_code, const py::buffer& address, const py::buffer& exact,
+                              const py::buffer& module_code, const py::buffer& function_code,
+                              const py::buffer& file_code, const py::buffer& line, const py::buffer& first_line,
+                              const py::buffer& inlined, const py::buffer& symbol_key_code,
+                              const py::buffer& symbol_address, const py::buffer& symbol_exact,
+                              const py::buffer& symbol_depth, int8_t python_kind, int8_t native_kind) {
+  py::buffer_info infos[16];
+  InlineRowsInput input;
+  input.stack_id = column<int64_t>(stack_id, infos[0], "stack_id");
+  input.slot = column<int32_t>(slot, infos[1], "slot");
+  input.kind = column<int8_t>(kind, infos[2], "kind");
+  input.key_code = column<int64_t>(key_code, infos[3], "key_code");
+  input.address = column<uint64_t>(address, infos[4], "address");
+  input.exact = column<uint8_t>(exact, infos[5], "exact");
+  input.module_code = column<int64_t>(module_code, infos[6], "module_code");
+  input.function_code = column<int64_t>(function_code, infos[7], "function_code");
+  input.file_code = column<int64_t>(file_code, infos[8], "file_code");
+  input.line = column<int32_t>(line, infos[9], "line");
+  input.first_line = column<int32_t>(first_line, infos[10], "first_line");
+  input.inlined = column<uint8_t>(inlined, infos[11], "inlined");
+  input.symbol_key_code = column<int64_t>(symbol_key_code, infos[12], "symbol_key_code");
+  input.symbol_address = column<uint64_t>(symbol_address, infos[13], "symbol_address");
+  input.symbol_exact = column<uint8_t>(symbol_exact, infos[14], "symbol_exact");
+  input.symbol_depth = column<int32_t>(symbol_depth, infos[15], "symbol_depth");
+  const ssize_t slots = infos[0].size;
+  for (int i = 1; i <= 10; ++i) {
+    if (infos[i].size != slots) throw py::value_error("slot columns of different lengths");
+  }
+  if (infos[11].size != 0 && infos[11].size != slots) {
+    throw py::value_error("inlined: expected one per slot, or none when no slot is inlined");
+  }
+  if (infos[11].size == 0) input.inlined = nullptr;
+  const ssize_t symbols = infos[12].size;
+  if (infos[13].size != symbols || infos[14].size != symbols || infos[15].size != symbols) {
+    throw py::value_error("symbols columns of different lengths");
+  }
+  input.slots = static_cast<size_t>(slots);
+  input.symbols = static_cast<size_t>(symbols);
+  input.python_kind = python_kind;
+  input.native_kind = native_kind;
+  InlineRows rows;
+  std::string problem;
+  {
+    py::gil_scoped_release unlocked;
+    try {
+      rows = inline_rows(input);
+    } catch (const std::length_error& error) {
+      problem = error.what();
+    }
+  }
+  if (!problem.empty()) throw py::value_error(problem);
+  return py::make_tuple(vector_array(std::move(rows.stack_id)), vector_array(std::move(rows.depth)),
+                        vector_array(std::move(rows.slot)), vector_array(std::move(rows.chain_depth)),
+                        vector_array(std::move(rows.frame)), vector_array(std::move(rows.frame_slot)),
+                        vector_array(std::move(rows.frame_symbol_row)));
+}
+
 py::tuple parquet_chunk_pages_binding(const py::buffer& data, int64_t start, int64_t end, bool has_dictionary,
                                       uint32_t encoding_mask) {
   const py::buffer_info info = integer_buffer(data, 1, "data", false);
@@ -279,6 +348,14 @@ void register_ingest_bindings(py::module_& m) {
         "The columns combined_slots shows of each slot of a combined order, in one pass: bytes of kind (int8), "
         "module row (int64), code row (int64), address (uint64), exact (uint8), line (int32), inlined (uint8), "
         "first line (int32).");
+  m.def("inline_rows", &inline_rows_binding, py::arg("stack_id"), py::arg("slot"), py::arg("kind"), py::arg("key_code"),
+        py::arg("address"), py::arg("exact"), py::arg("module_code"), py::arg("function_code"), py::arg("file_code"),
+        py::arg("line"), py::arg("first_line"), py::arg("inlined"), py::arg("symbol_key_code"),
+        py::arg("symbol_address"), py::arg("symbol_exact"), py::arg("symbol_depth"), py::arg("python_kind"),
+        py::arg("native_kind"),
+        "Inline expansion of slots (pipeline/stacks/layout.py's expand), integers only: numpy arrays of per-row "
+        "stack id (int64), depth, slot, chain depth and frame id (int32), and per frame the slot of its first row "
+        "and its symbols row (int64, -1 for a slot's own frame).");
   m.def("parquet_chunk_pages", &parquet_chunk_pages_binding, py::arg("data"), py::arg("start"), py::arg("end"),
         py::arg("has_dictionary"), py::arg("encoding_mask"),
         "The page headers of the Parquet column chunk data[start:end], checked against the footer's word on the "

@@ -22,6 +22,7 @@ from tbpipe.pipeline.stacks import identity, layout, order, render
 from tbpipe.pipeline.symbols.model import SymbolizedFrame
 from tbpipe.pipeline.symbols.modulekey import KeyKind, ModuleKey, _key_column, module_key_column
 from tbpipe.schemas import raw
+from tbpipe.schemas.lake import TABLES
 
 E = raw.NATIVE_FRAME_EVAL_LOOP
 M = raw.NATIVE_FRAME_MARKER
@@ -585,3 +586,157 @@ def test_distinct_rows_groups_equal_rows_exactly(exact_pass_only) -> None:
         assert ids[0] == ids[1] != ids[2]
     with pytest.raises(ValueError, match="multiple of the width"):
         _native.distinct_rows(np.zeros(10, np.uint8), 3)
+
+
+# ------------------------------------------------------------------------------------------ inline expansion
+
+
+def _random_slots_and_symbols(rng: random.Random, stacks: int) -> tuple[layout.Slots, pa.Table]:
+    """Slots of random stacks over a few modules (one undescribed, two paths of one build), and the
+    inline chains of some of their addresses (depths listed out of order, one module no slot names)."""
+    modules = [("/lib/a.so", "ka"), ("/lib/b.so", "kb"), ("/copy/b.so", "kb"), ("/lib/gone.so", None)]
+    columns: dict[str, list] = {name: [] for name in ("stack_id", "slot", *layout.FRAME_COLUMNS)}
+    for stack in range(stacks):
+        for slot in range(rng.randrange(1, 9)):
+            kind = rng.choice([layout.PYTHON, layout.NATIVE, layout.NATIVE, layout.MARKER])
+            path, key = rng.choice(modules) if kind == layout.NATIVE else (None, None)
+            python = kind == layout.PYTHON
+            stop = rng.choice([1, 2])
+            row = {
+                "stack_id": 10 + 3 * stack,
+                "slot": slot,
+                "kind": kind,
+                "function": rng.choice(["f", "g"])
+                if python
+                else (f"<stopped {stop}>" if kind == layout.MARKER else None),
+                "file": rng.choice(["x.py", "y.py"]) if python else None,
+                "line": rng.choice([3, 4]) if python else -1,
+                "first_line": rng.choice([1, 2]) if python else -1,
+                "module": path,
+                "module_key": key,
+                "address": rng.choice([0x10, 0x20, 0x30])
+                if kind == layout.NATIVE
+                else (stop if kind == layout.MARKER else 0),
+                "exact": kind == layout.NATIVE and rng.random() < 0.3,
+                "reason": f"reason {stop}" if kind == layout.MARKER else None,
+                "inlined": python and rng.random() < 0.2,
+            }
+            for name, value in row.items():
+                columns[name].append(value)
+    symbol_rows = []
+    for key in ("ka", "kb", "kz"):
+        for address in (0x10, 0x20):
+            for exact in (False, True):
+                if rng.random() < 0.7:
+                    depths = list(range(rng.randrange(1, 4)))
+                    rng.shuffle(depths)
+                    for depth in depths:
+                        symbol_rows.append(
+                            {
+                                "module_key": key,
+                                "address": address,
+                                "exact": exact,
+                                "depth": depth,
+                                "function": f"{key}:{address:x}:{int(exact)}:{depth}",
+                                "file": "lib.cc",
+                                "line": rng.choice([0, 7]),
+                                "inlined": depth > 0,
+                                "reason": None,
+                            }
+                        )
+    slots = layout.Slots(
+        stack_id=np.array(columns["stack_id"], np.int64),
+        slot=np.array(columns["slot"], np.int32),
+        kind=np.array(columns["kind"], np.int8),
+        function=pa.array(columns["function"], pa.string()),
+        file=pa.array(columns["file"], pa.string()),
+        line=np.array(columns["line"], np.int32),
+        first_line=np.array(columns["first_line"], np.int32),
+        module=pa.array(columns["module"], pa.string()),
+        module_key=pa.array(columns["module_key"], pa.string()),
+        address=np.array(columns["address"], np.uint64),
+        exact=np.array(columns["exact"], bool),
+        reason=pa.array(columns["reason"], pa.string()),
+        inlined=np.array(columns["inlined"], bool),
+    )
+    # The lake's symbols rows, with the unsigned addresses `expand` reads.
+    symbols = pa.Table.from_pylist(symbol_rows, schema=TABLES["symbols"].schema)
+    symbols = symbols.set_column(1, "address", symbols["address"].cast(pa.uint64()))
+    return slots, symbols
+
+
+def _expanded_by_definition(slots: layout.Slots, symbols: pa.Table) -> tuple[list[dict], list[tuple]]:
+    """Each slot's rows, slot by slot: a native slot whose (module key, address, exact) has symbols
+    rows becomes them by depth; any other slot is one row of its own. Also each row's identity: what
+    makes two rows one frame."""
+    chains: dict[tuple, list[tuple[int, dict]]] = {}
+    for index, row in enumerate(symbols.to_pylist()):
+        chains.setdefault((row["module_key"], row["address"], row["exact"]), []).append((index, row))
+    rows, identities = [], []
+    depth, previous = 0, None
+    for s in range(len(slots)):
+        stack_id = int(slots.stack_id[s])
+        depth = 0 if stack_id != previous else depth
+        previous = stack_id
+        kind = int(slots.kind[s])
+        module, key = slots.module[s].as_py(), slots.module_key[s].as_py()
+        address, exact, inlined = int(slots.address[s]), bool(slots.exact[s]), bool(slots.inlined[s])
+        chain = chains.get((key, address, exact), []) if kind == layout.NATIVE and key is not None else []
+        base = {"stack_id": stack_id, "slot": int(slots.slot[s])}
+        native = {"kind": "native", "module": module, "module_key": key, "address": address, "exact": exact}
+        for chain_depth, (index, symbol) in enumerate(sorted(chain, key=lambda item: item[1]["depth"])):
+            line = symbol["line"] if symbol["line"] > 0 else None
+            rows.append(
+                base
+                | native
+                | {"depth": depth, "chain_depth": chain_depth, "function": symbol["function"], "file": symbol["file"]}
+                | {"line": line, "first_line": None, "inlined": symbol["inlined"], "reason": symbol["reason"]}
+            )
+            identities.append(("chain", index, module, inlined))
+            depth += 1
+        if chain:
+            continue
+        own = base | {"depth": depth, "chain_depth": 0}
+        if kind == layout.PYTHON:
+            frame = {"kind": "python", "function": slots.function[s].as_py(), "file": slots.file[s].as_py()}
+            frame |= {"line": int(slots.line[s]), "first_line": int(slots.first_line[s]), "inlined": inlined}
+            frame |= {"module": None, "module_key": None, "address": None, "exact": None, "reason": None}
+        elif kind == layout.NATIVE:
+            reason = layout.NOT_SYMBOLIZED_REASON if key is not None else layout.NO_MODULE_REASON
+            frame = native | {"function": None, "file": None, "line": None, "first_line": None}
+            frame |= {"inlined": False, "reason": reason}
+        else:
+            frame = {"kind": "marker", "function": slots.function[s].as_py(), "file": None, "line": None}
+            frame |= {"first_line": None, "module": None, "module_key": None, "address": address, "exact": None}
+            frame |= {"inlined": False, "reason": slots.reason[s].as_py()}
+        rows.append(own | frame)
+        identities.append(("own", *sorted(frame.items(), key=lambda item: item[0])))
+        depth += 1
+    return rows, identities
+
+
+def test_inline_expansion_is_the_definition() -> None:
+    """`layout.expand` (one pass in the extension) against a slot-by-slot expansion: the same rows and
+    frames, one frame per distinct identity, frames numbered in order of first appearance, and each
+    stack's frame count and innermost symbolized frame."""
+    for seed in range(6):
+        slots, symbols = _random_slots_and_symbols(random.Random(seed), 40)
+        expanded = layout.expand(slots, symbols)
+        expected, identities = _expanded_by_definition(slots, symbols)
+        table = expanded.table()
+        assert table.select(list(expected[0])).to_pylist() == expected
+        frame = expanded.rows["frame"].to_numpy()
+        ids, first_row = np.unique(frame, return_index=True)
+        assert ids.tolist() == list(range(len(ids))) and np.all(np.diff(first_row) > 0)  # by first appearance
+        frame_of_identity: dict[tuple, int] = {}
+        for key, frame_id in zip(identities, frame.tolist()):
+            assert frame_of_identity.setdefault(key, frame_id) == frame_id
+        assert len(set(frame_of_identity.values())) == expanded.frames.num_rows == len(frame_of_identity)
+        stacks = sorted({row["stack_id"] for row in expected})
+        assert expanded.stack_order.tolist() == stacks
+        assert expanded.per_stack_frames.tolist() == [sum(r["stack_id"] == s for r in expected) for s in stacks]
+        innermost = [
+            next((r["depth"] for r in expected if r["stack_id"] == s and r["kind"] != "marker" and r["function"]), -1)
+            for s in stacks
+        ]
+        assert expanded.symbolized_depth.tolist() == innermost

@@ -77,10 +77,6 @@ def _flat(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
 
 
-def _starts(lengths: np.ndarray) -> np.ndarray:
-    return np.cumsum(lengths) - lengths
-
-
 def _take(values: pa.Array, rows: np.ndarray) -> pa.Array:
     """values[rows], null where rows < 0."""
     missing = rows < 0
@@ -269,26 +265,6 @@ def _distinct_rows(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(ids, dtype=np.int64), np.frombuffer(first, dtype=np.int64)
 
 
-def _distinct_groups(count: int, groups: list[tuple[np.ndarray, list[np.ndarray]]]) -> tuple[np.ndarray, np.ndarray]:
-    """`_distinct_rows` over `count` rows split into groups that never share a value, each group its
-    rows and their key columns: one id per distinct value, numbered in order of first appearance over
-    all the rows, and the first row of each."""
-    ids = np.empty(count, dtype=np.int64)
-    firsts, members = [], []
-    for rows, key in groups:
-        if len(rows):
-            group_ids, group_first = _distinct_rows(*key)
-            members.append((rows, group_ids, sum(len(f) for f in firsts)))
-            firsts.append(rows[group_first])
-    first = np.concatenate(firsts) if firsts else np.zeros(0, np.int64)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order))
-    for rows, group_ids, offset in members:
-        ids[rows] = rank[offset + group_ids]
-    return ids, first[order]
-
-
 @dataclass
 class Frames:
     """Laid-out stacks: a row per frame of each stack, and each distinct frame's content once."""
@@ -365,87 +341,55 @@ def distinct_native_slots(slots: Slots) -> np.ndarray:
 def expand(slots: Slots, symbols: pa.Table) -> Frames:
     """Stack rows: native slots replaced by their inline chains from `symbols`; each distinct frame once.
 
-    Only integers are computed per row; the text of a frame is taken once per distinct frame, found
-    by the codes that determine it (a symbols row and module path for a symbolized
-    native frame; module, address and reason for an unsymbolized one; function, file, line and first
-    line for a Python frame; the stop reason for a marker).
+    Only integers are computed per row, in one pass in the extension (native/inline_rows.cpp): a
+    native slot's chain is found by (module key, address, exact) and its rows get their symbols rows;
+    distinct frames are found by the codes that determine them (a symbols row and module path for a
+    symbolized native frame; module, address and reason for an unsymbolized one; function, file, line
+    and first line for a Python frame; the stop reason for a marker). The text of a frame is taken
+    once per distinct frame.
     """
-    n = len(slots)
-    native = slots.kind == NATIVE
     sym_build = symbols["module_key"].combine_chunks() if symbols.num_rows else pa.array([], pa.string())
     slot_keys = _flat(slots.module_key)
     slot_key_values = slot_keys.dictionary if pa.types.is_dictionary(slot_keys.type) else slot_keys
+    # One code per module key over slots and symbols rows, so that the two can be matched by integers.
     dictionary = pc.unique(
         pa.concat_arrays([sym_build.cast(pa.string()), slot_key_values.cast(pa.string())]).drop_null()
     )
     slot_codes = _index_in(slot_keys, dictionary)
     sym_codes = _index_in(sym_build, dictionary) if len(sym_build) else np.zeros(0, np.int64)
-    sym_address = symbols["address"].to_numpy() if symbols.num_rows else np.zeros(0, np.uint64)
-    sym_exact = symbols["exact"].to_numpy(zero_copy_only=False).astype(bool) if symbols.num_rows else np.zeros(0, bool)
-    sym_depth = symbols["depth"].to_numpy() if symbols.num_rows else np.zeros(0, np.int32)
 
-    # One id per distinct key over slots and symbols rows; chains = symbols rows sorted by (id, depth).
-    # Only native slots of a described module are looked up (the others get id 0, never used).
-    looked_up = native & (slot_codes >= 0)
-    looked = np.flatnonzero(looked_up)
-    ids, _ = _distinct_rows(
-        np.concatenate([slots.address[looked], sym_address]).astype(np.int64),
-        np.concatenate([slot_codes[looked] * 2 + slots.exact[looked], sym_codes * 2 + sym_exact]),
+    def symbol_column(name: str, dtype: type) -> np.ndarray:
+        if not symbols.num_rows:
+            return np.zeros(0, dtype)
+        return np.ascontiguousarray(symbols[name].to_numpy(zero_copy_only=False), dtype=dtype)
+
+    stack, depth, slot, chain_depth, frame_of_row, frame_slot, frame_sym_row = _native.inline_rows(
+        np.ascontiguousarray(slots.stack_id, dtype=np.int64),
+        np.ascontiguousarray(slots.slot, dtype=np.int32),
+        np.ascontiguousarray(slots.kind, dtype=np.int8),
+        slot_codes,
+        np.ascontiguousarray(slots.address, dtype=np.uint64),
+        np.ascontiguousarray(slots.exact, dtype=np.uint8),
+        _codes(slots.module),
+        _codes(slots.function),
+        _codes(slots.file),
+        np.ascontiguousarray(slots.line, dtype=np.int32),
+        np.ascontiguousarray(slots.first_line, dtype=np.int32),
+        np.zeros(0, np.uint8) if slots.inlined is None else np.ascontiguousarray(slots.inlined, dtype=np.uint8),
+        sym_codes,
+        symbol_column("address", np.uint64),
+        symbol_column("exact", np.uint8),
+        symbol_column("depth", np.int32),
+        PYTHON,
+        NATIVE,
     )
-    slot_ids = np.zeros(n, dtype=np.int64)
-    slot_ids[looked] = ids[: len(looked)]
-    sym_ids = ids[len(looked) :]
-    chain_length = np.bincount(sym_ids, minlength=int(ids.max()) + 1 if len(ids) else 0)
-    sym_order = np.lexsort((sym_depth, sym_ids))
-    chain_start = np.searchsorted(sym_ids[sym_order], np.arange(len(chain_length)))
-
-    has_chain = looked_up & (chain_length[slot_ids] > 0 if len(chain_length) else False)
-    lengths = np.where(has_chain, chain_length[slot_ids] if len(chain_length) else 1, 1).astype(np.int64)
-    owner = np.repeat(np.arange(n), lengths)
-    chain_depth = np.arange(len(owner), dtype=np.int64) - np.repeat(_starts(lengths), lengths)
-    stack = slots.stack_id[owner]
-    depth = np.arange(len(owner), dtype=np.int64) - _first_index(stack)
-
-    row_chain = has_chain[owner]
-    sym_row = np.where(
-        row_chain,
-        sym_order[np.minimum(chain_start[slot_ids[owner]] + chain_depth, len(sym_order) - 1)] if len(sym_order) else 0,
-        -1,
-    )
-
-    # Distinct frames, found with integers only: a row of an inline chain is its symbols row in its
-    # module; any other row is its slot's frame (a Python frame, a marker, an unsymbolized address),
-    # so those are told apart by their slots' columns. The three kinds never share a frame.
-    python_slot = slots.kind == PYTHON
-    module_code, function_code, file_code = _codes(slots.module), _codes(slots.function), _codes(slots.file)
-    chain_rows = np.flatnonzero(row_chain)
-    chain_key = [sym_row[chain_rows], module_code[owner[chain_rows]]]
-    if slots.inlined is not None:  # origin frames differ from the same line run for real
-        chain_key.append(slots.inlined[owner[chain_rows]])
-    own_rows = np.flatnonzero(~row_chain)
-    own_slots = owner[own_rows]
-    python_own = python_slot[own_slots]
-    python_rows, python_slots = own_rows[python_own], own_slots[python_own]
-    python_key = [function_code[python_slots], file_code[python_slots], slots.line[python_slots]]
-    python_key.append(slots.first_line[python_slots])
-    if slots.inlined is not None:
-        python_key.append(slots.inlined[python_slots])
-    other_rows, other_slots = own_rows[~python_own], own_slots[~python_own]
-    other_key = [
-        slots.address[other_slots].astype(np.int64),
-        module_code[other_slots] * (1 << 32) + slot_codes[other_slots],
-        slots.kind[other_slots].astype(np.int64) * 2 + slots.exact[other_slots],
-    ]
-    frame_of_row, representative = _distinct_groups(
-        len(owner), [(chain_rows, chain_key), (python_rows, python_key), (other_rows, other_key)]
-    )
-    frames, symbolized_frame = _frame_contents(slots, symbols, representative, owner, row_chain, sym_row, slot_codes)
+    frames, symbolized_frame = _frame_contents(slots, symbols, frame_slot, frame_sym_row, slot_codes)
 
     rows = pa.table(
         {
             "stack_id": pa.array(stack, pa.int64()),
             "depth": pa.array(depth, pa.int32()),
-            "slot": pa.array(slots.slot[owner], pa.int32()),
+            "slot": pa.array(slot, pa.int32()),
             "chain_depth": pa.array(chain_depth, pa.int32()),
             "frame": pa.array(frame_of_row, pa.int32()),
         }
@@ -462,17 +406,12 @@ def expand(slots: Slots, symbols: pa.Table) -> Frames:
 
 
 def _frame_contents(
-    slots: Slots,
-    symbols: pa.Table,
-    rows: np.ndarray,
-    owner: np.ndarray,
-    row_chain: np.ndarray,
-    sym_row: np.ndarray,
-    slot_codes: np.ndarray,
+    slots: Slots, symbols: pa.Table, owner: np.ndarray, sym_row: np.ndarray, slot_codes: np.ndarray
 ) -> tuple[pa.Table, np.ndarray]:
-    """The content of the frames at the given expanded rows (one per distinct frame), and whether each
-    has a function name (markers never count)."""
-    owner, chain, sym_row = owner[rows], row_chain[rows], sym_row[rows]
+    """The content of frames (one per distinct frame), each given by an expanded row showing it: the
+    row's slot and symbols row (-1 for a slot's own row); and whether each has a function name
+    (markers never count)."""
+    chain = sym_row >= 0
     kind_codes = slots.kind[owner]
     n_sym = symbols.num_rows
     slot_row = np.where(chain, -1, owner)
@@ -531,10 +470,3 @@ def _unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     )
     counts = np.diff(np.append(first, len(values)))
     return values[first], first, counts
-
-
-def _first_index(values: np.ndarray) -> np.ndarray:
-    """For contiguous runs of equal values: the index where each element's run starts."""
-    change = np.concatenate([[True], values[1:] != values[:-1]]) if len(values) else np.zeros(0, bool)
-    starts = np.flatnonzero(change)
-    return starts[np.cumsum(change) - 1]
