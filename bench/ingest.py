@@ -141,9 +141,10 @@ def _warm_symbols(runs_dir: Path, cache_dir: Path) -> None:
 LAYOUT, LOAD, PREPARE = "layout", "load", "prepare"
 RUNS = "tbpipe.pipeline.db.ingest.runs"
 STEPS = {LAYOUT: "lay out new stacks", LOAD: "load runs"}  # each part's own step
-# A transaction's events are loaded in the loading thread for the first transaction of a batch, and
-# on the events thread beside the transaction before it otherwise: the stage has a label for each.
-EVENTS_HERE = "load events + counts (first of a batch)"
+# A transaction's events are loaded on the events thread: beside the layout for a batch's first
+# transaction, beside the transaction before it otherwise; in the loading thread only for a
+# transaction begun again there (after a failure). The stage has a label for each.
+EVENTS_HERE = "load events + counts (in the loading thread)"
 EVENTS_BESIDE = "load events + counts (the events thread)"
 STAGES = [
     (RUNS, "open_database", "open the database (and migrate it)", None),

@@ -1169,8 +1169,9 @@ def test_the_next_transaction_loading_beside_changes_nothing_stored(tmp_path, sy
     db = tmp_path / "together.duckdb"
     summary = ingest(db, runs, cache=symbol_cache)
     assert summary.ok and summary.ingested == 7
-    # The first run's events load in the loading thread, every later run's beside the one before.
-    assert [name.startswith("tbpipe-events") for name in threads] == [False] + [True] * 6
+    # Every run's events load on the events thread: the first one's beside the layout, every later
+    # one's beside the run before.
+    assert [name.startswith("tbpipe-events") for name in threads] == [True] * 7
     monkeypatch.setattr(ingest_runs_module, "_events_phase", events_phase)
     _stored_alike(db, _ingested_one_by_one(tmp_path, runs, symbol_cache))
     assert rows(db, "SELECT count(*) FROM site_counts WHERE site_id IS NULL") == [(0,)]

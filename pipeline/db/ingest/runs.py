@@ -341,6 +341,7 @@ class RunLoader:
             try:
                 batch = self._lay_out(runs, progress)
             except _FramesUnreadable as unreadable:
+                self._abandon()  # the transaction begun during the layout
                 run = runs.pop(unreadable.index)
                 loaded[id(run)] = RunOutcome(run.run_dir, "quarantined", run_id=run.run_id, reason=unreadable.reason)
                 continue
@@ -365,7 +366,6 @@ class RunLoader:
         def runs_from(first: int) -> range:
             return range(first, min(first + (1 if first < alone_until else group), len(batch.runs)))
 
-        self._use_threads(1 if self._small(batch, group) else self._default_threads)
         try:
             while start < len(batch.runs):
                 runs = runs_from(start)
@@ -392,19 +392,31 @@ class RunLoader:
             self._abandon()
         return None
 
+    def _begin_during_layout(self, batch: Batch) -> None:
+        """Begins the batch's first transaction and loads its events in the worker thread while the
+        layout goes on: its events and their counts per stack need only the stack ids, and its site
+        counts are taken once the layout has sited the new stacks (`_load_runs`)."""
+        group = max(1, self.options.runs_per_transaction)
+        # DuckDB's threads for the batch, set before anything runs beside the loading thread.
+        self._use_threads(1 if self._small(batch, group) else self._default_threads)
+        if any(run.events for run in batch.runs):
+            self._begin(batch, range(0, min(group, len(batch.runs))), background=True, sites_pending=True)
+
     @staticmethod
     def _small(batch: Batch, group: int) -> bool:
         events = [run.events for run in batch.runs]
         return max(sum(events[i : i + group]) for i in range(0, len(events), group)) < ONE_THREAD_BELOW_EVENTS
 
-    def _begin(self, batch: Batch, runs: range, *, background: bool = False) -> None:
+    def _begin(self, batch: Batch, runs: range, *, background: bool = False, sites_pending: bool = False) -> None:
         """Opens the transaction of the runs `runs` on a connection no other one uses, and loads their
         events there (`_events_phase`): in the worker thread with `background`, else at once.
 
         What must follow run order is decided here, before: their run numbers, event ids and new
         event names' ids. A transaction begun in the background reads nothing the one before it
         writes (its names and stack ids are in memory), so it may run before that one commits."""
-        db = next(d for d in self._dbs if all(tx.db is not d for tx in self._open))
+        # The second connection first: a batch's first transaction is begun while the layout still
+        # reads and writes on the first (`_begin_during_layout`).
+        db = next(d for d in reversed(self._dbs) if all(tx.db is not d for tx in self._open))
         chosen = [batch.runs[i] for i in runs]
         # Numbers first, deletes after: a new run must not be given the number (or event ids) of a
         # run loaded again, whose rows the deletes take away.
@@ -419,7 +431,7 @@ class RunLoader:
                 replaced.append(run)
             else:
                 run.run_number = run_rows.next_run_numbers(db, 1)
-        tx = _Underway(runs, db, replaced, run_rows.plan_events(db, batch, runs))
+        tx = _Underway(runs, db, replaced, run_rows.plan_events(db, batch, runs), sites_pending=sites_pending)
         self._open.append(tx)
         db.con.execute("BEGIN TRANSACTION")
         tx.open = True
@@ -462,6 +474,9 @@ class RunLoader:
         if tx.events_loaded is not None:
             _events_loaded(tx)  # a failure leaves it in `_open`, for `_abandon`
         db = tx.db
+        if tx.counts is not None:  # begun during the layout: its sites are known now
+            insert_site_counts(db, tx.counts, batch.counted_sites)
+            tx.counts = None
         chosen = [batch.runs[i] for i in runs]
         part = batch.part_of(runs)
         self._open.remove(tx)
@@ -522,6 +537,7 @@ class RunLoader:
             run.new_stacks = int(count)
         # The folders of generated code the runs name, before any stack is sited: never a site.
         store_generated_code(self.db, [run.manifest for run in runs])
+        self._begin_during_layout(batch)
         if len(new_order):
             slots, shapes = self._slots(flat, new_ids, new_order)
             progress.describe(f"symbolizing the frames of {len(new_order):,} new stacks")
@@ -681,6 +697,10 @@ class _Underway:
     events: run_rows.EventsPlan
     open: bool = False  # its connection's transaction is open
     events_loaded: Future | None = None  # its events phase, when in the worker thread
+    # Begun while its batch was still being laid out: its site counts wait for the batch's sites,
+    # and its event counts (from the events phase) are kept for them until then.
+    sites_pending: bool = False
+    counts: pa.Table | None = None
 
 
 def _events_phase(batch: Batch, tx: _Underway) -> None:
@@ -696,7 +716,9 @@ def _events_phase(batch: Batch, tx: _Underway) -> None:
             for table in ("run_modules", "runs"):
                 db.delete(f"DELETE FROM {table} WHERE run_id = ?", [run.run_id])
         counts = run_rows.load_events(con, batch, tx.runs, tx.events)
-        if counts is not None:
+        if counts is not None and tx.sites_pending:
+            tx.counts = counts
+        elif counts is not None:
             insert_site_counts(db, counts, batch.counted_sites)
     except BaseException as error:
         tx.open = False
