@@ -66,12 +66,20 @@ def insert_frame_rows(db: IngestDb, frames: layout.Frames, ids: FrameIds, rows: 
         table = table.append_column("frame_id", pa.array(ids.ids[store], pa.int32()))
         table = table.append_column("frame_hash", pa.array(ids.hashes[store], pa.uint64()))
         db.insert("INSERT INTO frames BY NAME SELECT * FROM {}", table)
-    table = frames.rows.take(pa.array(rows))
+    table = _rows_at(frames.rows, rows)
     local = table["frame"].to_numpy()
     db.insert(
         "INSERT INTO stack_frame_rows BY NAME SELECT * FROM {}",
         table.set_column(table.column_names.index("frame"), "frame_id", pa.array(ids.ids[local], pa.int32())),
     )
+
+
+def _rows_at(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """table[rows] for increasing rows: a slice (no copy) when they are consecutive, as a run's rows
+    are when it brings in stacks numbered one after another."""
+    if len(rows) and rows[-1] - rows[0] + 1 == len(rows):
+        return table.slice(int(rows[0]), len(rows))
+    return table.take(pa.array(rows))
 
 
 def store_all_frame_rows(db: IngestDb, frames: layout.Frames) -> None:

@@ -158,7 +158,7 @@ def sites_for_counting(db: IngestDb, stored_stack_ids: np.ndarray, new: pa.Table
     """The `stack_sites` rows (`_COUNTED_SITE_COLUMNS`) of the stacks a batch's runs use, by stack
     id, for counting their sites in memory (`insert_site_counts`): those of stacks stored before the
     batch, read here, and `new`, the rows of the stacks it brings in (numbered after them)."""
-    ids = pa.table({"stack_id": pa.array(np.unique(stored_stack_ids), pa.int64())})
+    ids = pa.table({"stack_id": pa.array(_distinct_ids(stored_stack_ids), pa.int64())})
     db.register("ingest_stored_stacks", ids)
     try:
         stored = query_arrow(
@@ -175,6 +175,19 @@ def sites_for_counting(db: IngestDb, stored_stack_ids: np.ndarray, new: pa.Table
         if table is not None
     ]
     return pa.concat_tables(tables).combine_chunks()
+
+
+def _distinct_ids(ids: np.ndarray) -> np.ndarray:
+    """np.unique(ids) for ids numbered densely (stack ids): marked in an array over their range, one
+    pass instead of a sort of every use; a sort where the range is far wider than the ids."""
+    if not len(ids):
+        return np.asarray(ids, dtype=np.int64)
+    low, high = int(ids.min()), int(ids.max())
+    if high - low > 4 * len(ids) + (1 << 20):
+        return np.unique(ids)
+    seen = np.zeros(high - low + 1, dtype=bool)
+    seen[ids - low] = True
+    return np.flatnonzero(seen) + low
 
 
 def insert_site_counts(db: IngestDb, counts: pa.Table, stack_sites: pa.Table) -> None:
