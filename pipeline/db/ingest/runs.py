@@ -12,7 +12,9 @@ with `runs_per_transaction`, consecutive runs share one): its share of the new s
 frames (`rows`), its sites (`siting`), events and run row, each step one statement for all the
 transaction's runs. Two transactions are under way at a time, on two connections: the next one's
 events and their counts per stack and per site load on a worker thread while the loading thread
-inserts the current one's run rows, stacks and sites and commits it; they commit in order. A kill
+inserts the current one's run rows, stacks and sites and commits it; they commit in order. A
+batch's first transaction is begun while the batch is still laid out, its events loading beside the
+layout (its site counts wait for the sites). A kill
 at any point leaves the database as it was before the transactions under way; a run whose data
 fails to load is quarantined (a shared transaction that fails is tried again run by run to find
 it), the transaction begun beside it is rolled back, and the runs after it are laid out again
