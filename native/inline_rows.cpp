@@ -1,99 +1,66 @@
 #include "inline_rows.h"
 
+#include <algorithm>
 #include <array>
 #include <limits>
 #include <stdexcept>
 
 #include "distinct_rows.h"
-#include "hash_mix.h"
 
 namespace tbpipe {
 namespace {
 
-// The chain of each address: (module key code * 2 + exact, address) -> chain id, by open addressing.
-// The table holds the symbols rows' distinct addresses only, so it stays small and in cache.
-class AddressChains {
- public:
-  using Key = std::array<uint64_t, 2>;
-
-  int64_t find(const Key& key) const {
-    const uint64_t h = hash(key);
-    for (size_t at = h & mask_;; at = (at + 1) & mask_) {
-      const Entry& entry = table_[at];
-      if (entry.id < 0) return -1;
-      if (entry.key == key) return entry.id;
-    }
-  }
-
-  int64_t find_or_add(const Key& key) {
-    const uint64_t h = hash(key);
-    size_t at = h & mask_;
-    for (;; at = (at + 1) & mask_) {
-      const Entry& entry = table_[at];
-      if (entry.id < 0) break;
-      if (entry.key == key) return entry.id;
-    }
-    const auto id = static_cast<int64_t>(count_++);
-    table_[at] = Entry{key, id};
-    if (count_ * 2 > table_.size()) grow();
-    return id;
-  }
-
-  size_t size() const { return count_; }
-
- private:
-  struct Entry {
-    Key key{};
-    int64_t id = -1;  // -1: empty
-  };
-
-  static uint64_t hash(const Key& key) { return mix64(mix64(key[0]) ^ key[1]); }
-
-  void grow() {  // over half full: twice the size, entries placed again
-    std::vector<Entry> grown(table_.size() * 2);
-    mask_ = grown.size() - 1;
-    for (const Entry& entry : table_) {
-      if (entry.id < 0) continue;
-      size_t at = hash(entry.key) & mask_;
-      while (grown[at].id >= 0) at = (at + 1) & mask_;
-      grown[at] = entry;
-    }
-    table_.swap(grown);
-  }
-
-  std::vector<Entry> table_ = std::vector<Entry>(1024);
-  size_t count_ = 0;
-  size_t mask_ = 1023;
+// The inline chains: the symbols rows of each address, ordered by depth (ties kept in input order),
+// and the chain of each slot (-1: none, the slot is a row of its own).
+struct Chains {
+  std::vector<int64_t> start;    // per chain: where its rows begin in `rows` (one more at the end)
+  std::vector<int64_t> rows;     // symbols rows, chain after chain
+  std::vector<int32_t> of_slot;  // per slot
+  int64_t length(int64_t chain) const { return chain >= 0 ? start[chain + 1] - start[chain] : 1; }
 };
 
-AddressChains::Key address_key(int64_t key_code, bool exact, uint64_t address) {
+// An address in its module: (module key code * 2 + exact, address).
+using AddressKey = std::array<uint64_t, 2>;
+
+AddressKey address_key(int64_t key_code, bool exact, uint64_t address) {
   return {static_cast<uint64_t>(key_code) * 2 + (exact ? 1 : 0), address};
 }
 
-// The inline chains: the symbols rows of each address, ordered by depth (ties kept in input order).
-struct Chains {
-  AddressChains addresses;     // an id per distinct address: its chain
-  std::vector<int64_t> start;  // per chain: where its rows begin in `rows` (one more at the end)
-  std::vector<int64_t> rows;   // symbols rows, chain after chain
-};
+// One `distinct_rows` over the addresses of the symbols rows followed by those of the native slots:
+// ids come in order of first appearance, so the symbols rows' addresses take the first ids (one
+// per chain) and a slot whose id lies past them has no chain.
+Chains find_chains(const InlineRowsInput& input) {
+  std::vector<AddressKey> keys;
+  std::vector<int64_t> symbol_rows, looked_up;
+  for (size_t r = 0; r < input.symbols; ++r) {
+    if (input.symbol_key_code[r] < 0) continue;  // a module no slot names
+    symbol_rows.push_back(static_cast<int64_t>(r));
+    keys.push_back(address_key(input.symbol_key_code[r], input.symbol_exact[r] != 0, input.symbol_address[r]));
+  }
+  for (size_t s = 0; s < input.slots; ++s) {
+    if (input.kind[s] != input.native_kind || input.key_code[s] < 0) continue;
+    looked_up.push_back(static_cast<int64_t>(s));
+    keys.push_back(address_key(input.key_code[s], input.exact[s] != 0, input.address[s]));
+  }
+  std::vector<int64_t> ids(keys.size());
+  const std::vector<int64_t> first =
+      distinct_rows(reinterpret_cast<const uint8_t*>(keys.data()), keys.size(), sizeof(AddressKey), ids.data());
+  const auto count = static_cast<size_t>(
+      std::lower_bound(first.begin(), first.end(), static_cast<int64_t>(symbol_rows.size())) - first.begin());
 
-void build_chains(const InlineRowsInput& input, Chains& chains) {
-  std::vector<int64_t> chain_of(input.symbols, -1);
-  for (size_t r = 0; r < input.symbols; ++r) {
-    if (input.symbol_key_code[r] < 0) continue;
-    chain_of[r] = chains.addresses.find_or_add(
-        address_key(input.symbol_key_code[r], input.symbol_exact[r] != 0, input.symbol_address[r]));
+  Chains chains;
+  chains.of_slot.assign(input.slots, -1);
+  for (size_t k = 0; k < looked_up.size(); ++k) {
+    const int64_t id = ids[symbol_rows.size() + k];
+    if (id < static_cast<int64_t>(count)) chains.of_slot[static_cast<size_t>(looked_up[k])] = static_cast<int32_t>(id);
   }
-  const size_t count = chains.addresses.size();
   chains.start.assign(count + 1, 0);
-  for (int64_t chain : chain_of) {
-    if (chain >= 0) ++chains.start[static_cast<size_t>(chain) + 1];
-  }
+  for (size_t k = 0; k < symbol_rows.size(); ++k) ++chains.start[static_cast<size_t>(ids[k]) + 1];
   for (size_t c = 0; c < count; ++c) chains.start[c + 1] += chains.start[c];
-  chains.rows.resize(static_cast<size_t>(chains.start[count]));
+  chains.rows.resize(symbol_rows.size());
   std::vector<int64_t> fill(chains.start.begin(), chains.start.end() - 1);
-  for (size_t r = 0; r < input.symbols; ++r) {
-    if (chain_of[r] >= 0) chains.rows[static_cast<size_t>(fill[static_cast<size_t>(chain_of[r])]++)] = r;
+  for (size_t k = 0; k < symbol_rows.size(); ++k) {
+    chains.rows[static_cast<size_t>(fill[static_cast<size_t>(ids[k])]++)] = symbol_rows[k];
   }
   // Chains are a few rows long: an insertion sort by depth, stable.
   for (size_t c = 0; c < count; ++c) {
@@ -110,6 +77,7 @@ void build_chains(const InlineRowsInput& input, Chains& chains) {
       *to = row;
     }
   }
+  return chains;
 }
 
 // A slot's class: what determines the frames of its rows, packed in three words. Slots of one class
@@ -143,21 +111,14 @@ ClassKey class_key(const InlineRowsInput& input, size_t s, int64_t chain) {
 }  // namespace
 
 InlineRows inline_rows(const InlineRowsInput& input) {
-  Chains chains;
-  build_chains(input, chains);
+  const Chains chains = find_chains(input);
 
-  // Each slot's chain (-1: the slot is a row of its own) and class, and the rows in all.
-  std::vector<int32_t> chain_of_slot(input.slots, -1);
+  // Each slot's class, and the rows in all.
   std::vector<ClassKey> keys(input.slots);
   size_t total = 0;
   for (size_t s = 0; s < input.slots; ++s) {
-    int64_t chain = -1;
-    if (input.kind[s] == input.native_kind && input.key_code[s] >= 0) {
-      chain = chains.addresses.find(address_key(input.key_code[s], input.exact[s] != 0, input.address[s]));
-    }
-    chain_of_slot[s] = static_cast<int32_t>(chain);
-    keys[s] = class_key(input, s, chain);
-    total += chain >= 0 ? static_cast<size_t>(chains.start[chain + 1] - chains.start[chain]) : 1;
+    keys[s] = class_key(input, s, chains.of_slot[s]);
+    total += static_cast<size_t>(chains.length(chains.of_slot[s]));
   }
   if (total > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     throw std::length_error("too many stack rows in one batch for 32-bit depths and frame ids");
@@ -181,9 +142,9 @@ InlineRows inline_rows(const InlineRowsInput& input) {
   int32_t depth = 0;
   for (size_t s = 0; s < input.slots; ++s) {
     if (s > 0 && input.stack_id[s] != input.stack_id[s - 1]) depth = 0;
-    const int64_t chain = chain_of_slot[s];
+    const int64_t chain = chains.of_slot[s];
     const int64_t begin = chain >= 0 ? chains.start[chain] : 0;
-    const int64_t length = chain >= 0 ? chains.start[chain + 1] - begin : 1;
+    const int64_t length = chains.length(chain);
     int32_t& frame = first_frame[static_cast<size_t>(class_of_slot[s])];
     if (frame < 0) {
       frame = next_frame;

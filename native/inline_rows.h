@@ -1,7 +1,8 @@
 // Inline expansion of laid-out stacks (pipeline/stacks/layout.py's `expand`): each native slot whose
 // address the symbols rows know becomes its inline chain (innermost first), every other slot one row
-// of its own, and each row is given a distinct-frame id. One pass over the slots with two hash
-// tables, where numpy needed a sort of the symbols, several gathers per row and a hash of packed keys.
+// of its own, and each row is given a distinct-frame id. Two `distinct_rows` passes (the addresses
+// of symbols rows and slots, then the slots' classes) and one pass writing the rows, where numpy
+// needed a sort of the symbols, several gathers per row and a hash of packed keys per row.
 // Only integers are handled here; the frames' texts are taken in Arrow, once per distinct frame.
 #pragma once
 

@@ -6,12 +6,12 @@
 #include <vector>
 
 #include "frames.h"
+#include "hash_mix.h"
 
 namespace tbpipe {
 namespace {
 
-constexpr uint64_t kMul1 = 0xBF58476D1CE4E5B9ull;
-constexpr uint64_t kMul2 = 0x94D049BB133111EBull;
+constexpr uint64_t kMul1 = 0xBF58476D1CE4E5B9ull;  // also mix64's first multiplier (hash_mix.h)
 constexpr uint64_t kNativeBase = 0x9E3779B97F4A7C15ull;
 constexpr uint64_t kPythonBase = 0xC2B2AE3D27D4EB4Full;
 constexpr uint64_t kNativeTag = 0x165667B19E3779F9ull;
@@ -19,15 +19,6 @@ constexpr uint64_t kPythonTag = 0x27D4EB2F165667C5ull;
 constexpr uint64_t kStatusMul = 0xD6E8FEB86659FD93ull;
 constexpr uint64_t kLengthMul = 0xFF51AFD7ED558CCDull;
 constexpr uint64_t kMissing = 0x5BD1E9955BD1E995ull;
-
-inline uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= kMul1;
-  x ^= x >> 27;
-  x *= kMul2;
-  x ^= x >> 31;
-  return x;
-}
 
 // Open addressing from a 64-bit key to a row: the first row of each key wins, as a stable sort and
 // a left search do in the numpy version.

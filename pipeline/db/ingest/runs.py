@@ -719,7 +719,7 @@ def _events_phase(batch: Batch, tx: _Underway) -> None:
                 db.delete(f"DELETE FROM {table} WHERE run_id = ?", [run.run_id])
         counts = run_rows.load_events(con, batch, tx.runs, tx.events)
         if counts is not None and tx.sites_pending:
-            tx.counts = counts
+            tx.counts = counts  # inserted by `_load_runs` once the layout has sited the new stacks
         elif counts is not None:
             insert_site_counts(db, counts, batch.counted_sites)
     except BaseException as error:
