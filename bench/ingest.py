@@ -2,7 +2,8 @@
 
     python bench/ingest.py                      # 10M events, 100k unique stacks, 40 runs
     python bench/ingest.py --events 1000000 --stacks 20000 --runs 8
-    python bench/ingest.py --events 10000000 --stacks 20000 --runs 1000 --runs-per-transaction 64
+    python bench/ingest.py --events 10000000 --stacks 20000 --runs 1000   # a night of small runs
+    python bench/ingest.py --events 10000000 --stacks 20000 --runs 1000 --runs-per-transaction 1
 
 Steps, each timed:
 1. generate the runs (numpy; kept in --work and reused when the parameters match),
@@ -11,7 +12,8 @@ Steps, each timed:
    <= 15 s for 10M events in 1,000 runs),
    and, as the anchor, DuckDB alone copying the same events Parquet into a table (target: the
    ingest within 2x of it); then the same copy made in a transaction per run, as the ingest loads
-   by default: a floor under the ingest, which stores each run's stacks, counts and sites besides,
+   with --runs-per-transaction 1: the floor under that mode (by default small runs share a
+   transaction), which stores each run's stacks, counts and sites besides,
 4. ingest again (every run already present),
 5. `call_sites` top-20 over all events (target <= 0.5 s), cold and warm,
 6. database bytes per event, against the raw runs' (target: no more).
@@ -49,7 +51,10 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--keep-db", action="store_true", help="keep the database (WORK/bench.duckdb)")
     parser.add_argument("--stages", action="store_true", help="print where the ingest's time goes, per stage")
     parser.add_argument(
-        "--runs-per-transaction", type=int, default=1, help="as tbpipe ingest --runs-per-transaction [default: 1]"
+        "--runs-per-transaction",
+        type=int,
+        default=None,
+        help="as tbpipe ingest --runs-per-transaction [default: as the ingest, small runs together]",
     )
     parser.add_argument(
         "--no-written-hashes",
@@ -305,7 +310,9 @@ class _StageTimes:
                 self._line(label, 1, self.wall[label], note)
 
 
-def _ingest(runs_dir: Path, db: Path, cache_dir: Path, label: str, stages: bool = False, per_transaction: int = 1):
+def _ingest(
+    runs_dir: Path, db: Path, cache_dir: Path, label: str, stages: bool = False, per_transaction: int | None = None
+):
     import resource
 
     from tbpipe.pipeline.db import IngestOptions, ingest_runs
@@ -452,7 +459,10 @@ def main() -> None:
     db = args.work / "bench.duckdb"
     for path in (db, db.with_name(db.name + ".wal")):
         path.unlink(missing_ok=True)
-    label = "ingest" if args.runs_per_transaction == 1 else f"ingest, {args.runs_per_transaction} runs a transaction"
+    per_transaction = args.runs_per_transaction
+    label = {None: "ingest", 1: "ingest, a transaction per run"}.get(
+        per_transaction, f"ingest, {per_transaction} runs a transaction"
+    )
     summary, seconds = _ingest(runs_dir, db, cache_dir, label, args.stages, args.runs_per_transaction)
     _ingest(runs_dir, db, cache_dir, "re-ingest")
     copy_seconds, copy_cpu = _duckdb_copy(runs_dir, args.work)

@@ -42,9 +42,10 @@ def run_with_double(double: Path, cwd: Path, body: str, *, env: dict[str, str] |
     return run_python(PRELUDE + textwrap.dedent(body), cwd=cwd, env=full_env, timeout=timeout)
 
 
-def ingest(runs: Path, db: Path, symbol_cache: Path) -> subprocess.CompletedProcess:
+def ingest(runs: Path, db: Path, symbol_cache: Path, *options: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, TBPIPE_CACHE_DIR=str(symbol_cache))
-    return subprocess.run([*TBPIPE, "ingest", str(runs), "--db", str(db)], capture_output=True, text=True, env=env)
+    command = [*TBPIPE, "ingest", str(runs), "--db", str(db), *options]
+    return subprocess.run(command, capture_output=True, text=True, env=env)
 
 
 def rows(con, sql: str, params=None) -> list[dict]:
@@ -534,7 +535,9 @@ def test_runs_of_the_previous_raw_version_are_still_ingested(workload, tmp_path:
     _copy_run(run.path, runs, "20250101T000000-1-00000005", 2, keep_gpu=True)
     assert read_run(runs / "20250101T000000-1-00000001").tables["gpu_activity"].num_rows == 0
     db = tmp_path / "mixed.duckdb"
-    loaded = ingest(runs, db, symbol_cache)
+    loaded = ingest(
+        runs, db, symbol_cache, "--runs-per-transaction", "1"
+    )  # each run's events by a statement of its own
     assert loaded.returncode == 1, loaded.stdout + loaded.stderr  # some runs quarantined, the others loaded
     con = duckdb.connect(str(db), read_only=True)
     try:

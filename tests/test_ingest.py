@@ -933,14 +933,73 @@ def test_killed_ingest_loses_the_run_loading_beside_the_one_in_progress(tmp_path
 def _ingested_alone(tmp_path: Path, runs: Path, cache: Path) -> Path:
     """The runs ingested one transaction per run, into a database of their own."""
     db = tmp_path / "alone.duckdb"
-    ingest(db, runs, cache=cache)
+    ingest(db, runs, cache=cache, runs_per_transaction=1)
     return db
+
+
+def test_small_runs_share_a_transaction_up_to_its_events_and_a_big_run_goes_alone() -> None:
+    """By default consecutive runs share a transaction while they hold at most EVENTS_PER_TRANSACTION
+    events together; a run at or past it (or past what is left) starts one of its own, and runs
+    without events add none. `runs_per_transaction` overrides that with a count."""
+    from tbpipe.pipeline.db.ingest.runs import EVENTS_PER_TRANSACTION, transaction_end
+
+    def groups(events: list[int], per_transaction: int | None = None) -> list[int]:
+        sizes, first = [], 0
+        while first < len(events):
+            end = transaction_end(events, first, per_transaction)
+            assert end > first
+            sizes.append(end - first)
+            first = end
+        return sizes
+
+    budget = EVENTS_PER_TRANSACTION
+    small = budget // 25
+    assert groups([small] * 60) == [25, 25, 10]
+    assert groups([small, budget, small, small]) == [1, 1, 2]
+    assert groups([small, budget - small, 1, 0, 0]) == [2, 3]
+    assert groups([budget * 4, small, small]) == [1, 2]
+    assert groups([0] * 70) == [70]
+    assert groups([small] * 7, 3) == [3, 3, 1]
+    assert groups([budget * 4] * 3, 2) == [2, 1]
+    assert groups([small] * 4, 1) == [1, 1, 1, 1]
+
+
+def _transaction_sizes(monkeypatch) -> list[int]:
+    """The number of runs of each transaction the ingests load from now on, in order."""
+    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
+
+    sizes: list[int] = []
+    load_runs = ingest_runs_module.RunLoader._load_runs
+
+    def counted(self, batch, chosen):
+        sizes.append(len(chosen))
+        return load_runs(self, batch, chosen)
+
+    monkeypatch.setattr(ingest_runs_module.RunLoader, "_load_runs", counted)
+    return sizes
+
+
+def test_small_runs_share_transactions_by_default_and_load_as_runs_alone(tmp_path, symbol_cache, monkeypatch) -> None:
+    """The default ingest of a night of small runs loads them in shared transactions, and stores
+    exactly what an ingest of one transaction per run does; with runs past the budget, each goes alone."""
+    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
+
+    runs = tmp_path / "runs"
+    _synthetic_night(runs, 7)  # 1,000 events a run
+    groups = _transaction_sizes(monkeypatch)
+    db = tmp_path / "default.duckdb"
+    summary = ingest(db, runs, cache=symbol_cache)
+    assert summary.ok and summary.ingested == 7
+    assert groups == [7]
+    assert snapshot(db, exclude_ingest_times=True) == snapshot(_ingested_alone(tmp_path, runs, symbol_cache), True)
+    groups.clear()
+    monkeypatch.setattr(ingest_runs_module, "EVENTS_PER_TRANSACTION", 1500)
+    assert ingest(tmp_path / "small-budget.duckdb", runs, cache=symbol_cache).ingested == 7
+    assert groups == [1] * 7
 
 
 def test_runs_sharing_a_transaction_load_as_runs_alone(tmp_path, symbol_cache, monkeypatch) -> None:
     from support.synthetic import SyntheticConfig, generate
-
-    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
 
     runs = tmp_path / "runs"
     # Runs that bring in new stacks, symbols, modules and event names of their own, and share others.
@@ -948,14 +1007,7 @@ def test_runs_sharing_a_transaction_load_as_runs_alone(tmp_path, symbol_cache, m
         runs,
         SyntheticConfig(runs=7, events=7000, unique_stacks=400, native_addresses=600, code_objects=120, max_modules=6),
     )
-    groups = []
-    load_runs = ingest_runs_module.RunLoader._load_runs
-
-    def counted(self, batch, chosen):
-        groups.append(len(chosen))
-        return load_runs(self, batch, chosen)
-
-    monkeypatch.setattr(ingest_runs_module.RunLoader, "_load_runs", counted)
+    groups = _transaction_sizes(monkeypatch)
     db = tmp_path / "grouped.duckdb"
     summary = ingest(db, runs, cache=symbol_cache, runs_per_transaction=3)
     assert summary.ok and summary.ingested == 7 and summary.events == 7000
@@ -1153,7 +1205,8 @@ def test_the_next_transaction_loading_beside_changes_nothing_stored(tmp_path, sy
     """While a transaction inserts its stacks and sites and commits, the next one's events load on a
     second connection, which cannot see the first one's rows (it began before they were committed):
     the site counts of stacks the run before brought in, the event names and modules it added, the
-    ids given after its own must still come out as when every run is ingested alone."""
+    ids given after its own must still come out as when every run is ingested alone. A transaction
+    per run, so that there is a next one for each run."""
     from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
 
     runs = tmp_path / "runs"
@@ -1167,7 +1220,7 @@ def test_the_next_transaction_loading_beside_changes_nothing_stored(tmp_path, sy
 
     monkeypatch.setattr(ingest_runs_module, "_events_phase", noted)
     db = tmp_path / "together.duckdb"
-    summary = ingest(db, runs, cache=symbol_cache)
+    summary = ingest(db, runs, cache=symbol_cache, runs_per_transaction=1)
     assert summary.ok and summary.ingested == 7
     # Every run's events load on the events thread: the first one's beside the layout, every later
     # one's beside the run before.
@@ -1360,7 +1413,7 @@ def test_runs_loaded_together_number_what_they_add_as_one_by_one(tmp_path, good_
     def ingest_both(statuses: list[str]) -> None:
         summary = ingest(grouped, runs, cache=symbol_cache, runs_per_transaction=4)
         assert [o.status for o in summary.outcomes] == statuses
-        ingest(alone, runs, cache=symbol_cache)
+        ingest(alone, runs, cache=symbol_cache, runs_per_transaction=1)
         assert snapshot(grouped, exclude_ingest_times=True) == snapshot(alone, exclude_ingest_times=True)
 
     for name in ("a", "c"):

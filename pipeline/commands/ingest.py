@@ -44,13 +44,14 @@ def register(app: typer.Typer) -> None:
         progress: bool | None = typer.Option(
             None, "--progress/--no-progress", help="Progress bar (default: on a terminal)."
         ),
-        runs_per_transaction: int = typer.Option(
-            1,
+        runs_per_transaction: int | None = typer.Option(
+            None,
             "--runs-per-transaction",
             min=1,
-            help="Load up to N runs in one transaction: a night of small runs goes in several times faster, "
-            "each run still whole or not at all, but a kill loses the runs of the two transactions under way "
-            "(the next ingest loads them).",
+            help="Load N consecutive runs in each transaction; 1: a transaction per run, so that a kill loses "
+            "no run already loaded. By default small runs share one up to 250k events (a night of small runs "
+            "goes in twice as fast) and a big run goes alone. Each run goes in whole or not at all either way; "
+            "a kill loses the runs of the two transactions under way, which the next ingest loads.",
         ),
         engine: str = typer.Option(
             "duckdb",
@@ -61,7 +62,7 @@ def register(app: typer.Typer) -> None:
         master: str | None = typer.Option(None, "--master", help="Spark master URL (default: local[*])."),
         conf: list[str] | None = typer.Option(None, "--conf", help="Spark setting KEY=VALUE; repeatable."),
     ) -> None:
-        """Load captured runs into the database: one transaction per run (or per N runs), damaged runs quarantined."""
+        """Load captured runs into the database: each run whole or not at all (small runs share a transaction), damaged runs quarantined."""
         from tbpipe.pipeline.db import IngestOptions, ingest_runs
         from tbpipe.pipeline.reports.ingest_summary import render_ingest_summary
 

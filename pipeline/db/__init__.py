@@ -4,7 +4,7 @@
     summary = ingest_runs([Path("runs")], IngestOptions(db_path=Path("tbpipe.duckdb")))
 
 `schema` loads the packaged SQL (migrations, views, macros), `connection` opens the file and
-serializes writers, `ingest` loads run directories (one transaction per run, over the stack stage
+serializes writers, `ingest` loads run directories (each run whole or not at all, over the stack stage
 `tbpipe.pipeline.stacks`), `read` serves `show`, `runs` and the demo.
 """
 

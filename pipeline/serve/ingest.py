@@ -2,7 +2,7 @@
 
 Jobs come from the watcher (run folders that appeared or changed under `--watch` folders) and from
 uploads (`POST /api/runs`). Each job is one `ingest_runs` call, exactly what `tbpipe ingest` does
-(validation, quarantine, one transaction per run), inside `ServedDatabase.writing()`. Jobs are
+(validation, quarantine, each run whole or not at all), inside `ServedDatabase.writing()`. Jobs are
 kept (the last `KEEP_JOBS`) so that `GET /api/ingest/jobs/{id}` can say what came of each run.
 """
 

@@ -1,6 +1,6 @@
-"""`tbpipe ingest`: run directories into the database, one transaction per run.
+"""`tbpipe ingest`: run directories into the database, each run whole or not at all.
 
-- `runs`      the flow: find run folders; per run read, lay out and load it (one transaction)
+- `runs`      the flow: find run folders; per run read, lay out and load it (in a transaction, small runs sharing one)
 - `outcomes`  options, what happened to each run, the summary the CLI prints
 - `symbols`   symbols for new frames, and old frames redone when better debug info turns up
 - `siting`    which Python files are user code, and the call site of every stack

@@ -21,12 +21,14 @@ class IngestOptions:
     # A run folder whose manifest is lost is quarantined; with this, what its parts hold is loaded
     # as an incomplete run (rawrun.recovered_manifest), the folder left as it is.
     recover_manifests: bool = False
-    # Runs loaded in one transaction (consecutive runs of a batch). 1: each run alone, so that a kill
-    # loses no run already loaded. More: a night of small runs pays the per-transaction costs (the
-    # commit above all) once per group; each run still goes in whole or not at all, a kill loses the
-    # group in progress (the next ingest loads it), and a group whose data fails is loaded again run
-    # by run to quarantine the run at fault.
-    runs_per_transaction: int = 1
+    # Runs loaded in one transaction (consecutive runs of a batch). None (the default): consecutive
+    # runs share one while together they hold at most `runs.EVENTS_PER_TRANSACTION` events, so a
+    # night of small runs pays the per-transaction costs (the commit above all) once per group, a
+    # big run goes alone, and a kill loses at most that many events' work (the next ingest loads
+    # them). 1: each run alone, a kill loses no run already loaded. Either way each run goes in whole
+    # or not at all, and a group whose data fails is loaded again run by run to quarantine the run
+    # at fault.
+    runs_per_transaction: int | None = None
 
 
 @dataclass

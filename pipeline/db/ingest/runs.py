@@ -7,10 +7,11 @@ incomplete is loaded again once its files changed), and flatten and hash its sta
 read without their frames, by the hashes its capture wrote (raw schema 4). Runs are then laid out in batches (a big run alone, small runs together, so a
 night of a thousand small runs does not pay a thousand times for each step): find which stacks the
 database does not know yet, symbolize their new addresses (`symbols`) and lay out their frames
-(`stacks.layout`) once for the batch. Then each run is loaded in one transaction of its own (or,
-with `runs_per_transaction`, consecutive runs share one): its share of the new symbols, stacks and
-frames (`rows`), its sites (`siting`), events and run row, each step one statement for all the
-transaction's runs. Two transactions are under way at a time, on two connections: the next one's
+(`stacks.layout`) once for the batch. Then its runs are loaded in transactions: consecutive runs
+share one up to `EVENTS_PER_TRANSACTION` events and a big run goes alone (or, with
+`runs_per_transaction`, that many runs share one; 1 for a transaction per run). A transaction loads
+its runs' share of the new symbols, stacks and frames (`rows`), their sites (`siting`), events and
+run rows, each step one statement for all of them. Two transactions are under way at a time, on two connections: the next one's
 events and their counts per stack and per site load on a worker thread while the loading thread
 inserts the current one's run rows, stacks and sites and commits it; they commit in order. A
 batch's first transaction is begun while the batch is still laid out, its events loading beside the
@@ -103,6 +104,12 @@ PREPARE_THREADS = max(1, min(4, os.cpu_count() or 1))
 # other cores prepare the next runs. Bigger transactions keep DuckDB's threads (their events insert
 # and counts scale with them).
 ONE_THREAD_BELOW_EVENTS = 100_000
+# By default consecutive runs share a transaction up to this many events (a run past it goes alone).
+# A transaction's fixed costs (its commit, a run row, each statement's planning and the opening of
+# its Parquet parts) came to about 28 ms of CPU here, more than loading 10k events: 1,000 runs of
+# 10k events took 31-37 s at one transaction each, 20 s at 8 a transaction and 14.5 s at 25. A
+# kill loses the two transactions under way: at this size under a second of the ingest's work.
+EVENTS_PER_TRANSACTION = 250_000
 
 
 def ingest_runs(
@@ -332,13 +339,11 @@ class RunLoader:
 
     def load(self, items: list[PreparedRun | RunOutcome], progress: RunProgress) -> list[RunOutcome]:
         """Outcomes of the batch's runs, in order. The batch is laid out together (stack ids, symbols,
-        frames), then its runs are loaded in transactions of `runs_per_transaction` runs (one each
-        by default). When a transaction of several runs fails on its data, its runs are loaded again
-        one by one; when one run fails, it is quarantined and the runs after it are laid out again
+        frames), then its runs are loaded in transactions (`_transaction_end`). When a transaction
+        of several runs fails on its data, its runs are loaded again one by one; when one run fails, it is quarantined and the runs after it are laid out again
         without it."""
         runs = [item for item in items if isinstance(item, PreparedRun)]
         loaded: dict[int, RunOutcome] = {}
-        group = max(1, self.options.runs_per_transaction)
         while runs:
             try:
                 batch = self._lay_out(runs, progress)
@@ -347,16 +352,14 @@ class RunLoader:
                 run = runs.pop(unreadable.index)
                 loaded[id(run)] = RunOutcome(run.run_dir, "quarantined", run_id=run.run_id, reason=unreadable.reason)
                 continue
-            failed = self._load_groups(batch, group, loaded, progress)
+            failed = self._load_groups(batch, loaded, progress)
             runs = runs[failed + 1 :] if failed is not None else []  # stacks it would have brought in: laid out again
             if batch.frames is not None:
                 self._count_frames(batch.frames)
         return [loaded[id(item)] if isinstance(item, PreparedRun) else item for item in items]
 
-    def _load_groups(
-        self, batch: Batch, group: int, loaded: dict[int, RunOutcome], progress: RunProgress
-    ) -> int | None:
-        """Loads the batch's runs, `group` to a transaction; the index of the first run that failed
+    def _load_groups(self, batch: Batch, loaded: dict[int, RunOutcome], progress: RunProgress) -> int | None:
+        """Loads the batch's runs, a transaction for each group (`_transaction_end`); the index of the first run that failed
         on its data (quarantined; the runs after it are not loaded), else None.
 
         Two transactions are under way at a time, on two connections: while one inserts its
@@ -366,7 +369,7 @@ class RunLoader:
         start = alone_until = 0
 
         def runs_from(first: int) -> range:
-            return range(first, min(first + (1 if first < alone_until else group), len(batch.runs)))
+            return range(first, first + 1 if first < alone_until else self._transaction_end(batch, first))
 
         try:
             while start < len(batch.runs):
@@ -398,16 +401,24 @@ class RunLoader:
         """Begins the batch's first transaction and loads its events in the worker thread while the
         layout goes on: its events and their counts per stack need only the stack ids, and its site
         counts are taken once the layout has sited the new stacks (`_load_runs`)."""
-        group = max(1, self.options.runs_per_transaction)
         # DuckDB's threads for the batch, set before anything runs beside the loading thread.
-        self._use_threads(1 if self._small(batch, group) else self._default_threads)
+        self._use_threads(1 if self._small(batch) else self._default_threads)
         if any(run.events for run in batch.runs):
-            self._begin(batch, range(0, min(group, len(batch.runs))), background=True, sites_pending=True)
+            self._begin(batch, range(0, self._transaction_end(batch, 0)), background=True, sites_pending=True)
 
-    @staticmethod
-    def _small(batch: Batch, group: int) -> bool:
-        events = [run.events for run in batch.runs]
-        return max(sum(events[i : i + group]) for i in range(0, len(events), group)) < ONE_THREAD_BELOW_EVENTS
+    def _transaction_end(self, batch: Batch, first: int) -> int:
+        """The end (exclusive) of the transaction that begins with the batch's run `first`."""
+        return transaction_end([run.events for run in batch.runs], first, self.options.runs_per_transaction)
+
+    def _small(self, batch: Batch) -> bool:
+        """Whether every transaction of the batch holds fewer than ONE_THREAD_BELOW_EVENTS events."""
+        first = 0
+        while first < len(batch.runs):
+            end = self._transaction_end(batch, first)
+            if sum(run.events for run in batch.runs[first:end]) >= ONE_THREAD_BELOW_EVENTS:
+                return False
+            first = end
+        return True
 
     def _begin(self, batch: Batch, runs: range, *, background: bool = False, sites_pending: bool = False) -> None:
         """Opens the transaction of the runs `runs` on a connection no other one uses, and loads their
@@ -818,6 +829,19 @@ def _numpy_without_huge_pages() -> Iterator[None]:
         yield
     finally:
         setting(before)
+
+
+def transaction_end(events: Sequence[int], first: int, runs_per_transaction: int | None = None) -> int:
+    """The end (exclusive) of the transaction that begins with run `first` of runs holding `events`
+    events each: `runs_per_transaction` runs when given, else as many consecutive runs as hold at
+    most EVENTS_PER_TRANSACTION events together (at least the first)."""
+    if runs_per_transaction is not None:
+        return min(first + max(1, runs_per_transaction), len(events))
+    end, total = first + 1, events[first]
+    while end < len(events) and total + events[end] <= EVENTS_PER_TRANSACTION:
+        total += events[end]
+        end += 1
+    return end
 
 
 def checkpoint_at_close(con: Any) -> bool:
