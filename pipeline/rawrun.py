@@ -386,6 +386,24 @@ def _null_count(metadata: pq.FileMetaData, column: str) -> int | None:
     return total
 
 
+def _references_described(metadata: pq.FileMetaData, column: str, described: np.ndarray) -> bool:
+    """Whether the footer's statistics show every value of `column` (an integer reference, never
+    NULL) within a range all of whose values are in `described` (sorted, distinct): per row group,
+    its min and max, and every value between them described. False when a row group has no such
+    statistics, or a value outside (a frame flagged as a marker holds -1: its frames are then read)."""
+    schema = metadata.schema
+    index = next(i for i in range(len(schema)) if schema.column(i).path == column)
+    for group in range(metadata.num_row_groups):
+        statistics = metadata.row_group(group).column(index).statistics
+        if statistics is None or not statistics.has_min_max or statistics.null_count:
+            return False
+        low, high = int(statistics.min), int(statistics.max)
+        inside = np.searchsorted(described, high, side="right") - np.searchsorted(described, low)
+        if inside != high - low + 1:
+            return False
+    return True
+
+
 def read_tables(files: dict[str, list[Path]], names: tuple[str, ...]) -> dict[str, pa.Table]:
     """The named tables of a run, each its parts concatenated (an empty table when it has none)."""
     tables = {}
@@ -423,13 +441,21 @@ def read_stack_keys(
     if not all_stored(np.concatenate([column["stack_hash"].to_numpy() for column in hashes])):
         return None
     code = [_read_columns(path, "code", ["code_id"]) for path in files["code"]]
+    modules = read_tables(files, ("modules",))["modules"]
+    # The native frames' module references, decoded only when the parts' statistics cannot show
+    # that each one is a module the run describes (most runs: they can). Code ids are hashes,
+    # which no range shows described: they are always read.
+    described = np.unique(modules["module_index"].to_numpy())
+    columns = STACK_KEY_COLUMNS
+    if all(_references_described(metadata, "native.list.element.module", described) for _, _, metadata in parts):
+        columns = [name for name in columns if not name.startswith("native.")]
     stacks = [
-        _columns_of(*part, STACK_KEY_COLUMNS).append_column("stack_hash", column["stack_hash"])
+        _columns_of(*part, columns).append_column("stack_hash", column["stack_hash"])
         for part, column in zip(parts, hashes)
     ]
     return {
         "stacks": pa.concat_tables(stacks),
-        "modules": read_tables(files, ("modules",))["modules"],
+        "modules": modules,
         "code": pa.concat_tables(code) if code else pa.table({"code_id": pa.array([], pa.uint64())}),
     }
 
@@ -505,11 +531,14 @@ def reference_problems(tables: dict[str, pa.Table]) -> list[str]:
             found = pc.sum(pc.is_in(stack_ids, value_set=stacks["stack_id"].combine_chunks())).as_py() or 0
             if len(stack_ids) - found:
                 problems.append(f"{len(stack_ids) - found} events refer to stacks the run does not hold")
-    missing = _frames_missing(
-        stacks["native"], "module", tables["modules"]["module_index"], skip_flag=NATIVE_FRAME_MARKER
-    )
-    if missing:
-        problems.append(f"{missing} native frames refer to modules the run does not describe")
+    # A run read without its frames (`read_stack_keys`) leaves the native references out when the
+    # parts' statistics show every one of them described.
+    if "native" in stacks.column_names:
+        missing = _frames_missing(
+            stacks["native"], "module", tables["modules"]["module_index"], skip_flag=NATIVE_FRAME_MARKER
+        )
+        if missing:
+            problems.append(f"{missing} native frames refer to modules the run does not describe")
     missing = _frames_missing(stacks["python"], "code_id", tables["code"]["code_id"])
     if missing:
         problems.append(f"{missing} Python frames refer to code objects the run does not describe")

@@ -1142,6 +1142,29 @@ def test_runs_read_without_their_frames_are_still_checked(tmp_path, good_run, sy
     assert rows(db, "SELECT sum(new_stacks) FROM runs WHERE run_id LIKE '%whole'") == [(0,)]
 
 
+def test_module_references_are_shown_described_by_statistics_only_when_they_are(tmp_path) -> None:
+    """A run read without its frames skips decoding its native frames' module references when the
+    footer's statistics show each one described (`_references_described`): every value between a
+    row group's min and max must be a described module, and a part without statistics is decoded."""
+    import numpy as np
+
+    from tbpipe.pipeline.rawrun import _references_described
+
+    def footer(groups: list[list[int]], statistics: bool = True) -> pq.FileMetaData:
+        path = tmp_path / f"part-{len(list(tmp_path.iterdir()))}.parquet"
+        table = pa.table({"module": pa.array([m for group in groups for m in group], pa.int32())})
+        pq.write_table(table, path, row_group_size=len(groups[0]), write_statistics=statistics)
+        return pq.read_metadata(path)
+
+    described = np.arange(6)
+    assert _references_described(footer([[0, 5, 2], [1, 1, 3]]), "module", described)
+    assert not _references_described(footer([[0, 5, 2], [1, 6, 3]]), "module", described)  # 6: none
+    assert not _references_described(footer([[0, -1, 2]]), "module", described)  # a marker's -1
+    assert not _references_described(footer([[0, 5, 2]]), "module", np.array([0, 1, 2, 4, 5]))  # 3 lost
+    assert _references_described(footer([[2, 4, 3]]), "module", np.array([0, 2, 3, 4]))
+    assert not _references_described(footer([[0, 5, 2]], statistics=False), "module", described)
+
+
 def _events_without_their_stack(run_dir: Path) -> None:
     """One event of the run's first events part names a stack the run does not hold."""
 
