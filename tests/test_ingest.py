@@ -962,6 +962,11 @@ def test_small_runs_share_a_transaction_up_to_its_events_and_a_big_run_goes_alon
     assert groups([small] * 7, 3) == [3, 3, 1]
     assert groups([budget * 4] * 3, 2) == [2, 1]
     assert groups([small] * 4, 1) == [1, 1, 1, 1]
+    # The CLI's help (which does not import the ingest) says the same budget.
+    shown = subprocess.run(
+        [*TBPIPE, "ingest", "--help"], capture_output=True, text=True, env=dict(os.environ, COLUMNS="200")
+    )
+    assert f"share one up to {budget // 1000}k events" in _words(shown.stdout.replace("│", " "))
 
 
 def _transaction_sizes(monkeypatch) -> list[int]:
