@@ -1,25 +1,28 @@
-"""The ingest's flow: find run folders; read and validate each; load them in batches, one transaction each.
+"""The ingest's flow: find run folders; read and validate each; load them in batches and transactions.
 
 Per run: validate it (`rawrun`: manifest, every part's footer, schema and page checksums; a damaged
-run is quarantined and the others go on), skip it when the database already has it (a run ingested while
-incomplete is loaded again once its files changed), and flatten and hash its stacks
+run is quarantined and the others go on), skip it when the database already has it (a run ingested
+while incomplete is loaded again once its files changed), and flatten and hash its stacks
 (`stacks.flatten`); a run whose stacks the database holds already, or a run before it brings in, is
-read without their frames, by the hashes its capture wrote (raw schema 4). Runs are then laid out in batches (a big run alone, small runs together, so a
-night of a thousand small runs does not pay a thousand times for each step): find which stacks the
-database does not know yet, symbolize their new addresses (`symbols`) and lay out their frames
-(`stacks.layout`) once for the batch. Then its runs are loaded in transactions: consecutive runs
-share one up to `EVENTS_PER_TRANSACTION` events and a big run goes alone (or, with
-`runs_per_transaction`, that many runs share one; 1 for a transaction per run). A transaction loads
-its runs' share of the new symbols, stacks and frames (`rows`), their sites (`siting`), events and
-run rows, each step one statement for all of them. Two transactions are under way at a time, on two connections: the next one's
-events and their counts per stack and per site load on a worker thread while the loading thread
-inserts the current one's run rows, stacks and sites and commits it; they commit in order. A
-batch's first transaction is begun while the batch is still laid out, its events loading beside the
-layout (its site counts wait for the sites). A kill
-at any point leaves the database as it was before the transactions under way; a run whose data
-fails to load is quarantined (a shared transaction that fails is tried again run by run to find
-it), the transaction begun beside it is rolled back, and the runs after it are laid out again
-without it. The ingest lock keeps two ingests apart.
+read without their frames, by the hashes its capture wrote (raw schema 4). Runs are then laid out
+in batches (a big run alone, small runs together, so a night of a thousand small runs does not pay
+a thousand times for each step): find which stacks the database does not know yet, symbolize their
+new addresses (`symbols`) and lay out their frames (`stacks.layout`) once for the batch.
+
+Then its runs are loaded in transactions: consecutive runs share one up to `EVENTS_PER_TRANSACTION`
+events and a big run goes alone (or, with `runs_per_transaction`, that many runs share one; 1 for a
+transaction per run). A transaction loads its runs' share of the new symbols, stacks and frames
+(`rows`), their sites (`siting`), events and run rows, each step one statement for all of them. Two
+transactions are under way at a time, on two connections: the next one's events and their counts
+per stack and per site load on a worker thread while the loading thread inserts the current one's
+run rows, stacks and sites and commits it; they commit in order. A batch's first transaction is
+begun while the batch is still laid out, its events loading beside the layout (its site counts wait
+for the sites).
+
+Each run goes in whole or not at all: a kill at any point leaves the database as it was before the
+transactions under way; a run whose data fails to load is quarantined (a shared transaction that
+fails is tried again run by run to find it), the transaction begun beside it is rolled back, and
+the runs after it are laid out again without it. The ingest lock keeps two ingests apart.
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ ONE_THREAD_BELOW_EVENTS = 100_000
 # A transaction's fixed costs (its commit, a run row, each statement's planning and the opening of
 # its Parquet parts) came to about 28 ms of CPU here, more than loading 10k events: 1,000 runs of
 # 10k events took 31-37 s at one transaction each, 20 s at 8 a transaction and 14.5 s at 25. A
-# kill loses the two transactions under way: at this size under a second of the ingest's work.
+# kill loses the two transactions under way: at this size about a second of the ingest's work.
 EVENTS_PER_TRANSACTION = 250_000
 
 
@@ -340,8 +343,8 @@ class RunLoader:
     def load(self, items: list[PreparedRun | RunOutcome], progress: RunProgress) -> list[RunOutcome]:
         """Outcomes of the batch's runs, in order. The batch is laid out together (stack ids, symbols,
         frames), then its runs are loaded in transactions (`_transaction_end`). When a transaction
-        of several runs fails on its data, its runs are loaded again one by one; when one run fails, it is quarantined and the runs after it are laid out again
-        without it."""
+        of several runs fails on its data, its runs are loaded again one by one; when one run
+        fails, it is quarantined and the runs after it are laid out again without it."""
         runs = [item for item in items if isinstance(item, PreparedRun)]
         loaded: dict[int, RunOutcome] = {}
         while runs:
@@ -359,8 +362,9 @@ class RunLoader:
         return [loaded[id(item)] if isinstance(item, PreparedRun) else item for item in items]
 
     def _load_groups(self, batch: Batch, loaded: dict[int, RunOutcome], progress: RunProgress) -> int | None:
-        """Loads the batch's runs, a transaction for each group (`_transaction_end`); the index of the first run that failed
-        on its data (quarantined; the runs after it are not loaded), else None.
+        """Loads the batch's runs, a transaction for each group (`_transaction_end`); the index of
+        the first run that failed on its data (quarantined; the runs after it are not loaded), else
+        None.
 
         Two transactions are under way at a time, on two connections: while one inserts its
         stacks, sites and run rows and commits (one statement after another, mostly on one core),
