@@ -23,7 +23,7 @@ import pyarrow as pa
 import pytest
 from conftest import TBPIPE, run_python
 from support.cupti_double import PRELUDE, build_double
-from support.runs import read_run, read_runs, rewrite_as_raw_version
+from support.runs import read_run, read_runs, rewrite_as_raw_version, transaction_sizes
 
 from tbpipe.pipeline.db import IngestOptions, ingest_runs, open_database
 from tbpipe.schemas import raw
@@ -474,6 +474,30 @@ def _copy_run(source: Path, target_root: Path, run_id: str, version: int, *, kee
     (target / "manifest.json").write_text(json.dumps(manifest))
     rewrite_as_raw_version(target, version)
     return target
+
+
+def test_gpu_records_count_in_the_rows_that_runs_share_a_transaction_by(
+    workload, tmp_path: Path, symbol_cache: Path, monkeypatch
+) -> None:
+    """Small runs share a transaction up to ROWS_PER_TRANSACTION rows, their GPU activity records
+    with their events: two runs whose events fit the budget together, but not with their records,
+    go in one each; with room for both, together."""
+    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
+
+    _result, run, _con = workload
+    runs = tmp_path / "runs"
+    for number in (1, 2):
+        _copy_run(run.path, runs, f"20250101T000000-1-0000000{number}", raw.RAW_SCHEMA_VERSION, keep_gpu=True)
+    tables = read_run(runs / "20250101T000000-1-00000001").tables
+    events, records = tables["events"].num_rows, tables["gpu_activity"].num_rows + tables["gpu_graph_nodes"].num_rows
+    assert events and records
+    sizes = transaction_sizes(monkeypatch)
+    for budget, expected in ((2 * events, [1, 1]), (2 * (events + records), [2])):
+        sizes.clear()
+        monkeypatch.setattr(ingest_runs_module, "ROWS_PER_TRANSACTION", budget)
+        options = IngestOptions(db_path=tmp_path / f"budget-{budget}.duckdb", cache_dir=symbol_cache, progress=False)
+        assert ingest_runs([runs], options).ingested == 2
+        assert sizes == expected, budget
 
 
 def test_a_database_of_schema_9_gets_the_correlation_ids_out_of_the_attributes(workload, tmp_path: Path) -> None:

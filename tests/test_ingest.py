@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from conftest import TBPIPE
-from support.runs import read_run
+from support.runs import read_run, transaction_sizes
 
 from tbpipe import capture
 from tbpipe.pipeline.db import IngestOptions, IngestSummary, ingest_runs, open_database
@@ -938,10 +938,10 @@ def _ingested_alone(tmp_path: Path, runs: Path, cache: Path) -> Path:
 
 
 def test_small_runs_share_a_transaction_up_to_its_events_and_a_big_run_goes_alone() -> None:
-    """By default consecutive runs share a transaction while they hold at most EVENTS_PER_TRANSACTION
-    events together; a run at or past it (or past what is left) starts one of its own, and runs
-    without events add none. `runs_per_transaction` overrides that with a count."""
-    from tbpipe.pipeline.db.ingest.runs import EVENTS_PER_TRANSACTION, transaction_end
+    """By default consecutive runs share a transaction while they load at most ROWS_PER_TRANSACTION
+    rows together; a run at or past it (or past what is left) starts one of its own, and runs
+    without rows add none. `runs_per_transaction` overrides that with a count."""
+    from tbpipe.pipeline.db.ingest.runs import ROWS_PER_TRANSACTION, transaction_end
 
     def groups(events: list[int], per_transaction: int | None = None) -> list[int]:
         sizes, first = [], 0
@@ -952,7 +952,7 @@ def test_small_runs_share_a_transaction_up_to_its_events_and_a_big_run_goes_alon
             first = end
         return sizes
 
-    budget = EVENTS_PER_TRANSACTION
+    budget = ROWS_PER_TRANSACTION
     small = budget // 25
     assert groups([small] * 60) == [25, 25, 10]
     assert groups([small, budget, small, small]) == [1, 1, 2]
@@ -966,22 +966,7 @@ def test_small_runs_share_a_transaction_up_to_its_events_and_a_big_run_goes_alon
     shown = subprocess.run(
         [*TBPIPE, "ingest", "--help"], capture_output=True, text=True, env=dict(os.environ, COLUMNS="200")
     )
-    assert f"share one up to {budget // 1000}k events" in _words(shown.stdout.replace("│", " "))
-
-
-def _transaction_sizes(monkeypatch) -> list[int]:
-    """The number of runs of each transaction the ingests load from now on, in order."""
-    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
-
-    sizes: list[int] = []
-    load_runs = ingest_runs_module.RunLoader._load_runs
-
-    def counted(self, batch, chosen):
-        sizes.append(len(chosen))
-        return load_runs(self, batch, chosen)
-
-    monkeypatch.setattr(ingest_runs_module.RunLoader, "_load_runs", counted)
-    return sizes
+    assert f"share one up to {budget // 1000}k rows" in _words(shown.stdout.replace("│", " "))
 
 
 def test_small_runs_share_transactions_by_default_and_load_as_runs_alone(tmp_path, symbol_cache, monkeypatch) -> None:
@@ -991,14 +976,14 @@ def test_small_runs_share_transactions_by_default_and_load_as_runs_alone(tmp_pat
 
     runs = tmp_path / "runs"
     _synthetic_night(runs, 7)  # 1,000 events a run
-    groups = _transaction_sizes(monkeypatch)
+    groups = transaction_sizes(monkeypatch)
     db = tmp_path / "default.duckdb"
     summary = ingest(db, runs, cache=symbol_cache)
     assert summary.ok and summary.ingested == 7
     assert groups == [7]
     assert snapshot(db, exclude_ingest_times=True) == snapshot(_ingested_alone(tmp_path, runs, symbol_cache), True)
     groups.clear()
-    monkeypatch.setattr(ingest_runs_module, "EVENTS_PER_TRANSACTION", 1500)
+    monkeypatch.setattr(ingest_runs_module, "ROWS_PER_TRANSACTION", 1500)
     assert ingest(tmp_path / "small-budget.duckdb", runs, cache=symbol_cache).ingested == 7
     assert groups == [1] * 7
 
@@ -1012,7 +997,7 @@ def test_runs_sharing_a_transaction_load_as_runs_alone(tmp_path, symbol_cache, m
         runs,
         SyntheticConfig(runs=7, events=7000, unique_stacks=400, native_addresses=600, code_objects=120, max_modules=6),
     )
-    groups = _transaction_sizes(monkeypatch)
+    groups = transaction_sizes(monkeypatch)
     db = tmp_path / "grouped.duckdb"
     summary = ingest(db, runs, cache=symbol_cache, runs_per_transaction=3)
     assert summary.ok and summary.ingested == 7 and summary.events == 7000

@@ -49,8 +49,8 @@ def register(app: typer.Typer) -> None:
             "--runs-per-transaction",
             min=1,
             help="Load N consecutive runs in each transaction; 1: a transaction per run, so that a kill loses "
-            "no run already loaded. By default small runs share one up to 250k events (a night of small runs "
-            "goes in twice as fast) and a big run goes alone. Each run goes in whole or not at all either way; "
+            "no run already loaded. By default small runs share one up to 250k rows, events and GPU activity "
+            "records together (a night of small runs goes in twice as fast), and a big run goes alone. Each run goes in whole or not at all either way; "
             "a kill loses the runs of the two transactions under way, which the next ingest loads.",
         ),
         engine: str = typer.Option(

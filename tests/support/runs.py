@@ -79,3 +79,18 @@ def rewrite_as_raw_version(run_dir: Path, version: int) -> None:
     manifest = json.loads(manifest_path.read_text())
     manifest["schema_version"] = version
     manifest_path.write_text(json.dumps(manifest))
+
+
+def transaction_sizes(monkeypatch: Any) -> list[int]:
+    """The number of runs in each transaction that ingests in this process load from now on, in order."""
+    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
+
+    sizes: list[int] = []
+    load_runs = ingest_runs_module.RunLoader._load_runs
+
+    def counted(self, batch, chosen):
+        sizes.append(len(chosen))
+        return load_runs(self, batch, chosen)
+
+    monkeypatch.setattr(ingest_runs_module.RunLoader, "_load_runs", counted)
+    return sizes

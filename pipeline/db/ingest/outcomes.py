@@ -22,10 +22,10 @@ class IngestOptions:
     # as an incomplete run (rawrun.recovered_manifest), the folder left as it is.
     recover_manifests: bool = False
     # Runs loaded in one transaction (consecutive runs of a batch). None (the default): consecutive
-    # runs share one while together they hold at most `runs.EVENTS_PER_TRANSACTION` events, so a
-    # night of small runs pays the per-transaction costs (the commit above all) once per group, a
-    # big run goes alone, and a kill loses at most that many events' work (the next ingest loads
-    # them). 1: each run alone, a kill loses no run already loaded. Either way each run goes in whole
+    # runs share one while together they load at most `runs.ROWS_PER_TRANSACTION` rows (events and
+    # GPU activity records), so a night of small runs pays the per-transaction costs (the commit
+    # above all) once per group, a big run goes alone, and a kill loses at most that many rows' work
+    # (the next ingest loads them). 1: each run alone, a kill loses no run already loaded. Either way each run goes in whole
     # or not at all, and a group whose data fails is loaded again run by run to quarantine the run
     # at fault.
     runs_per_transaction: int | None = None

@@ -44,6 +44,7 @@ class PreparedRun:
     notes: list[str]
     replace: bool  # the database holds an earlier, incomplete load of this run
     gpu_files: dict[str, list[Path]] = field(default_factory=dict)  # GPU activity parts, by table (ingest/gpu.py)
+    gpu_rows: int = 0  # the rows of those parts
     run_number: int = 0  # set when the batch is loaded
     new_stacks: int = 0  # stacks this run brings into the database
     stacks_used: int = 0
@@ -69,6 +70,11 @@ class PreparedRun:
     @property
     def events(self) -> int:
         return sum(rows for _path, rows in self.event_files)
+
+    @property
+    def rows(self) -> int:
+        """The rows its transaction loads, by the tables that grow with the run: events and GPU activity."""
+        return self.events + self.gpu_rows
 
 
 @dataclass

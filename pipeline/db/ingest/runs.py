@@ -9,8 +9,8 @@ in batches (a big run alone, small runs together, so a night of a thousand small
 a thousand times for each step): find which stacks the database does not know yet, symbolize their
 new addresses (`symbols`) and lay out their frames (`stacks.layout`) once for the batch.
 
-Then its runs are loaded in transactions: consecutive runs share one up to `EVENTS_PER_TRANSACTION`
-events and a big run goes alone (or, with `runs_per_transaction`, that many runs share one; 1 for a
+Then its runs are loaded in transactions: consecutive runs share one up to `ROWS_PER_TRANSACTION`
+events and GPU records, and a big run goes alone (or, with `runs_per_transaction`, that many runs share one; 1 for a
 transaction per run). A transaction loads its runs' share of the new symbols, stacks and frames
 (`rows`), their sites (`siting`), events and run rows, each step one statement for all of them. Two
 transactions are under way at a time, on two connections: the next one's events and their counts
@@ -107,12 +107,13 @@ PREPARE_THREADS = max(1, min(4, os.cpu_count() or 1))
 # other cores prepare the next runs. Bigger transactions keep DuckDB's threads (their events insert
 # and counts scale with them).
 ONE_THREAD_BELOW_EVENTS = 100_000
-# By default consecutive runs share a transaction up to this many events (a run past it goes alone).
+# By default consecutive runs share a transaction up to this many rows, events and GPU activity
+# records together (`PreparedRun.rows`; a run past it goes alone).
 # A transaction's fixed costs (its commit, a run row, each statement's planning and the opening of
 # its Parquet parts) came to about 28 ms of CPU here, more than loading 10k events: 1,000 runs of
 # 10k events took 31-37 s at one transaction each, 20 s at 8 a transaction and 14.5 s at 25. A
 # kill loses the two transactions under way: at this size about a second of the ingest's work.
-EVENTS_PER_TRANSACTION = 250_000
+ROWS_PER_TRANSACTION = 250_000
 
 
 def ingest_runs(
@@ -273,7 +274,8 @@ class RunLoader:
         if present is not None:
             return present
         try:
-            gpu_files = {table: [p for p in files[table] if verify_part(p, table) >= 0] for table in run_gpu.GPU_TABLES}
+            gpu_rows = {path: verify_part(path, table) for table in run_gpu.GPU_TABLES for path in files[table]}
+            gpu_files = {table: list(files[table]) for table in run_gpu.GPU_TABLES}
             position = self._positions.get(run_dir, len(self._positions))
             known = self._read_known_stacks(files, position)
             tables = known or read_tables(files, STACK_TABLES)
@@ -304,6 +306,7 @@ class RunLoader:
             notes,
             replace=run_id in self._loaded,
             gpu_files=gpu_files,
+            gpu_rows=sum(gpu_rows.values()),
             event_names=sorted(set().union(*(part.names for part in events))),
             events_without_stack=sum(part.without_stack for part in events),
             parts_without_correlation={p for p, part in zip(files["events"], events) if not part.correlation_column},
@@ -412,7 +415,7 @@ class RunLoader:
 
     def _transaction_end(self, batch: Batch, first: int) -> int:
         """The end (exclusive) of the transaction that begins with the batch's run `first`."""
-        return transaction_end([run.events for run in batch.runs], first, self.options.runs_per_transaction)
+        return transaction_end([run.rows for run in batch.runs], first, self.options.runs_per_transaction)
 
     def _small(self, batch: Batch) -> bool:
         """Whether every transaction of the batch holds fewer than ONE_THREAD_BELOW_EVENTS events."""
@@ -835,15 +838,15 @@ def _numpy_without_huge_pages() -> Iterator[None]:
         setting(before)
 
 
-def transaction_end(events: Sequence[int], first: int, runs_per_transaction: int | None = None) -> int:
-    """The end (exclusive) of the transaction that begins with run `first` of runs holding `events`
-    events each: `runs_per_transaction` runs when given, else as many consecutive runs as hold at
-    most EVENTS_PER_TRANSACTION events together (at least the first)."""
+def transaction_end(rows: Sequence[int], first: int, runs_per_transaction: int | None = None) -> int:
+    """The end (exclusive) of the transaction that begins with run `first` of runs that load `rows`
+    rows each: `runs_per_transaction` runs when given, else as many consecutive runs as load at most
+    ROWS_PER_TRANSACTION rows together (at least the first)."""
     if runs_per_transaction is not None:
-        return min(first + max(1, runs_per_transaction), len(events))
-    end, total = first + 1, events[first]
-    while end < len(events) and total + events[end] <= EVENTS_PER_TRANSACTION:
-        total += events[end]
+        return min(first + max(1, runs_per_transaction), len(rows))
+    end, total = first + 1, rows[first]
+    while end < len(rows) and total + rows[end] <= ROWS_PER_TRANSACTION:
+        total += rows[end]
         end += 1
     return end
 
