@@ -31,6 +31,24 @@ const T* column(const py::buffer& buffer, py::buffer_info& info, const char* wha
   return static_cast<const T*>(info.ptr);
 }
 
+// `work()` run without the GIL. An `Error` it throws (what damaged input makes the step throw) comes
+// back as a ValueError, raised once the GIL is held again.
+template <typename Error, typename Work>
+auto unlocked_or_value_error(Work&& work) -> decltype(work()) {
+  decltype(work()) result;
+  std::string problem;
+  {
+    py::gil_scoped_release unlocked;
+    try {
+      result = work();
+    } catch (const Error& error) {
+      problem = error.what();
+    }
+  }
+  if (!problem.empty()) throw py::value_error(problem);
+  return result;
+}
+
 // List offsets must rise and stay inside the frame columns: a damaged part must not read past them.
 void check_offsets(const int32_t* offsets, ssize_t count, ssize_t frames, const char* what) {
   if (count < 1) throw py::value_error(std::string(what) + ": no offsets");
@@ -202,17 +220,7 @@ py::tuple slot_columns_binding(const py::buffer& source, const py::buffer& is_py
   input.python_kind = python_kind;
   input.native_kind = native_kind;
   input.marker_kind = marker_kind;
-  SlotColumns columns;
-  std::string problem;
-  {
-    py::gil_scoped_release unlocked;
-    try {
-      columns = slot_columns(input);
-    } catch (const std::out_of_range& error) {
-      problem = error.what();
-    }
-  }
-  if (!problem.empty()) throw py::value_error(problem);
+  const SlotColumns columns = unlocked_or_value_error<std::out_of_range>([&] { return slot_columns(input); });
   return py::make_tuple(vector_bytes(columns.kind), vector_bytes(columns.module_row), vector_bytes(columns.code_row),
                         vector_bytes(columns.address), vector_bytes(columns.exact), vector_bytes(columns.line),
                         vector_bytes(columns.inlined), vector_bytes(columns.first_line));
@@ -259,17 +267,7 @@ py::tuple inline_rows_binding(const py::buffer& stack_id, const py::buffer& slot
   input.symbols = static_cast<size_t>(symbols);
   input.python_kind = python_kind;
   input.native_kind = native_kind;
-  InlineRows rows;
-  std::string problem;
-  {
-    py::gil_scoped_release unlocked;
-    try {
-      rows = inline_rows(input);
-    } catch (const std::length_error& error) {
-      problem = error.what();
-    }
-  }
-  if (!problem.empty()) throw py::value_error(problem);
+  InlineRows rows = unlocked_or_value_error<std::length_error>([&] { return inline_rows(input); });
   return py::make_tuple(vector_array(std::move(rows.stack_id)), vector_array(std::move(rows.depth)),
                         vector_array(std::move(rows.slot)), vector_array(std::move(rows.chain_depth)),
                         vector_array(std::move(rows.frame)), vector_array(std::move(rows.frame_slot)),

@@ -372,11 +372,16 @@ def dangling_events_note(count: int) -> str:
     return f"{count} events refer to stacks the run does not hold: their stack is NULL"
 
 
+def _column_index(metadata: pq.FileMetaData, column: str) -> int:
+    """The index of a leaf column (its Parquet path, such as "native.list.element.module") in the footer."""
+    schema = metadata.schema
+    return next(i for i in range(len(schema)) if schema.column(i).path == column)
+
+
 def _null_count(metadata: pq.FileMetaData, column: str) -> int | None:
     """The column's NULLs over every row group, as the footer's statistics count them; None when a
     row group has no such count."""
-    schema = metadata.schema
-    index = next(i for i in range(len(schema)) if schema.column(i).path == column)
+    index = _column_index(metadata, column)
     total = 0
     for group in range(metadata.num_row_groups):
         statistics = metadata.row_group(group).column(index).statistics
@@ -391,8 +396,7 @@ def _references_described(metadata: pq.FileMetaData, column: str, described: np.
     NULL) within a range all of whose values are in `described` (sorted, distinct): per row group,
     its min and max, and every value between them described. False when a row group has no such
     statistics, or a value outside (a frame flagged as a marker holds -1: its frames are then read)."""
-    schema = metadata.schema
-    index = next(i for i in range(len(schema)) if schema.column(i).path == column)
+    index = _column_index(metadata, column)
     for group in range(metadata.num_row_groups):
         statistics = metadata.row_group(group).column(index).statistics
         if statistics is None or not statistics.has_min_max or statistics.null_count:

@@ -10,14 +10,14 @@ a thousand times for each step): find which stacks the database does not know ye
 new addresses (`symbols`) and lay out their frames (`stacks.layout`) once for the batch.
 
 Then its runs are loaded in transactions: consecutive runs share one up to `ROWS_PER_TRANSACTION`
-events and GPU records, and a big run goes alone (or, with `runs_per_transaction`, that many runs share one; 1 for a
-transaction per run). A transaction loads its runs' share of the new symbols, stacks and frames
-(`rows`), their sites (`siting`), events and run rows, each step one statement for all of them. Two
-transactions are under way at a time, on two connections: the next one's events and their counts
-per stack and per site load on a worker thread while the loading thread inserts the current one's
-run rows, stacks and sites and commits it; they commit in order. A batch's first transaction is
-begun while the batch is still laid out, its events loading beside the layout (its site counts wait
-for the sites).
+events and GPU records, and a big run goes alone (or, with `runs_per_transaction`, that many runs
+share one; 1 for a transaction per run). A transaction loads its runs' share of the new symbols,
+stacks and frames (`rows`), their sites (`siting`), events and run rows, each step one statement for
+all of them. Two transactions are under way at a time, on two connections: the next one's events and
+their counts per stack and per site load on a worker thread while the loading thread inserts the
+current one's run rows, stacks and sites and commits it; they commit in order. A batch's first
+transaction is begun while the batch is still laid out, its events loading beside the layout (its
+site counts wait for the sites).
 
 Each run goes in whole or not at all: a kill at any point leaves the database as it was before the
 transactions under way; a run whose data fails to load is quarantined (a shared transaction that
@@ -274,7 +274,8 @@ class RunLoader:
         if present is not None:
             return present
         try:
-            gpu_rows = {path: verify_part(path, table) for table in run_gpu.GPU_TABLES for path in files[table]}
+            # Every GPU part checked here (DuckDB reads them without their page checksums).
+            gpu_rows = sum(verify_part(path, table) for table in run_gpu.GPU_TABLES for path in files[table])
             gpu_files = {table: list(files[table]) for table in run_gpu.GPU_TABLES}
             position = self._positions.get(run_dir, len(self._positions))
             known = self._read_known_stacks(files, position)
@@ -306,7 +307,7 @@ class RunLoader:
             notes,
             replace=run_id in self._loaded,
             gpu_files=gpu_files,
-            gpu_rows=sum(gpu_rows.values()),
+            gpu_rows=gpu_rows,
             event_names=sorted(set().union(*(part.names for part in events))),
             events_without_stack=sum(part.without_stack for part in events),
             parts_without_correlation={p for p, part in zip(files["events"], events) if not part.correlation_column},
