@@ -969,6 +969,43 @@ def test_small_runs_share_a_transaction_up_to_its_events_and_a_big_run_goes_alon
     assert f"share one up to {budget // 1000}k rows" in _words(shown.stdout.replace("│", " "))
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_THP_DISABLE is Linux's")
+def test_ingest_runs_without_transparent_huge_pages_and_restores_the_setting(
+    tmp_path, symbol_cache, monkeypatch
+) -> None:
+    """While runs load, the process has transparent huge pages off (the kernel would zero a fresh
+    2 MB page for each buffer the ingest makes and drops); after it, the setting is as it was."""
+    import ctypes
+
+    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
+
+    prctl = ctypes.CDLL(None).prctl
+    get_thp_disable, set_thp_disable = 42, 41
+
+    def thp_disabled() -> int:
+        return prctl(get_thp_disable, 0, 0, 0, 0)
+
+    seen = []
+    lay_out = ingest_runs_module.RunLoader._lay_out
+
+    def watched(self, *args, **kwargs):
+        seen.append(thp_disabled())
+        return lay_out(self, *args, **kwargs)
+
+    monkeypatch.setattr(ingest_runs_module.RunLoader, "_lay_out", watched)
+    runs = tmp_path / "runs"
+    _synthetic_night(runs, 2)
+    assert thp_disabled() == 0
+    assert ingest(tmp_path / "a.duckdb", runs, cache=symbol_cache).ingested == 2
+    assert seen == [1] and thp_disabled() == 0
+    prctl(set_thp_disable, 1, 0, 0, 0)  # a process that had them off keeps them off
+    try:
+        assert ingest(tmp_path / "b.duckdb", runs, cache=symbol_cache).ingested == 2
+        assert seen == [1, 1] and thp_disabled() == 1
+    finally:
+        prctl(set_thp_disable, 0, 0, 0, 0)
+
+
 def test_small_runs_share_transactions_by_default_and_load_as_runs_alone(tmp_path, symbol_cache, monkeypatch) -> None:
     """The default ingest of a night of small runs loads them in shared transactions, and stores
     exactly what an ingest of one transaction per run does; with runs past the budget, each goes alone."""

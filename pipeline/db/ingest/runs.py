@@ -27,6 +27,7 @@ the runs after it are laid out again without it. The ingest lock keeps two inges
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import threading
@@ -130,7 +131,7 @@ def ingest_runs(
     run_dirs = find_run_dirs([Path(r) for r in roots])
     say = on_message or (lambda text: print(f"tbpipe: {text}", file=sys.stderr))
     summary = IngestSummary(db_path=db_path)
-    with ingest_lock(db_path, options.wait_s, on_wait=say), _numpy_without_huge_pages():
+    with ingest_lock(db_path, options.wait_s, on_wait=say), _without_huge_pages():
         con = open_database(db_path, wait_s=options.wait_s, on_wait=say)
         loader = RunLoader(IngestDb(con), options, summary)
         try:
@@ -822,21 +823,40 @@ class _PreparedAhead:
 
 
 @contextmanager
-def _numpy_without_huge_pages() -> Iterator[None]:
-    """numpy's large arrays without MADV_HUGEPAGE while the ingest runs (as before after it). The
-    layout makes and drops arrays of tens of megabytes one after another; with huge pages the
-    kernel zeroes each fresh 2 MB page on first touch, which cost the 10M-event bench's layout
-    0.45 s of its 6.4 (`expand` alone: 1.67 s of main-thread CPU against 1.26 s)."""
+def _without_huge_pages() -> Iterator[None]:
+    """The process without transparent huge pages while the ingest runs (as before after it). The
+    ingest makes and drops buffers of megabytes one after another (numpy's arrays, Arrow's pool,
+    DuckDB's copies); where they are backed by huge pages the kernel zeroes each fresh 2 MB page on
+    first touch. On the 10M-event bench that zeroing took 9 % of the CPU and the ingest took about
+    1 s of CPU more (user and system) than without. Linux's prctl covers the whole process; numpy's
+    own switch is turned off too, for systems without the prctl."""
+    restore = [_thp_disabled(True)]
     try:
         setting = np._core.multiarray._set_madvise_hugepage
     except AttributeError:  # a numpy without the switch (before 2.0 it lived elsewhere)
-        yield
-        return
-    before = setting(False)
+        setting = None
+    if setting is not None:
+        before = setting(False)
+        restore.append(lambda: setting(before))
     try:
         yield
     finally:
-        setting(before)
+        for undo in reversed(restore):
+            undo()
+
+
+def _thp_disabled(disabled: bool) -> Callable[[], None]:
+    """Sets Linux's PR_SET_THP_DISABLE for the process; returns what sets it back as it was (a
+    no-op where there is no such prctl)."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return lambda: None
+    get_thp_disable, set_thp_disable = 42, 41  # <linux/prctl.h>
+    before = prctl(get_thp_disable, 0, 0, 0, 0)
+    if before < 0 or prctl(set_thp_disable, int(disabled), 0, 0, 0) < 0:
+        return lambda: None
+    return lambda: prctl(set_thp_disable, before, 0, 0, 0)
 
 
 def transaction_end(rows: Sequence[int], first: int, runs_per_transaction: int | None = None) -> int:
