@@ -1085,9 +1085,9 @@ def _frames_read(monkeypatch) -> list[str]:
     read: list[str] = []
     read_tables = ingest_runs_module.read_tables
 
-    def noted(files, tables):
+    def noted(files, tables, *verified):
         read.append(files["stacks"][0].parent.name)
-        return read_tables(files, tables)
+        return read_tables(files, tables, *verified)
 
     monkeypatch.setattr(ingest_runs_module, "read_tables", noted)
     return read

@@ -76,6 +76,7 @@ from tbpipe.pipeline.progress import RunProgress
 from tbpipe.pipeline.rawrun import (
     DamagedRunError,
     MissingManifestError,
+    VerifiedParts,
     code_first_lines,
     events_part,
     find_run_dirs,
@@ -279,8 +280,9 @@ class RunLoader:
             gpu_rows = sum(verify_part(path, table) for table in run_gpu.GPU_TABLES for path in files[table])
             gpu_files = {table: list(files[table]) for table in run_gpu.GPU_TABLES}
             position = self._positions.get(run_dir, len(self._positions))
-            known = self._read_known_stacks(files, position)
-            tables = known or read_tables(files, STACK_TABLES)
+            verified: VerifiedParts = {}
+            known = self._read_known_stacks(files, position, verified)
+            tables = known or read_tables(files, STACK_TABLES, verified)
             notes += reference_problems(tables)
             if notes and manifest.get("complete") and not manifest.get("recovered"):
                 raise DamagedRunError(f"{run_dir}: {'; '.join(notes)}")
@@ -315,10 +317,12 @@ class RunLoader:
             stack_files={table: files[table] for table in STACK_TABLES},
         )
 
-    def _read_known_stacks(self, files: dict[str, list[Path]], position: int) -> dict[str, pa.Table] | None:
+    def _read_known_stacks(
+        self, files: dict[str, list[Path]], position: int, verified: VerifiedParts
+    ) -> dict[str, pa.Table] | None:
         """The run's stacks without their frames (`read_stack_keys`) when every one of them is stored
         already or comes with a run loaded before it (by the hashes the capture wrote); else None,
-        and the run is read whole."""
+        and the run is read whole (its stacks parts from the bytes left in `verified`)."""
 
         def all_stored(hashes: np.ndarray) -> bool:
             hashes = self._not_stored(hashes).tolist()
@@ -333,7 +337,7 @@ class RunLoader:
                         claimed[h] = position
             return False
 
-        return read_stack_keys(files, all_stored)
+        return read_stack_keys(files, all_stored, verified)
 
     def _not_stored(self, hashes: np.ndarray) -> np.ndarray:
         """The hashes the database held no stack of when the ingest began."""
