@@ -444,14 +444,13 @@ def insert_event_names(db: IngestDb, plan: EventsPlan) -> None:
         db.insert("INSERT INTO event_names BY NAME SELECT * FROM {}", plan.fresh)
 
 
-def load_events(con: Any, batch: Batch, runs: range, plan: EventsPlan) -> pa.Table | None:
-    """The runs' `event_rows` straight from their Parquet parts (one statement), and their
-    `event_counts`, on `con` (a connection whose transaction they join); the counts' rows are
-    returned (None without events parts). Reads nothing another transaction under way writes:
-    names and stack ids come from the plan and the batch."""
+def load_events(con: Any, batch: Batch, runs: range, plan: EventsPlan) -> bool:
+    """The runs' `event_rows` straight from their Parquet parts (one statement), on `con` (a
+    connection whose transaction they join); False when they have no events parts. Reads nothing
+    another transaction under way writes: names and stack ids come from the plan and the batch."""
     parts = batch.event_files_of(runs)
     if not parts:
-        return None
+        return False
     files = file_list(parts)
     first = plan.first_event_id
     # Read by DuckDB by these names (replacement scans: no view to register and drop per run;
@@ -483,6 +482,13 @@ def load_events(con: Any, batch: Batch, runs: range, plan: EventsPlan) -> pa.Tab
         LEFT JOIN loading_stack_map m ON m.run_index = {run_index} AND m.raw_id = e.stack_id
         """
     )
+    return True
+
+
+def count_events(con: Any, batch: Batch, runs: range) -> pa.Table:
+    """The runs' `event_counts` from their `event_rows` (`load_events`, in the same transaction on
+    `con`), returned as rows; the runs' `stacks_used` and `dangling_events` set, and QuarantineRun
+    for a complete run with events whose stack it does not hold."""
     numbers = [batch.runs[i].run_number for i in runs]
     where, params = run_numbers_filter("run_number", numbers)
     # The counts come back (RETURNING: a query of the new rows cost a small run as much again).

@@ -14,10 +14,9 @@ events and GPU records, and a big run goes alone (or, with `runs_per_transaction
 share one; 1 for a transaction per run). A transaction loads its runs' share of the new symbols,
 stacks and frames (`rows`), their sites (`siting`), events and run rows, each step one statement for
 all of them. Two transactions are under way at a time, on two connections: the next one's events and
-their counts per stack and per site load on a worker thread while the loading thread inserts the
-current one's run rows, stacks and sites and commits it; they commit in order. A batch's first
-transaction is begun while the batch is still laid out, its events loading beside the layout (its
-site counts wait for the sites).
+their counts per stack load on a worker thread while the loading thread inserts the current one's
+site counts, run rows, stacks and sites and commits it; they commit in order. A batch's first
+transaction is begun while the batch is still laid out, its events loading beside the layout.
 
 Each run goes in whole or not at all: a kill at any point leaves the database as it was before the
 transactions under way; a run whose data fails to load is quarantined (a shared transaction that
@@ -412,12 +411,12 @@ class RunLoader:
 
     def _begin_during_layout(self, batch: Batch) -> None:
         """Begins the batch's first transaction and loads its events in the worker thread while the
-        layout goes on: its events and their counts per stack need only the stack ids, and its site
-        counts are taken once the layout has sited the new stacks (`_load_runs`)."""
+        layout goes on: its events and their counts per stack need only the stack ids (its site
+        counts are taken by `_load_runs`, once the layout has sited the new stacks)."""
         # DuckDB's threads for the batch, set before anything runs beside the loading thread.
         self._use_threads(1 if self._small(batch) else self._default_threads)
         if any(run.events for run in batch.runs):
-            self._begin(batch, range(0, self._transaction_end(batch, 0)), background=True, sites_pending=True)
+            self._begin(batch, range(0, self._transaction_end(batch, 0)), background=True)
 
     def _transaction_end(self, batch: Batch, first: int) -> int:
         """The end (exclusive) of the transaction that begins with the batch's run `first`."""
@@ -433,7 +432,7 @@ class RunLoader:
             first = end
         return True
 
-    def _begin(self, batch: Batch, runs: range, *, background: bool = False, sites_pending: bool = False) -> None:
+    def _begin(self, batch: Batch, runs: range, *, background: bool = False) -> None:
         """Opens the transaction of the runs `runs` on a connection no other one uses, and loads their
         events there (`_events_phase`): in the worker thread with `background`, else at once.
 
@@ -457,7 +456,7 @@ class RunLoader:
                 replaced.append(run)
             else:
                 run.run_number = run_rows.next_run_numbers(db, 1)
-        tx = _Underway(runs, db, replaced, run_rows.plan_events(db, batch, runs), sites_pending=sites_pending)
+        tx = _Underway(runs, db, replaced, run_rows.plan_events(db, batch, runs))
         self._open.append(tx)
         db.con.execute("BEGIN TRANSACTION")
         tx.open = True
@@ -491,8 +490,8 @@ class RunLoader:
 
     def _load_runs(self, batch: Batch, runs: range) -> dict[int, RunOutcome]:
         """Runs of a laid-out batch (consecutive indices), in one transaction, begun by `_begin`
-        (their events loaded): their run rows and the modules each loaded, their share of the
-        batch's new symbols, stacks and frames, their sites and GPU activity, then the commit."""
+        (their events loaded): their site counts, run rows and the modules each loaded, their share
+        of the batch's new symbols, stacks and frames, their sites and GPU activity, then the commit."""
         tx = next((tx for tx in self._open if tx.runs == runs), None)
         if tx is None:
             self._begin(batch, runs)
@@ -500,7 +499,7 @@ class RunLoader:
         if tx.events_loaded is not None:
             _events_loaded(tx)  # a failure leaves it in `_open`, for `_abandon`
         db = tx.db
-        if tx.counts is not None:  # begun during the layout: its sites are known now
+        if tx.counts is not None:
             insert_site_counts(db, tx.counts, batch.counted_sites)
             tx.counts = None
         chosen = [batch.runs[i] for i in runs]
@@ -588,7 +587,7 @@ class RunLoader:
             portable = self._name_source_files(batch)
             sites = sites_of_laid_out(self.db, batch.frames, new_ids[new_order], portable)
             # Site ids decided here for the batch, as stack and frame ids are: each transaction's
-            # site counts can then be taken beside the one before it, with its events.
+            # site counts can then be taken in memory, beside the transaction before it.
             site_order = batch.runs_of_new_stacks(sites["stack_id"].to_numpy())
             batch.stack_sites, batch.new_sites = number_sites(self.db, sites, site_order)
         batch.counted_sites = sites_for_counting(self.db, batch.stored_stack_ids(), batch.stack_sites)
@@ -723,16 +722,14 @@ class _Underway:
     events: run_rows.EventsPlan
     open: bool = False  # its connection's transaction is open
     events_loaded: Future | None = None  # its events phase, when in the worker thread
-    # Begun while its batch was still being laid out: its site counts wait for the batch's sites,
-    # and its event counts (from the events phase) are kept for them until then.
-    sites_pending: bool = False
+    # Its events' counts per stack (`_events_phase`), for its site counts (`_load_runs`).
     counts: pa.Table | None = None
 
 
 def _events_phase(batch: Batch, tx: _Underway) -> None:
     """BEGIN, the old rows of runs loaded again deleted, then the rows that depend on no other run's:
-    events, and their counts per stack and per site. The transaction is left open (or rolled back
-    on failure)."""
+    events, and their counts per stack (kept in `tx.counts` for the site counts). The transaction
+    is left open (or rolled back on failure)."""
     db, con = tx.db, tx.db.con
     try:
         for run in tx.replaced:
@@ -741,11 +738,10 @@ def _events_phase(batch: Batch, tx: _Underway) -> None:
             run_gpu.delete_run(db, run.run_number)
             for table in ("run_modules", "runs"):
                 db.delete(f"DELETE FROM {table} WHERE run_id = ?", [run.run_id])
-        counts = run_rows.load_events(con, batch, tx.runs, tx.events)
-        if counts is not None and tx.sites_pending:
-            tx.counts = counts  # inserted by `_load_runs` once the layout has sited the new stacks
-        elif counts is not None:
-            insert_site_counts(db, counts, batch.counted_sites)
+        if run_rows.load_events(con, batch, tx.runs, tx.events):
+            # Their site counts are taken by the loading thread (`_load_runs`), which waits on this
+            # one more than this one waits on it; and the layout may not have sited the stacks yet.
+            tx.counts = run_rows.count_events(con, batch, tx.runs)
     except BaseException as error:
         tx.open = False
         con.execute("ROLLBACK")
