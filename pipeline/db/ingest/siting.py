@@ -194,7 +194,9 @@ def insert_site_counts(db: IngestDb, counts: pa.Table, stack_sites: pa.Table) ->
     """`site_counts` rows from `event_counts` rows (run_number, name_id, stack_id, events) and the
     `stack_sites` rows of their stacks (by stack id): what `count_sites` computes in SQL, in memory.
     A small run's counts are a few thousand rows, and joining them with `stack_sites` and grouping
-    in a statement cost more than the rest of its transaction but the commit."""
+    in a statement cost more than the rest of its transaction but the commit. Rows are handled by
+    their `stack_sites` row number; the files (text) are looked up only for the groups that need
+    them ranked and for the rows written."""
     run = counts["run_number"].to_numpy(zero_copy_only=False).astype(np.int64)
     name = counts["name_id"].to_numpy(zero_copy_only=False).astype(np.int64)
     stack = pc.fill_null(counts["stack_id"], -1).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -202,11 +204,18 @@ def insert_site_counts(db: IngestDb, counts: pa.Table, stack_sites: pa.Table) ->
     site_stack = stack_sites["stack_id"].to_numpy(zero_copy_only=False)
     at = np.minimum(np.searchsorted(site_stack, stack), max(len(site_stack) - 1, 0))
     found = (stack >= 0) & (site_stack[at] == stack) if len(site_stack) else np.zeros(len(stack), bool)
-    rows = pa.array(np.where(found, at, 0), pa.int64(), mask=~found)
-    site_id = pc.fill_null(stack_sites["site_id"].take(rows), -1).to_numpy(zero_copy_only=False).astype(np.int64)
-    file = stack_sites["site_file"].take(rows)
-    line = stack_sites["site_line"].take(rows)
-    is_user = stack_sites["site_is_user"].take(rows)
+    # Each count row's `stack_sites` row; one more row past the end stands for "none" (all null).
+    none = stack_sites.num_rows
+    row = np.where(found, at, none)
+
+    def column(name: str, fill, dtype) -> np.ndarray:
+        values = pc.fill_null(stack_sites[name], fill).to_numpy(zero_copy_only=False).astype(dtype)
+        return np.append(values, np.array([fill], dtype=dtype))[row]
+
+    def valid(name: str) -> np.ndarray:
+        return np.append(pc.is_valid(stack_sites[name]).to_numpy(zero_copy_only=False), False)[row]
+
+    site_id = column("site_id", -1, np.int64)
     # Rows by group (run, name, site): run and name numbers fit side by side in one integer.
     order = np.lexsort((site_id, (run << 32) | name))
     run, name, site_id = run[order], name[order], site_id[order]
@@ -221,28 +230,31 @@ def insert_site_counts(db: IngestDb, counts: pa.Table, stack_sites: pa.Table) ->
     shared = np.flatnonzero(np.diff(np.append(starts, len(order)))[group] > 1)
     if len(shared):
         rows_shared = order[shared]
-        padded = pc.fill_null(file.take(pa.array(rows_shared, pa.int64())), "")
+        shared_sites_rows = row[rows_shared]
+        padded = pc.fill_null(
+            stack_sites["site_file"].take(pa.array(shared_sites_rows, pa.int64(), mask=shared_sites_rows == none)), ""
+        )
         distinct = pc.unique(padded)
         file_rank = pc.index_in(padded, value_set=distinct.take(pc.sort_indices(distinct))).to_numpy(
             zero_copy_only=False
         )
-        line_order = pc.fill_null(line, -1).to_numpy(zero_copy_only=False).astype(np.int64)[rows_shared]
+        line_order = column("site_line", -1, np.int64)[rows_shared]
         order[shared] = rows_shared[np.lexsort((line_order, file_rank, events[rows_shared], group[shared]))]
 
-    def last_valid(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    def last_valid(name: str) -> pa.Array:
         """Per group, the value of its greatest row where the value is not null (arg_max skips nulls)."""
-        valid = np.flatnonzero(pc.is_valid(values).to_numpy(zero_copy_only=False)[order])
-        groups = group[valid]
-        last = valid[np.append(groups[1:] != groups[:-1], True)] if len(valid) else valid
-        pick = np.full(len(starts), -1, dtype=np.int64)
-        pick[group[last]] = order[last]
-        return values.take(pa.array(np.maximum(pick, 0), pa.int64(), mask=pick < 0))
+        ordered_valid = np.flatnonzero(valid(name)[order])
+        groups = group[ordered_valid]
+        last = ordered_valid[np.append(groups[1:] != groups[:-1], True)] if len(ordered_valid) else ordered_valid
+        pick = np.full(len(starts), none, dtype=np.int64)
+        pick[group[last]] = row[order[last]]
+        return stack_sites[name].take(pa.array(pick, pa.int64(), mask=pick == none))
 
     # bool_or: NULL where no row has a value.
     any_user = np.zeros(len(starts), dtype=bool)
-    any_user[group[pc.fill_null(is_user, False).to_numpy(zero_copy_only=False)[order]]] = True
+    any_user[group[column("site_is_user", False, bool)[order]]] = True
     has_user = np.zeros(len(starts), dtype=bool)
-    has_user[group[pc.is_valid(is_user).to_numpy(zero_copy_only=False)[order]]] = True
+    has_user[group[valid("site_is_user")[order]]] = True
     site = site_id[starts]
     by_site = np.lexsort((site, site < 0))  # as `ORDER BY site_id` (NULLs last): the index's order
     counted = pa.table(
@@ -251,8 +263,8 @@ def insert_site_counts(db: IngestDb, counts: pa.Table, stack_sites: pa.Table) ->
             "name_id": pa.array(name[starts], pa.int32()),
             "site_id": pa.array(site, pa.int64(), mask=site < 0),
             "events": pa.array(np.add.reduceat(events[order], starts) if len(starts) else [], pa.int64()),
-            "site_file": last_valid(file),
-            "site_line": last_valid(line),
+            "site_file": last_valid("site_file"),
+            "site_line": last_valid("site_line"),
             "site_is_user": pa.array(any_user, pa.bool_(), mask=~has_user),
         }
     )
