@@ -15,8 +15,9 @@ share one; 1 for a transaction per run). A transaction loads its runs' share of 
 stacks and frames (`rows`), their sites (`siting`), events and run rows, each step one statement for
 all of them. Two transactions are under way at a time, on two connections: the next one's events and
 their counts per stack load on a worker thread while the loading thread inserts the current one's
-site counts, run rows, stacks and sites and commits it; they commit in order. A batch's first
-transaction is begun while the batch is still laid out, its events loading beside the layout.
+run rows, stacks and sites and commits it; they commit in order. A transaction's site counts are
+taken by whichever of the two threads would otherwise wait. A batch's first transaction is begun
+while the batch is still laid out, its events loading beside the layout.
 
 Each run goes in whole or not at all: a kill at any point leaves the database as it was before the
 transactions under way; a run whose data fails to load is quarantined (a shared transaction that
@@ -496,6 +497,7 @@ class RunLoader:
         if tx is None:
             self._begin(batch, runs)
             tx = self._open[-1]
+        tx.awaited = True  # its site counts left to this thread from now on (`_events_phase`)
         if tx.events_loaded is not None:
             _events_loaded(tx)  # a failure leaves it in `_open`, for `_abandon`
         db = tx.db
@@ -722,8 +724,9 @@ class _Underway:
     events: run_rows.EventsPlan
     open: bool = False  # its connection's transaction is open
     events_loaded: Future | None = None  # its events phase, when in the worker thread
-    # Its events' counts per stack (`_events_phase`), for its site counts (`_load_runs`).
+    # Its events' counts per stack (`_events_phase`), until its site counts are taken from them.
     counts: pa.Table | None = None
+    awaited: bool = False  # the loading thread has come to it (and takes its site counts)
 
 
 def _events_phase(batch: Batch, tx: _Underway) -> None:
@@ -739,9 +742,15 @@ def _events_phase(batch: Batch, tx: _Underway) -> None:
             for table in ("run_modules", "runs"):
                 db.delete(f"DELETE FROM {table} WHERE run_id = ?", [run.run_id])
         if run_rows.load_events(con, batch, tx.runs, tx.events):
-            # Their site counts are taken by the loading thread (`_load_runs`), which waits on this
-            # one more than this one waits on it; and the layout may not have sited the stacks yet.
             tx.counts = run_rows.count_events(con, batch, tx.runs)
+            # Its site counts too, while the loading thread is still busy with the transaction
+            # before it; once that thread waits for this one, it takes them itself (`_load_runs`).
+            # The worker is ahead on some runs (many new stacks a run) and behind on others (small
+            # runs), and whichever thread would wait does them. Never before the layout has sited
+            # the batch's new stacks (`counted_sites`).
+            if not tx.awaited and batch.counted_sites is not None:
+                insert_site_counts(db, tx.counts, batch.counted_sites)
+                tx.counts = None
     except BaseException as error:
         tx.open = False
         con.execute("ROLLBACK")
