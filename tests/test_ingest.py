@@ -995,15 +995,57 @@ def test_ingest_runs_without_transparent_huge_pages_and_restores_the_setting(
     monkeypatch.setattr(ingest_runs_module.RunLoader, "_lay_out", watched)
     runs = tmp_path / "runs"
     _synthetic_night(runs, 2)
-    assert thp_disabled() == 0
-    assert ingest(tmp_path / "a.duckdb", runs, cache=symbol_cache).ingested == 2
-    assert seen == [1] and thp_disabled() == 0
-    prctl(set_thp_disable, 1, 0, 0, 0)  # a process that had them off keeps them off
+    initial = thp_disabled()
     try:
-        assert ingest(tmp_path / "b.duckdb", runs, cache=symbol_cache).ingested == 2
-        assert seen == [1, 1] and thp_disabled() == 1
+        for before in (0, 1):  # a process that had them off keeps them off
+            prctl(set_thp_disable, before, 0, 0, 0)
+            seen.clear()
+            assert ingest(tmp_path / f"{before}.duckdb", runs, cache=symbol_cache).ingested == 2
+            assert seen == [1] and thp_disabled() == before
     finally:
-        prctl(set_thp_disable, 0, 0, 0, 0)
+        prctl(set_thp_disable, initial, 0, 0, 0)
+
+
+@pytest.mark.parametrize("taken_by", ["events thread", "loading thread"])
+def test_site_counts_are_the_same_whichever_thread_takes_them(tmp_path, symbol_cache, monkeypatch, taken_by) -> None:
+    """A transaction's site counts are taken by the events thread when it is done before the loading
+    thread comes to that transaction, else by the loading thread. Each is made to happen here (the
+    other thread slowed down), and the database holds what a plain ingest stores."""
+    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
+
+    runs = tmp_path / "runs"
+    _synthetic_night(runs, 4)
+    plain = tmp_path / "plain.duckdb"
+    assert ingest(plain, runs, cache=symbol_cache, runs_per_transaction=1).ingested == 4
+    threads = []
+    insert_site_counts = ingest_runs_module.insert_site_counts
+
+    def noted(*args):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return insert_site_counts(*args)
+
+    def slowed(function):
+        def slow(*args, **kwargs):
+            time.sleep(0.3)
+            return function(*args, **kwargs)
+
+        return slow
+
+    monkeypatch.setattr(ingest_runs_module, "insert_site_counts", noted)
+    if taken_by == "events thread":
+        monkeypatch.setattr(ingest_runs_module.RunLoader, "_load_runs", slowed(ingest_runs_module.RunLoader._load_runs))
+    else:
+        monkeypatch.setattr(
+            ingest_runs_module.run_rows, "count_events", slowed(ingest_runs_module.run_rows.count_events)
+        )
+    db = tmp_path / "taken.duckdb"
+    assert ingest(db, runs, cache=symbol_cache, runs_per_transaction=1).ingested == 4
+    assert len(threads) == 4
+    if taken_by == "loading thread":
+        assert all(threads)
+    else:  # but the batch's first transaction's, which may wait for the layout's sites
+        assert threads.count(False) >= 3
+    assert snapshot(db, exclude_ingest_times=True) == snapshot(plain, exclude_ingest_times=True)
 
 
 def test_small_runs_share_transactions_by_default_and_load_as_runs_alone(tmp_path, symbol_cache, monkeypatch) -> None:

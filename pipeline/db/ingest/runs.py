@@ -413,7 +413,7 @@ class RunLoader:
     def _begin_during_layout(self, batch: Batch) -> None:
         """Begins the batch's first transaction and loads its events in the worker thread while the
         layout goes on: its events and their counts per stack need only the stack ids (its site
-        counts are taken by `_load_runs`, once the layout has sited the new stacks)."""
+        counts wait until the layout has sited the new stacks)."""
         # DuckDB's threads for the batch, set before anything runs beside the loading thread.
         self._use_threads(1 if self._small(batch) else self._default_threads)
         if any(run.events for run in batch.runs):
