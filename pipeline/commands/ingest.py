@@ -50,8 +50,9 @@ def register(app: typer.Typer) -> None:
             min=1,
             help="Load N consecutive runs in each transaction; 1: a transaction per run, so that a kill loses "
             "no run already loaded. By default small runs share one up to 250k rows, events and GPU activity "
-            "records together (a night of small runs goes in twice as fast), and a big run goes alone. Each run goes in whole or not at all either way; "
-            "a kill loses the runs of the two transactions under way, which the next ingest loads.",
+            "records together (a night of small runs goes in twice as fast), and a big run goes alone. "
+            "Each run goes in whole or not at all either way; a kill loses the runs of the two transactions "
+            "under way, which the next ingest loads.",
         ),
         engine: str = typer.Option(
             "duckdb",
@@ -62,7 +63,8 @@ def register(app: typer.Typer) -> None:
         master: str | None = typer.Option(None, "--master", help="Spark master URL (default: local[*])."),
         conf: list[str] | None = typer.Option(None, "--conf", help="Spark setting KEY=VALUE; repeatable."),
     ) -> None:
-        """Load captured runs into the database: each run whole or not at all (small runs share a transaction), damaged runs quarantined."""
+        """Load captured runs into the database: each run whole or not at all (small runs share a
+        transaction), damaged runs quarantined."""
         from tbpipe.pipeline.db import IngestOptions, ingest_runs
         from tbpipe.pipeline.reports.ingest_summary import render_ingest_summary
 

@@ -25,9 +25,9 @@ class IngestOptions:
     # runs share one while together they load at most `runs.ROWS_PER_TRANSACTION` rows (events and
     # GPU activity records), so a night of small runs pays the per-transaction costs (the commit
     # above all) once per group, a big run goes alone, and a kill loses at most that many rows' work
-    # (the next ingest loads them). 1: each run alone, a kill loses no run already loaded. Either way each run goes in whole
-    # or not at all, and a group whose data fails is loaded again run by run to quarantine the run
-    # at fault.
+    # (the next ingest loads them). 1: each run alone, a kill loses no run already loaded. Either
+    # way each run goes in whole or not at all, and a group whose data fails is loaded again run by
+    # run to quarantine the run at fault.
     runs_per_transaction: int | None = None
 
 
