@@ -1006,6 +1006,36 @@ def test_ingest_runs_without_transparent_huge_pages_and_restores_the_setting(
         prctl(set_thp_disable, initial, 0, 0, 0)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
+def test_runs_are_read_ahead_at_a_lower_priority_than_the_loading_thread(tmp_path, symbol_cache, monkeypatch) -> None:
+    """The threads that read runs ahead run PREPARE_NICE above the loading thread's nice value (it is
+    the critical path), and the loading thread's own is left as it was."""
+    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    readers, loaders = [], []
+    prepare, lay_out = ingest_runs_module.RunLoader.prepare, ingest_runs_module.RunLoader._lay_out
+
+    def watched_prepare(self, *args, **kwargs):
+        readers.append(nice())
+        return prepare(self, *args, **kwargs)
+
+    def watched_lay_out(self, *args, **kwargs):
+        loaders.append(nice())
+        return lay_out(self, *args, **kwargs)
+
+    monkeypatch.setattr(ingest_runs_module.RunLoader, "prepare", watched_prepare)
+    monkeypatch.setattr(ingest_runs_module.RunLoader, "_lay_out", watched_lay_out)
+    runs = tmp_path / "runs"
+    _synthetic_night(runs, 3)
+    before = nice()
+    assert ingest(tmp_path / "db.duckdb", runs, cache=symbol_cache).ingested == 3
+    assert loaders and set(loaders) == {before} and nice() == before
+    assert len(readers) == 3 and set(readers) == {min(19, before + ingest_runs_module.PREPARE_NICE)}
+
+
 @pytest.mark.parametrize("taken_by", ["events thread", "loading thread"])
 def test_site_counts_are_the_same_whichever_thread_takes_them(tmp_path, symbol_cache, monkeypatch, taken_by) -> None:
     """A transaction's site counts are taken by the events thread when it is done before the loading

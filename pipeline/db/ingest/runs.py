@@ -104,6 +104,11 @@ BATCH_EVENTS = 2_000_000
 BATCH_RUNS = 64
 # Threads reading runs ahead of the loading (a thread per core, up to 4).
 PREPARE_THREADS = max(1, min(4, os.cpu_count() or 1))
+# Their nice value above the loading thread's (Linux, where a thread has its own): the loading
+# thread is the ingest's critical path, and a reading thread that competes with it for a core
+# delays every run after, while one that waits a little only uses a core the loading left idle
+# later. 100k new stacks in 40 runs: cores busy 81-83 % against 78-79 %, 0.3-0.5 s less wall time.
+PREPARE_NICE = 10
 # A transaction of fewer events runs DuckDB on one thread: a small run's statements move a few
 # thousand rows each, and handing that work between threads costs more than it saves, while the
 # other cores prepare the next runs. Bigger transactions keep DuckDB's threads (their events insert
@@ -792,6 +797,7 @@ class _PreparedAhead:
         return self._claimed - self._taken < BATCH_RUNS and self._ready_events < BATCH_EVENTS
 
     def _work(self) -> None:
+        _lower_priority(PREPARE_NICE)
         while True:
             with self._changed:
                 self._changed.wait_for(
@@ -829,6 +835,18 @@ class _PreparedAhead:
             self._changed.notify_all()
         for thread in self._threads:
             thread.join()
+
+
+def _lower_priority(by: int) -> None:
+    """Raises the calling thread's nice value by `by` (Linux only: elsewhere the call would set a
+    whole process's, or fail)."""
+    if sys.platform != "linux":
+        return
+    thread = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + by))
+    except OSError:  # a sandbox that forbids it: the ingest runs as before
+        pass
 
 
 @contextmanager
