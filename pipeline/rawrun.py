@@ -231,7 +231,7 @@ def _check_schema(path: Path, table: str, schema: pa.Schema) -> None:
             f"{_decoded(metadata.get(SCHEMA_KEY))} version {_decoded(metadata.get(VERSION_KEY))}",
         )
     expected = table_schema(table, version)
-    if not schema.remove_metadata().equals(expected.remove_metadata()):
+    if not schema.equals(expected, check_metadata=False):
         raise _fail(path, f"columns do not match the {table!r} schema: {_schema_difference(schema, expected)}")
 
 

@@ -19,6 +19,8 @@ empty.
 
 from __future__ import annotations
 
+import functools
+
 import pyarrow as pa
 
 FORMAT_NAME = "tbpipe-raw"
@@ -279,6 +281,7 @@ CORRELATED_KINDS = ("kernel_launch", "graph_launch", "memcpy", "memset")
 COLUMN_SINCE = {("events", "correlation_id"): 3, ("stacks", "stack_hash"): 4}
 
 
+@functools.cache  # a reader checks every part against it: built once (a schema is immutable)
 def table_schema(table: str, version: int = RAW_SCHEMA_VERSION) -> pa.Schema:
     """The columns of `table` in parts of raw schema `version` (without the ones added after it)."""
     schema = RUN_TABLES[table]()
