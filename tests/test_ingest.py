@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -1004,6 +1005,39 @@ def test_ingest_runs_without_transparent_huge_pages_and_restores_the_setting(
             assert seen == [1] and thp_disabled() == before
     finally:
         prctl(set_thp_disable, initial, 0, 0, 0)
+
+
+@pytest.mark.parametrize("merge_at", [4, 1 << 14])
+def test_stack_claims_answer_as_a_claim_per_hash_would(monkeypatch, merge_at) -> None:
+    """Which run first claims each stack hash, asked by runs prepared out of order: the sorted arrays
+    answer every question as a dictionary of hash -> first claiming run does (with and without
+    merges of the small array into the big one), and end holding the same claims."""
+    from tbpipe.pipeline.db.ingest.runs import _StackClaims
+
+    monkeypatch.setattr(_StackClaims, "MERGE_AT", merge_at)
+    rng = np.random.default_rng(7)
+    for pool_size in (40, 3000):
+        pool = rng.integers(0, 2**64, pool_size, dtype=np.uint64)
+        positions = np.arange(300)
+        swapped = np.flatnonzero(rng.random(150) < 0.5) * 2  # neighbours prepared in either order
+        positions[swapped], positions[swapped + 1] = positions[swapped + 1], positions[swapped]
+        expected: dict[int, int] = {}
+        claims = _StackClaims()
+        answers = []
+        for position in positions.tolist():
+            hashes = rng.choice(pool, int(rng.integers(1, 200)))
+            before = all(expected.get(h, position) < position for h in hashes.tolist())
+            if not before:
+                for h in hashes.tolist():
+                    if expected.get(h, position + 1) > position:
+                        expected[h] = position
+            answers.append(before)
+            assert claims.claimed_before(hashes, position) == before, position
+        assert any(answers) and not all(answers)
+        held = [claims._big, claims._recent]
+        keys = np.concatenate([k for k, _ in held]).tolist()
+        assert len(keys) == len(set(keys))
+        assert dict(zip(keys, np.concatenate([p for _, p in held]).tolist())) == expected
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")

@@ -186,8 +186,7 @@ class RunLoader:
         self._stored_hashes = np.sort(
             np.asarray(query_arrow(db.con, "SELECT stack_hash FROM stacks")["stack_hash"].to_numpy(), dtype=np.uint64)
         )
-        self._claimed_hashes: dict[int, int] = {}
-        self._claims_lock = threading.Lock()
+        self._claims = _StackClaims()
         self._positions: dict[Path, int] = {}
 
     def close(self) -> None:
@@ -330,17 +329,7 @@ class RunLoader:
         and the run is read whole (its stacks parts from the bytes left in `verified`)."""
 
         def all_stored(hashes: np.ndarray) -> bool:
-            hashes = self._not_stored(hashes).tolist()
-            claimed = self._claimed_hashes
-            with self._claims_lock:
-                if all(claimed.get(h, position) < position for h in hashes):
-                    return True
-                # Read whole next: it brings in what no run before it claims, and the runs after it
-                # (read beside it) need not read these stacks' frames.
-                for h in hashes:
-                    if claimed.get(h, position + 1) > position:
-                        claimed[h] = position
-            return False
+            return self._claims.claimed_before(self._not_stored(hashes), position)
 
         return read_stack_keys(files, all_stored, verified)
 
@@ -766,6 +755,56 @@ def _events_phase(batch: Batch, tx: _Underway) -> None:
 def _events_loaded(tx: _Underway) -> None:
     """Waits for the events phase of a transaction begun in the worker thread (raising its error)."""
     tx.events_loaded.result()
+
+
+class _StackClaims:
+    """The stack hashes that runs read whole bring in, each with the position (in load order) of the
+    first such run that holds it: the threads preparing runs ask it whether a run's stacks all come
+    before it. Sorted arrays looked up a run at a time: a dictionary looked up a hash at a time held
+    the GIL for a tenth of a night of small runs, while the threads beside it waited. New hashes go
+    to a small array, merged into the big one now and then, so that a run costs
+    about its own hashes, not the ingest's (`MERGE_AT`)."""
+
+    # The small array is merged into the big one once it holds a quarter of the big one's hashes,
+    # or this many.
+    MERGE_AT = 1 << 14
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        empty = (np.empty(0, np.uint64), np.empty(0, np.int64))
+        self._big, self._recent = empty, empty  # each (hashes sorted and distinct, positions)
+
+    def claimed_before(self, hashes: np.ndarray, position: int) -> bool:
+        """Whether runs before `position` claim every one of `hashes`; else the run at `position`
+        claims those that no run before it does (it is read whole, and the runs after it need not
+        read these stacks' frames)."""
+        with self._lock:
+            claims = np.full(len(hashes), position + 1, dtype=np.int64)  # unclaimed: as if after it
+            claimed = np.zeros(len(hashes), dtype=bool)
+            found_in = []
+            for keys, positions in (self._big, self._recent):
+                if not len(keys):
+                    continue
+                at = np.minimum(np.searchsorted(keys, hashes), len(keys) - 1)
+                found = keys[at] == hashes
+                claims[found] = positions[at[found]]
+                claimed |= found
+                found_in.append((positions, at, found))
+            if (claims < position).all():
+                return True
+            for positions, at, found in found_in:  # claimed by runs after it: now by this one
+                positions[at[found & (claims > position)]] = position
+            unclaimed = np.unique(hashes[~claimed])
+            keys, positions = self._recent
+            at = np.searchsorted(keys, unclaimed)
+            keys, positions = np.insert(keys, at, unclaimed), np.insert(positions, at, position)
+            if len(keys) > max(len(self._big[0]) // 4, self.MERGE_AT):
+                merged = np.concatenate([self._big[0], keys])
+                order = np.argsort(merged, kind="stable")
+                self._big = (merged[order], np.concatenate([self._big[1], positions])[order])
+                keys, positions = keys[:0], positions[:0]
+            self._recent = (keys, positions)
+            return False
 
 
 class _PreparedAhead:
