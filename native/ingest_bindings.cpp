@@ -287,6 +287,30 @@ py::tuple parquet_chunk_pages_binding(const py::buffer& data, int64_t start, int
   return py::make_tuple(vector_bytes(pages.pages), pages.values, pages.problem, pages.problem_at);
 }
 
+py::tuple parquet_chunk_checksums_binding(const py::buffer& data, int64_t start, int64_t end, bool has_dictionary,
+                                          uint32_t encoding_mask) {
+  const py::buffer_info info = integer_buffer(data, 1, "data", false);
+  if (start < 0 || end < start || end > info.size) throw py::value_error("the column chunk lies outside the data");
+  ChunkChecksums checked;
+  {
+    py::gil_scoped_release unlocked;
+    checked = chunk_checksums(static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(start),
+                              static_cast<size_t>(end), has_dictionary, encoding_mask);
+  }
+  return py::make_tuple(static_cast<int>(checked.verdict), checked.page_at, checked.values, checked.problem,
+                        checked.problem_at);
+}
+
+py::int_ crc32_binding(const py::buffer& data) {
+  const py::buffer_info info = integer_buffer(data, 1, "data", false);
+  uint32_t crc = 0;
+  {
+    py::gil_scoped_release unlocked;
+    crc = crc32(static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(info.size));
+  }
+  return py::int_(crc);
+}
+
 // Offsets of an Arrow string or large_string column (int32 or int64, one more than the texts) and
 // its data: the offsets must rise from within the data and end inside it.
 template <typename Offset>
@@ -360,6 +384,12 @@ void register_ingest_bindings(py::module_& m) {
         "chunk (a dictionary page first, bit e of encoding_mask per encoding listed): (bytes of int64 (header, "
         "body, end, crc or -1) per page, values of its data pages, problem ('' when none), offset of the damaged "
         "page's header).");
+  m.def("parquet_chunk_checksums", &parquet_chunk_checksums_binding, py::arg("data"), py::arg("start"), py::arg("end"),
+        py::arg("has_dictionary"), py::arg("encoding_mask"),
+        "parquet_chunk_pages, then each page's bytes checked against its CRC-32, in file order: (verdict: 0 every "
+        "page checked matches, 1 a page carries no CRC, 2 a page's CRC differs; the header offset of that page or "
+        "-1; values of the data pages; problem ('' when none); offset of the damaged page's header).");
+  m.def("crc32", &crc32_binding, py::arg("data"), "The CRC-32 of the bytes, as zlib.crc32 computes it.");
 }
 
 }  // namespace tbpipe

@@ -32,4 +32,27 @@ struct ChunkPages {
 // comes first; `encoding_mask`: bit e set for each encoding e the footer lists for the chunk.
 ChunkPages chunk_pages(const uint8_t* data, size_t start, size_t end, bool has_dictionary, uint32_t encoding_mask);
 
+// What checking a chunk's pages against their CRC-32s found, page by page in file order.
+enum class ChecksumVerdict : int {
+  kMatch = 0,      // every page up to the damaged one (if any) carries a CRC-32, and it matches
+  kUnchecked = 1,  // a page carries none (`page_at`): only decoding can check the chunk
+  kMismatch = 2,   // a page's bytes do not match the CRC-32 its header gives (`page_at`)
+};
+
+struct ChunkChecksums {
+  ChecksumVerdict verdict = ChecksumVerdict::kMatch;
+  int64_t page_at = -1;  // the header offset of the page the verdict is about
+  int64_t values = 0;    // as ChunkPages
+  std::string problem;   // as ChunkPages: a damaged header after the pages checked
+  int64_t problem_at = -1;
+};
+
+// `chunk_pages`, each page's bytes then checked against the CRC-32 in its header, stopping at the
+// first page that carries none or does not match.
+ChunkChecksums chunk_checksums(const uint8_t* data, size_t start, size_t end, bool has_dictionary,
+                               uint32_t encoding_mask);
+
+// The CRC-32 (ISO-HDLC, as zlib and Parquet's page checksums compute it) of size bytes.
+uint32_t crc32(const uint8_t* bytes, size_t size);
+
 }  // namespace tbpipe

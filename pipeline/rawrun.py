@@ -243,29 +243,37 @@ def check_part(path: Path, table: str) -> int:
 
 def _footer(path: Path, table: str, data: bytes | None = None) -> pq.FileMetaData:
     """The part's footer, its schema checked; from `data` (the file's bytes) when given."""
+    return _opened(path, table, data).metadata
+
+
+def _opened(path: Path, table: str, data: bytes | None = None, read_dictionary: list[str] | None = None):
+    """The part opened (its footer read, its schema checked), from `data` (its bytes) when given.
+    One ParquetFile a part, its footer parsed once, for every read after: opening one cost about as
+    much as reading a small part's column (60 us)."""
     try:
-        metadata = pq.read_metadata(path if data is None else pa.BufferReader(data))
-        schema = metadata.schema.to_arrow_schema()
+        try:
+            parquet = pq.ParquetFile(path if data is None else pa.BufferReader(data), read_dictionary=read_dictionary)
+        except KeyError:  # a column to read as a dictionary is missing: the schema check says more
+            parquet = pq.ParquetFile(path if data is None else pa.BufferReader(data))
+        schema = parquet.metadata.schema.to_arrow_schema()
     except (OSError, pa.ArrowException, ValueError) as error:
         raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
     _check_schema(path, table, schema)
-    return metadata
+    return parquet
 
 
-# Parts already read and checked by `_verified` (their bytes and footer), by path: read again from
-# those bytes, their pages not checked twice.
-VerifiedParts = dict[Path, tuple[bytes, pq.FileMetaData]]
+# Parts already read and checked by `_verified`, by path: each opened over its bytes, read again
+# from them, its pages not checked twice.
+VerifiedParts = dict[Path, pq.ParquetFile]
 
 
-def _read_part(path: Path, table: str, verified: tuple[bytes, pq.FileMetaData] | None = None) -> pa.Table:
+def _read_part(path: Path, table: str, verified: pq.ParquetFile | None = None) -> pa.Table:
     try:
         if verified is not None:
             # Decoded on the calling thread: the ingest reads its runs on threads of its own, and
             # handing a part's columns to Arrow's pool as well cost a third more CPU (stacks of
             # 31k rows: 44-54 ms against 34, checksums included) for 10 ms less wall time.
-            data, metadata = verified
-            with pq.ParquetFile(pa.BufferReader(data), metadata=metadata) as parquet:
-                part = parquet.read(use_threads=False)
+            part = verified.read(use_threads=False)
         else:
             # The capture writes page checksums: a flipped bit in an uncompressed
             # page (delta-encoded timestamps) is caught here, not loaded silently.
@@ -282,18 +290,17 @@ def _read_columns(path: Path, table: str, columns: list[str]) -> pa.Table | None
     """Only `columns` of a part (Parquet column paths, such as "native.list.element.module" for one
     field of a list of structs), every page of the part checked as `verify_part` does (damage in a
     column not read is damage all the same); None when the part lacks one of the columns."""
-    data, metadata = _verified(path, table)
-    return _columns_of(path, data, metadata, columns)
+    return _columns_of(path, _verified(path, table), columns)
 
 
-def _columns_of(path: Path, data: bytes, metadata: pq.FileMetaData, columns: list[str]) -> pa.Table | None:
-    """`columns` of a part read from its bytes (`_verified`); None when it lacks one of them."""
+def _columns_of(path: Path, parquet: pq.ParquetFile, columns: list[str]) -> pa.Table | None:
+    """`columns` of a part opened by `_verified`; None when it lacks one of them."""
+    metadata = parquet.metadata
     leaves = metadata.schema
     if not set(columns) <= {leaves.column(i).path for i in range(len(leaves))}:
         return None
     try:
-        with pq.ParquetFile(pa.BufferReader(data), metadata=metadata) as parquet:
-            return parquet.read(columns=columns, use_threads=_threaded(metadata))
+        return parquet.read(columns=columns, use_threads=_threaded(metadata))
     except (OSError, pa.ArrowException, ValueError) as error:
         raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
 
@@ -312,23 +319,24 @@ def verify_part(path: Path, table: str) -> int:
     """`check_part`, and every page checked against its checksum; returns the row count. For parts
     that DuckDB loads itself: its Parquet reader checks no page checksums. The pages are not decoded
     unless one carries no checksum (a part not written by the capture): decoding is then the check."""
-    return _verified(path, table)[1].num_rows
+    return _verified(path, table).metadata.num_rows
 
 
-def _verified(path: Path, table: str) -> tuple[bytes, pq.FileMetaData]:
-    """A part's bytes and footer, its footer and page checksums checked (see `verify_part`)."""
+def _verified(path: Path, table: str, read_dictionary: list[str] | None = None) -> pq.ParquetFile:
+    """A part opened over its bytes (`_opened`), its footer and page checksums checked (see
+    `verify_part`)."""
     try:
         data = path.read_bytes()  # once: the footer and the pages are read from these bytes
     except OSError as error:
         raise _fail(path, f"unreadable ({first_line(error, 300)})") from None
-    metadata = _footer(path, table, data)
+    parquet = _opened(path, table, data, read_dictionary)
     try:
-        checked = verify_page_checksums(data, metadata)
+        checked = verify_page_checksums(data, parquet.metadata)
     except PageDamage as damage:
         raise _fail(path, f"unreadable Parquet ({damage})") from None
     if not checked:
         _read_part(path, table)
-    return data, metadata
+    return parquet
 
 
 class EventsPart(NamedTuple):
@@ -346,14 +354,14 @@ def events_part(path: Path) -> EventsPart:
     from the part's dictionaries in the same bytes, not a string per event) and its events without
     a stack (from the footer's statistics; the column is read only where the writer kept none). The
     ingest tells the events whose stack the run does not hold from these after loading them."""
-    data, metadata = _verified(path, "events")
+    parquet = _verified(path, "events", read_dictionary=["kind", "name"])
+    metadata = parquet.metadata
     try:
-        with pq.ParquetFile(pa.BufferReader(data), metadata=metadata, read_dictionary=["kind", "name"]) as parquet:
-            threaded = _threaded(metadata)
-            batches = parquet.read(columns=["kind", "name"], use_threads=threaded).to_batches()
-            without_stack = _null_count(metadata, "stack_id")
-            if without_stack is None:
-                without_stack = parquet.read(columns=["stack_id"], use_threads=threaded).column(0).null_count
+        threaded = _threaded(metadata)
+        batches = parquet.read(columns=["kind", "name"], use_threads=threaded).to_batches()
+        without_stack = _null_count(metadata, "stack_id")
+        if without_stack is None:
+            without_stack = parquet.read(columns=["stack_id"], use_threads=threaded).column(0).null_count
     except (OSError, pa.ArrowException, ValueError) as error:
         raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
     names: set[tuple[str, str]] = set()
@@ -430,7 +438,7 @@ def read_tables(
     verified = verified or {}
     for table in names:
         parts = [_in_current_columns(_read_part(path, table, verified.get(path)), table) for path in files[table]]
-        tables[table] = pa.concat_tables(parts) if parts else RUN_TABLES[table]().empty_table()
+        tables[table] = pa.concat_tables(parts) if parts else table_schema(table).empty_table()
     return tables
 
 
@@ -456,9 +464,9 @@ def read_stack_keys(
     this adds to `verified`). Every page of the parts is checked."""
     if files.get("code_origins") or not files["stacks"]:
         return None
-    parts = [(path, *_verified(path, "stacks")) for path in files["stacks"]]
+    parts = [(path, _verified(path, "stacks")) for path in files["stacks"]]
     if verified is not None:
-        verified.update({path: (data, metadata) for path, data, metadata in parts})
+        verified.update(parts)
     hashes = [_columns_of(*part, ["stack_hash"]) for part in parts]
     if any(column is None or column["stack_hash"].null_count for column in hashes):
         return None
@@ -471,7 +479,7 @@ def read_stack_keys(
     # which no range shows described: they are always read.
     described = np.unique(modules["module_index"].to_numpy())
     columns = STACK_KEY_COLUMNS
-    if all(_references_described(metadata, "native.list.element.module", described) for _, _, metadata in parts):
+    if all(_references_described(part.metadata, "native.list.element.module", described) for _, part in parts):
         columns = [name for name in columns if not name.startswith("native.")]
     stacks = [
         _columns_of(*part, columns).append_column("stack_hash", column["stack_hash"])
@@ -486,7 +494,7 @@ def read_stack_keys(
 
 def _in_current_columns(part: pa.Table, table: str) -> pa.Table:
     """A part of an older raw schema version with the columns added since, as nulls."""
-    schema = RUN_TABLES[table]()
+    schema = table_schema(table)
     for name in schema.names[part.num_columns :]:
         part = part.append_column(schema.field(name), pa.nulls(part.num_rows, schema.field(name).type))
     return part

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -40,6 +42,14 @@ def test_every_page_the_capture_writes_carries_a_checksum(captured_events: Path)
     assert verify_part(captured_events, "events") == metadata.num_rows == 600
 
 
+def test_the_extension_computes_the_crc32_zlib_does() -> None:
+    """Page checksums are CRC-32s as zlib computes them: every length around the eight-byte steps."""
+    data = np.random.default_rng(3).integers(0, 256, 5000, dtype=np.uint8).tobytes()
+    for size in [*range(0, 40), 4095, 4096, 4097, 5000]:
+        for offset in (0, 3):
+            assert _native.crc32(data[offset : offset + size]) == zlib.crc32(data[offset : offset + size])
+
+
 def test_a_flipped_bit_in_any_page_is_refused(captured_events: Path, tmp_path: Path) -> None:
     original = captured_events.read_bytes()
     metadata = pq.read_metadata(captured_events)
@@ -48,8 +58,9 @@ def test_a_flipped_bit_in_any_page_is_refused(captured_events: Path, tmp_path: P
         for position in range(span.body, span.end, max(1, (span.end - span.body) // 16)):
             damaged = bytearray(original)
             damaged[position] ^= 1 << (position % 8)
-            with pytest.raises(PageDamage, match="page checksum mismatch"):
+            with pytest.raises(PageDamage, match="page checksum mismatch") as refused:
                 verify_page_checksums(bytes(damaged), metadata)
+            assert f"column {span.column!r} (row group 0, page at byte {span.header})" in str(refused.value)
             damaged_path.write_bytes(bytes(damaged))
             with pytest.raises(DamagedRunError, match=f"{damaged_path.name}: unreadable Parquet"):
                 verify_part(damaged_path, "events")
