@@ -274,29 +274,26 @@ py::tuple inline_rows_binding(const py::buffer& stack_id, const py::buffer& slot
                         vector_array(std::move(rows.frame_symbol_row)));
 }
 
-py::tuple parquet_chunk_pages_binding(const py::buffer& data, int64_t start, int64_t end, bool has_dictionary,
-                                      uint32_t encoding_mask) {
+// A walk over the Parquet column chunk data[start, end) (chunk_pages or chunk_checksums), without the GIL.
+template <typename Walk>
+auto walk_chunk(const py::buffer& data, int64_t start, int64_t end, bool has_dictionary, uint32_t encoding_mask,
+                Walk walk) {
   const py::buffer_info info = integer_buffer(data, 1, "data", false);
   if (start < 0 || end < start || end > info.size) throw py::value_error("the column chunk lies outside the data");
-  ChunkPages pages;
-  {
-    py::gil_scoped_release unlocked;
-    pages = chunk_pages(static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(start), static_cast<size_t>(end),
-                        has_dictionary, encoding_mask);
-  }
+  py::gil_scoped_release unlocked;
+  return walk(static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(start), static_cast<size_t>(end),
+              has_dictionary, encoding_mask);
+}
+
+py::tuple parquet_chunk_pages_binding(const py::buffer& data, int64_t start, int64_t end, bool has_dictionary,
+                                      uint32_t encoding_mask) {
+  const ChunkPages pages = walk_chunk(data, start, end, has_dictionary, encoding_mask, chunk_pages);
   return py::make_tuple(vector_bytes(pages.pages), pages.values, pages.problem, pages.problem_at);
 }
 
 py::tuple parquet_chunk_checksums_binding(const py::buffer& data, int64_t start, int64_t end, bool has_dictionary,
                                           uint32_t encoding_mask) {
-  const py::buffer_info info = integer_buffer(data, 1, "data", false);
-  if (start < 0 || end < start || end > info.size) throw py::value_error("the column chunk lies outside the data");
-  ChunkChecksums checked;
-  {
-    py::gil_scoped_release unlocked;
-    checked = chunk_checksums(static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(start),
-                              static_cast<size_t>(end), has_dictionary, encoding_mask);
-  }
+  const ChunkChecksums checked = walk_chunk(data, start, end, has_dictionary, encoding_mask, chunk_checksums);
   return py::make_tuple(static_cast<int>(checked.verdict), checked.page_at, checked.values, checked.problem,
                         checked.problem_at);
 }
