@@ -334,8 +334,9 @@ class RunLoader:
         return read_stack_keys(files, all_stored, verified)
 
     def _not_stored(self, hashes: np.ndarray) -> np.ndarray:
-        """The hashes the database held no stack of when the ingest began."""
+        """The hashes the database held no stack of when the ingest began (sorted)."""
         stored = self._stored_hashes
+        hashes = np.sort(hashes)  # searched in order: see `_StackClaims.claimed_before`
         if not len(stored):
             return hashes
         at = np.minimum(np.searchsorted(stored, hashes), len(stored) - 1)
@@ -780,7 +781,7 @@ class _StackClaims:
         read these stacks' frames)."""
         # Searched in sorted order: 0.12 ms for a small run's 2.4k hashes against 0.2 (each search
         # starts where the one before ended, and its branches go the same way more often).
-        hashes = np.sort(hashes)
+        hashes = np.sort(hashes)  # (a copy: the caller's array stays as it was)
         with self._lock:
             claims = np.full(len(hashes), position + 1, dtype=np.int64)  # unclaimed: as if after it
             claimed = np.zeros(len(hashes), dtype=bool)
