@@ -238,15 +238,13 @@ def _check_schema(path: Path, table: str, schema: pa.Schema) -> None:
 def check_part(path: Path, table: str) -> int:
     """Checks a part's footer (readable, right table, schema and version) without reading its data;
     returns its row count."""
-    return _footer(path, table).num_rows
+    with _opened(path, table) as parquet:
+        return parquet.metadata.num_rows
 
 
-def _footer(path: Path, table: str, data: bytes | None = None) -> pq.FileMetaData:
-    """The part's footer, its schema checked; from `data` (the file's bytes) when given."""
-    return _opened(path, table, data).metadata
-
-
-def _opened(path: Path, table: str, data: bytes | None = None, read_dictionary: list[str] | None = None):
+def _opened(
+    path: Path, table: str, data: bytes | None = None, read_dictionary: list[str] | None = None
+) -> pq.ParquetFile:
     """The part opened (its footer read, its schema checked), from `data` (its bytes) when given.
     One ParquetFile a part, its footer parsed once, for every read after: opening one cost about as
     much as reading a small part's column (60 us)."""
@@ -258,7 +256,11 @@ def _opened(path: Path, table: str, data: bytes | None = None, read_dictionary: 
         schema = parquet.metadata.schema.to_arrow_schema()
     except (OSError, pa.ArrowException, ValueError) as error:
         raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
-    _check_schema(path, table, schema)
+    try:
+        _check_schema(path, table, schema)
+    except DamagedRunError:
+        parquet.close()  # (a file's handle, when opened from its path)
+        raise
     return parquet
 
 

@@ -763,8 +763,8 @@ class _StackClaims:
     first such run that holds it: the threads preparing runs ask it whether a run's stacks all come
     before it. Sorted arrays looked up a run at a time: a dictionary looked up a hash at a time held
     the GIL for a tenth of a night of small runs, while the threads beside it waited. New hashes go
-    to a small array, merged into the big one now and then, so that a run costs
-    about its own hashes, not the ingest's (`MERGE_AT`)."""
+    to a small array, merged into the big one now and then (`MERGE_AT`), so that a run costs about
+    its own hashes, not the ingest's."""
 
     # The small array is merged into the big one once it holds a quarter of the big one's hashes,
     # or this many.
