@@ -298,16 +298,6 @@ py::tuple parquet_chunk_checksums_binding(const py::buffer& data, int64_t start,
                         checked.problem_at);
 }
 
-py::int_ crc32_binding(const py::buffer& data) {
-  const py::buffer_info info = integer_buffer(data, 1, "data", false);
-  uint32_t crc = 0;
-  {
-    py::gil_scoped_release unlocked;
-    crc = crc32(static_cast<const uint8_t*>(info.ptr), static_cast<size_t>(info.size));
-  }
-  return py::int_(crc);
-}
-
 // Offsets of an Arrow string or large_string column (int32 or int64, one more than the texts) and
 // its data: the offsets must rise from within the data and end inside it.
 template <typename Offset>
@@ -386,7 +376,6 @@ void register_ingest_bindings(py::module_& m) {
         "parquet_chunk_pages, then each page's bytes checked against its CRC-32, in file order: (verdict: 0 every "
         "page checked matches, 1 a page carries no CRC, 2 a page's CRC differs; the header offset of that page or "
         "-1; values of the data pages; problem ('' when none); offset of the damaged page's header).");
-  m.def("crc32", &crc32_binding, py::arg("data"), "The CRC-32 of the bytes, as zlib.crc32 computes it.");
 }
 
 }  // namespace tbpipe

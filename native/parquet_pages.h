@@ -52,7 +52,9 @@ struct ChunkChecksums {
 ChunkChecksums chunk_checksums(const uint8_t* data, size_t start, size_t end, bool has_dictionary,
                                uint32_t encoding_mask);
 
-// The CRC-32 (ISO-HDLC, as zlib and Parquet's page checksums compute it) of size bytes.
+// The CRC-32 (ISO-HDLC, as zlib and Parquet's page checksums compute it) of size bytes. Computed
+// here rather than by zlib: linking zlib would make its headers a build requirement of the
+// extension, for twenty lines.
 uint32_t crc32(const uint8_t* bytes, size_t size);
 
 }  // namespace tbpipe

@@ -248,11 +248,12 @@ def _opened(
     """The part opened (its footer read, its schema checked), from `data` (its bytes) when given.
     One ParquetFile a part, its footer parsed once, for every read after: opening one cost about as
     much as reading a small part's column (60 us)."""
+    source = path if data is None else pa.BufferReader(data)
     try:
         try:
-            parquet = pq.ParquetFile(path if data is None else pa.BufferReader(data), read_dictionary=read_dictionary)
+            parquet = pq.ParquetFile(source, read_dictionary=read_dictionary)
         except KeyError:  # a column to read as a dictionary is missing: the schema check says more
-            parquet = pq.ParquetFile(path if data is None else pa.BufferReader(data))
+            parquet = pq.ParquetFile(source)
         schema = parquet.metadata.schema.to_arrow_schema()
     except (OSError, pa.ArrowException, ValueError) as error:
         raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None

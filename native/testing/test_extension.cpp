@@ -23,6 +23,7 @@
 #include "frames.h"
 #include "module_dicts.h"
 #include "modules.h"
+#include "parquet_pages.h"
 #include "unwind.h"
 
 namespace py = pybind11;
@@ -312,6 +313,13 @@ void register_unwinder_diagnostics(py::module_& m) {
   m.def(
       "_unwind_c_entry", [] { return py::int_(reinterpret_cast<uintptr_t>(&tbpipe_unwind_into)); },
       "Address of tbpipe_unwind_into(pcs, modules, flags, max, options) for native test code.");
+  m.def(
+      "crc32",
+      [](const py::bytes& data) {
+        const std::string bytes = data;
+        return crc32(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+      },
+      py::arg("data"), "The CRC-32 the page checks compute (native/parquet_pages.cpp) of the bytes.");
 }
 
 }  // namespace tbpipe

@@ -329,14 +329,14 @@ class RunLoader:
         and the run is read whole (its stacks parts from the bytes left in `verified`)."""
 
         def all_stored(hashes: np.ndarray) -> bool:
-            return self._claims.claimed_before(self._not_stored(hashes), position)
+            # Sorted once: searched in order, first among the stored hashes, then among the claims.
+            return self._claims.claimed_before(self._not_stored(np.sort(hashes)), position)
 
         return read_stack_keys(files, all_stored, verified)
 
     def _not_stored(self, hashes: np.ndarray) -> np.ndarray:
-        """The hashes the database held no stack of when the ingest began (sorted)."""
+        """The hashes the database held no stack of when the ingest began (in the order given)."""
         stored = self._stored_hashes
-        hashes = np.sort(hashes)  # searched in order: see `_StackClaims.claimed_before`
         if not len(stored):
             return hashes
         at = np.minimum(np.searchsorted(stored, hashes), len(stored) - 1)
@@ -778,10 +778,9 @@ class _StackClaims:
     def claimed_before(self, hashes: np.ndarray, position: int) -> bool:
         """Whether runs before `position` claim every one of `hashes`; else the run at `position`
         claims those that no run before it does (it is read whole, and the runs after it need not
-        read these stacks' frames)."""
-        # Searched in sorted order: 0.12 ms for a small run's 2.4k hashes against 0.2 (each search
-        # starts where the one before ended, and its branches go the same way more often).
-        hashes = np.sort(hashes)  # (a copy: the caller's array stays as it was)
+        read these stacks' frames). Any order answers the same; sorted `hashes` are searched in
+        0.12 ms for a small run's 2.4k against 0.2 (each search starts where the one before ended,
+        and its branches go the same way more often)."""
         with self._lock:
             claims = np.full(len(hashes), position + 1, dtype=np.int64)  # unclaimed: as if after it
             claimed = np.zeros(len(hashes), dtype=bool)
