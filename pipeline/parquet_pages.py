@@ -56,24 +56,23 @@ class PageSpan:
     crc: int | None  # CRC-32 of data[body:end] as the writer stored it, None when it stored none
 
 
-def _chunks(metadata: pq.FileMetaData) -> Iterator[tuple[pq.ColumnChunkMetaData, int, tuple]]:
-    """Every column chunk with its row group and, as its footer says, where its pages start, how many
-    bytes they take and whether a dictionary page comes first."""
+def _chunks(metadata: pq.FileMetaData) -> Iterator[tuple[pq.ColumnChunkMetaData, int]]:
+    """Every column chunk with the index of its row group."""
     for group_index in range(metadata.num_row_groups):
         group = metadata.row_group(group_index)
         for column_index in range(group.num_columns):
-            chunk = group.column(column_index)
-            start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
-            yield chunk, group_index, (start, chunk.total_compressed_size, chunk.has_dictionary_page)
+            yield group.column(column_index), group_index
 
 
-def _walk_arguments(data: bytes, chunk: pq.ColumnChunkMetaData, start: int | None, size: int, dictionary: bool):
-    """The arguments of the extension's page walks over a chunk (with the mask of the encodings its
-    footer lists); PageDamage when its pages lie outside the file."""
-    if start is None or start < 0 or start + size > len(data):
+def _walk_arguments(data: bytes, chunk: pq.ColumnChunkMetaData):
+    """The arguments of the extension's page walks over a chunk, as its footer describes it: where
+    its pages start and end, whether a dictionary page comes first, and the mask of the encodings it
+    lists; PageDamage when its pages lie outside the file."""
+    start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+    if start is None or start < 0 or start + chunk.total_compressed_size > len(data):
         raise PageDamage(f"column {chunk.path_in_schema!r}'s pages lie outside the file")
     mask = sum(1 << _ENCODINGS[name] for name in set(chunk.encodings) if name in _ENCODINGS)
-    return data, start, start + size, dictionary, mask
+    return data, start, start + chunk.total_compressed_size, chunk.has_dictionary_page, mask
 
 
 def _check_values(chunk: pq.ColumnChunkMetaData, values: int, problem: str, at: int) -> None:
@@ -92,8 +91,8 @@ def page_spans(data: bytes, metadata: pq.FileMetaData) -> Iterator[PageSpan]:
     that does not parse or does not agree with the footer: the checksums leave the headers out, and
     a flipped bit there (a data page become a dictionary page, another encoding, another count of
     values) would otherwise be read back as other rows."""
-    for chunk, group_index, where in _chunks(metadata):
-        pages, values, problem, at = _native.parquet_chunk_pages(*_walk_arguments(data, chunk, *where))
+    for chunk, group_index in _chunks(metadata):
+        pages, values, problem, at = _native.parquet_chunk_pages(*_walk_arguments(data, chunk))
         for header, body, end, crc in np.frombuffer(pages, dtype=np.int64).reshape(-1, 4).tolist():
             yield PageSpan(chunk.path_in_schema, group_index, header, body, end, None if crc < 0 else crc)
         _check_values(chunk, values, problem, at)
@@ -104,8 +103,8 @@ def verify_page_checksums(data: bytes, metadata: pq.FileMetaData) -> bool:
     extension, without the GIL: a Python step per page held it for a tenth of a night's ingest).
     True when all carry one and match; False as soon as a page carries none (only decoding can
     check that file); PageDamage otherwise."""
-    for chunk, group_index, where in _chunks(metadata):
-        verdict, page_at, values, problem, at = _native.parquet_chunk_checksums(*_walk_arguments(data, chunk, *where))
+    for chunk, group_index in _chunks(metadata):
+        verdict, page_at, values, problem, at = _native.parquet_chunk_checksums(*_walk_arguments(data, chunk))
         if verdict == _UNCHECKED:
             return False
         if verdict == _MISMATCH:

@@ -336,11 +336,8 @@ class RunLoader:
 
     def _not_stored(self, hashes: np.ndarray) -> np.ndarray:
         """The hashes the database held no stack of when the ingest began (in the order given)."""
-        stored = self._stored_hashes
-        if not len(stored):
-            return hashes
-        at = np.minimum(np.searchsorted(stored, hashes), len(stored) - 1)
-        return hashes[stored[at] != hashes]
+        _at, found = _find_sorted(self._stored_hashes, hashes)
+        return hashes[~found]
 
     # ---------------------------------------------------------------- loading a batch
 
@@ -758,6 +755,15 @@ def _events_loaded(tx: _Underway) -> None:
     tx.events_loaded.result()
 
 
+def _find_sorted(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of `values` is in `keys` (sorted, distinct), and whether it is there at all (where
+    it is not, its place is an index inside `keys`, never past its end)."""
+    if not len(keys):
+        return np.zeros(len(values), dtype=np.intp), np.zeros(len(values), dtype=bool)
+    at = np.minimum(np.searchsorted(keys, values), len(keys) - 1)
+    return at, keys[at] == values
+
+
 class _StackClaims:
     """The stack hashes that runs read whole bring in, each with the position (in load order) of the
     first such run that holds it: the threads preparing runs ask it whether a run's stacks all come
@@ -786,10 +792,7 @@ class _StackClaims:
             claimed = np.zeros(len(hashes), dtype=bool)
             found_in = []
             for keys, positions in (self._big, self._recent):
-                if not len(keys):
-                    continue
-                at = np.minimum(np.searchsorted(keys, hashes), len(keys) - 1)
-                found = keys[at] == hashes
+                at, found = _find_sorted(keys, hashes)
                 claims[found] = positions[at[found]]
                 claimed |= found
                 found_in.append((positions, at, found))
