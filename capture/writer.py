@@ -21,9 +21,8 @@ import pyarrow.parquet as pq
 from tbpipe import _native
 from tbpipe.capture import columns
 from tbpipe.capture.manifest import write_manifest
-from tbpipe.pipeline.stacks.identity import md5_low64
-from tbpipe.pipeline.symbols.modulekey import ModuleKey
 from tbpipe.schemas import raw
+from tbpipe.schemas.identity import code_hashes, module_hashes
 
 # zstd level 3 keeps the flusher cheap; repeated stack ids and names are
 # dictionary-encoded by Parquet, timestamps delta-encoded.
@@ -78,17 +77,16 @@ def _list_offsets(ends: pa.Array) -> pa.Array:
     return pa.concat_arrays([zero, ends.cast(pa.int32())])
 
 
-# The hashes of the modules and code objects a stack's frames refer to, as the ingest computes them
-# from the same rows (pipeline/stacks/flatten.py), made from Python values: Arrow's compute
-# functions would import pandas here (see `columns`).
+# The hashes of the modules and code objects a stack's frames refer to (schemas/identity.py's rules),
+# made from Python values: Arrow's compute functions would import pandas here (see `columns`).
 def _module_hashes(modules: pa.Table) -> np.ndarray:
-    build_ids, paths = (modules.column(name).chunk(0).to_pylist() for name in ("build_id", "path"))
-    return md5_low64(columns.strings([str(ModuleKey.of(b, p)) for b, p in zip(build_ids, paths)]))
+    return module_hashes(zip(*(modules.column(name).chunk(0).to_pylist() for name in ("build_id", "path"))))
 
 
 def _code_hashes(code: pa.Table) -> np.ndarray:
-    rows = zip(*(code.column(name).chunk(0).to_pylist() for name in ("filename", "qualname", "first_line")))
-    return md5_low64(columns.strings([f"{file}\x1f{qualname}\x1f{line}" for file, qualname, line in rows]))
+    return code_hashes(
+        zip(*(code.column(name).chunk(0).to_pylist() for name in ("filename", "qualname", "first_line")))
+    )
 
 
 class RunWriter:

@@ -336,7 +336,7 @@ void register_ingest_bindings(py::module_& m) {
         py::arg("native_module"), py::arg("native_address"), py::arg("native_flags"), py::arg("python_offsets"),
         py::arg("python_code"), py::arg("python_line"), py::arg("python_flags"), py::arg("module_index"),
         py::arg("module_hash"), py::arg("code_id"), py::arg("code_hash"),
-        "Portable hash of each raw stack (pipeline/stacks/identity.py's), from Arrow list offsets and frame "
+        "Portable hash of each raw stack (schemas/identity.py's), from Arrow list offsets and frame "
         "columns; uint64 bytes.");
   m.def("md5_low64", &md5_low64_binding, py::arg("offsets"), py::arg("data"),
         "Low 64 bits of each text's MD5 (DuckDB's md5_number_lower), from an Arrow string column's offsets "

@@ -1,5 +1,5 @@
 // Stack hashes in one pass (stack_identity.h). Every constant and step below mirrors
-// pipeline/stacks/identity.py and pipeline/stacks/flatten.py; the tests compare the two on real and
+// schemas/identity.py and pipeline/stacks/flatten.py; the tests compare the two on real and
 // random runs, since the hash keys `stacks` rows of databases already written.
 #include "stack_identity.h"
 

@@ -26,9 +26,10 @@ import pyarrow.parquet as pq
 
 from tbpipe.pipeline.errors import TbpipeError, UsageError, first_line
 from tbpipe.pipeline.parquet_pages import PageDamage, verify_page_checksums
-from tbpipe.schemas import (
+from tbpipe.schemas.raw import (
     FORMAT_NAME,
     MANIFEST_FILE,
+    NATIVE_FRAME_MARKER,
     OLDEST_READABLE_RAW_SCHEMA_VERSION,
     RAW_SCHEMA_VERSION,
     RUN_TABLES,
@@ -38,7 +39,6 @@ from tbpipe.schemas import (
     readable_raw_schema_version,
     table_schema,
 )
-from tbpipe.schemas.raw import NATIVE_FRAME_MARKER
 
 _PART_NAME = re.compile(r"^(?P<table>[a-z_]+)-(?P<sequence>\d{6})\.parquet$")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,199}$")

@@ -125,7 +125,7 @@ def stacks_schema() -> pa.Schema:
             pa.field("status", pa.uint32(), nullable=False),  # STACK_* bits
             pa.field("native", pa.list_(NATIVE_FRAME), nullable=False),
             pa.field("python", pa.list_(PYTHON_FRAME), nullable=False),
-            # (version 4) the portable stack hash (pipeline/stacks/identity.py), as the capture
+            # (version 4) the portable stack hash (schemas/identity.py), as the capture
             # computed it when it wrote the stack: an ingest that already stores every stack of a
             # run reads this column instead of the frames. Null where the writer did not compute it.
             pa.field("stack_hash", pa.uint64()),

@@ -18,11 +18,11 @@ import pyarrow as pa
 import pytest
 
 from tbpipe import _native
-from tbpipe.pipeline.stacks import identity, layout, order, render
+from tbpipe.pipeline.stacks import layout, order, render
 from tbpipe.pipeline.symbols.model import SymbolizedFrame
-from tbpipe.pipeline.symbols.modulekey import KeyKind, ModuleKey, _key_column, module_key_column
-from tbpipe.schemas import raw
+from tbpipe.schemas import identity, raw
 from tbpipe.schemas.lake import TABLES
+from tbpipe.schemas.modulekey import KeyKind, ModuleKey, _key_column, module_key_column
 
 E = raw.NATIVE_FRAME_EVAL_LOOP
 M = raw.NATIVE_FRAME_MARKER

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from tbpipe.pipeline.db.selectors import parse_per
 from tbpipe.pipeline.errors import UsageError
 
 REGRESSION_EXIT = 1
@@ -22,15 +23,6 @@ class ReportFormat(str, Enum):
     md = "md"
     html = "html"
     json = "json"
-
-
-def parse_per(text: str | None) -> tuple[str, str] | None:
-    if text is None:
-        return None
-    kind, sep, name = text.partition(":")
-    if not sep or not kind or not name:
-        raise UsageError(f"--per {text!r}: expected KIND:NAME, e.g. --per step:train")
-    return kind, name
 
 
 def register(app: typer.Typer) -> None:

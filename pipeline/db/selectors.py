@@ -21,6 +21,16 @@ from tbpipe.pipeline.errors import UsageError
 LATEST = "latest"
 
 
+def parse_per(text: str | None) -> tuple[str, str] | None:
+    """`--per KIND:NAME` (the events whose count divides each run's counts) as (kind, name)."""
+    if text is None:
+        return None
+    kind, sep, name = text.partition(":")
+    if not sep or not kind or not name:
+        raise UsageError(f"--per {text!r}: expected KIND:NAME, e.g. --per step:train")
+    return kind, name
+
+
 class RunSelectionError(UsageError):
     """A run selector that names no run, or more than one where one is needed."""
 

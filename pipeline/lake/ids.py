@@ -3,7 +3,7 @@
 The DuckDB file numbers runs, names, frames and sites as it meets them; executors of a distributed
 job cannot share a counter, so the lake names each thing by a hash of what it is:
 
-- a stack: its portable hash (`stacks.identity`), the uint64's bits as a signed int64;
+- a stack: its portable hash (`schemas.identity`), the uint64's bits as a signed int64;
 - a run: the low 63 bits of the MD5 of its run id (non-negative: it names partition folders);
 - an event name: the low 63 bits of the MD5 of kind + US + name;
 - a frame: the low 63 bits of the MD5 of all its columns (`frame_ids`);
@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tbpipe.pipeline.stacks.identity import md5_low64
+from tbpipe.schemas.identity import md5_low64
 
 _LOW63 = np.uint64(0x7FFF_FFFF_FFFF_FFFF)
 _NULL = "\x00"

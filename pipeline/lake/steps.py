@@ -348,7 +348,7 @@ def symbolize(requests: pa.Table, symbolizer: Any) -> tuple[pa.Table, pa.Table]:
     the DuckDB ingest asks: the same addresses give the same rows.
     """
     from tbpipe.pipeline.symbols import ModuleRef
-    from tbpipe.pipeline.symbols.modulekey import ModuleKey
+    from tbpipe.schemas.modulekey import ModuleKey
 
     if requests.num_rows == 0:
         return schema_of("symbols").empty_table(), schema_of("modules").empty_table()

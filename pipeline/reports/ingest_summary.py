@@ -10,7 +10,7 @@ from rich.table import Table
 
 from tbpipe.pipeline.db.ingest.outcomes import IngestSummary, UnsymbolizedGroup
 from tbpipe.pipeline.symbols.model import short_build_id
-from tbpipe.pipeline.symbols.modulekey import ModuleKey
+from tbpipe.schemas.modulekey import ModuleKey
 
 _SHOWN_MODULES = 3
 

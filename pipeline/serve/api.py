@@ -177,7 +177,7 @@ def report_request(
     threshold_abs: float,
 ) -> ReportRequest:
     """The request `tbpipe report` builds from the same options."""
-    from tbpipe.pipeline.commands.report import parse_per
+    from tbpipe.pipeline.db.selectors import parse_per
 
     return ReportRequest(
         candidate=candidate,

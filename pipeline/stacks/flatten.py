@@ -3,9 +3,8 @@
 Every raw stack of every run is hashed (its portable identity), but only the few stacks the
 database has not seen yet are laid out, so the frames are not flattened up front: `FlatRun.frames`
 gives the frames of the stacks asked for. The hash runs in the extension, one pass over the Arrow
-columns (`tbpipe._native.hash_raw_stacks`); `identity` spells the same function out in numpy. The
-module keys and code objects it refers to are hashed there too, by MD5 from the Arrow columns'
-buffers (`identity.md5_low64`).
+columns (`tbpipe._native.hash_raw_stacks`), the function `schemas/identity.py` defines; the
+module keys and code objects it refers to are hashed by that module's rules, from the Arrow columns.
 """
 
 from __future__ import annotations
@@ -17,10 +16,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tbpipe import _native
-from tbpipe.pipeline.stacks import identity
 from tbpipe.pipeline.stacks.origins import splice_origins
-from tbpipe.pipeline.symbols.modulekey import module_key_column
 from tbpipe.schemas import raw
+from tbpipe.schemas.identity import code_hash_column, md5_low64
+from tbpipe.schemas.modulekey import module_key_column
 
 
 @dataclass
@@ -227,7 +226,7 @@ def _list_parts(chunk: pa.Array, fields: tuple[str, ...], dtypes: tuple) -> tupl
 def _hash_stacks(
     stacks: pa.Table, module_index: np.ndarray, module_hash: np.ndarray, code_ids: np.ndarray, code_hash: np.ndarray
 ) -> np.ndarray:
-    """The portable hash of every row of a raw `stacks` table (identity.py's function, in the extension)."""
+    """The portable hash of every row of a raw `stacks` table (schemas/identity.py's function, in the extension)."""
     out = []
     for batch in stacks.to_batches():
         status, native, python = (batch.column(name) for name in ("status", "native", "python"))
@@ -265,7 +264,7 @@ def flatten_run(tables: dict[str, pa.Table]) -> FlatRun:
     # Modules: key and hash per row; frames find their row by module_index.
     raw_modules = tables["modules"]
     modules = _keyed_modules(raw_modules)
-    module_hash = identity.md5_low64(modules["module_key"])
+    module_hash = md5_low64(modules["module_key"])
     module_index = _numpy(raw_modules["module_index"], np.int64)
 
     # Code objects: distinct ids, hash over (file, qualname, first line).
@@ -276,10 +275,7 @@ def flatten_run(tables: dict[str, pa.Table]) -> FlatRun:
         if _is_identity(first_rows, code_table.num_rows)
         else code_table.take(pa.array(first_rows, pa.int64()))
     )
-    code_text = pc.binary_join_element_wise(
-        code["filename"], code["qualname"], pc.cast(code["first_line"], pa.string()), "\x1f"
-    )
-    code_hash = identity.md5_low64(code_text)
+    code_hash = code_hash_column(code["filename"], code["qualname"], code["first_line"])
 
     # Distinct raw stacks (a run holds each once; duplicates would be harmless but are dropped).
     raw_ids, stack_rows = np.unique(_numpy(stacks["stack_id"], np.uint64), return_index=True)

@@ -8,15 +8,10 @@ why. Everything else in `tbpipe.pipeline.symbols` works in terms of these.
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import dataclass, field
 
 from tbpipe.pipeline.errors import TbpipeError, UsageError
-
-# Build-IDs are 1..64 bytes in practice: 20 (SHA-1, the GNU default), 16 (md5/uuid), 8 (xxhash
-# from lld). Anything outside this is garbage from a broken capture, not a real note.
-BUILD_ID_PATTERN = r"^(?:[0-9a-f]{2}){2,64}$"
-_BUILD_ID_RE = re.compile(BUILD_ID_PATTERN)
+from tbpipe.schemas.modulekey import normalized_build_id
 
 
 class SymbolsError(TbpipeError):
@@ -35,10 +30,8 @@ def normalize_build_id(build_id: str) -> str:
     """The build-ID as lower-case hex; `BadBuildIdError` when it cannot be one."""
     if not isinstance(build_id, str):
         raise BadBuildIdError(f"build-ID must be a hex string, not {type(build_id).__name__}")
-    text = build_id.strip().lower()
-    if text.startswith("0x"):
-        text = text[2:]
-    if not _BUILD_ID_RE.match(text):
+    text = normalized_build_id(build_id)
+    if text is None:
         shown = build_id if len(build_id) <= 80 else build_id[:77] + "..."
         raise BadBuildIdError(f"invalid build-ID {shown!r}: expected 4..128 hex digits (an even number)")
     return text

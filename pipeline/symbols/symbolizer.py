@@ -28,8 +28,8 @@ from tbpipe.pipeline.symbols.model import (
     SymbolizedFrame,
     normalize_build_id,
 )
-from tbpipe.pipeline.symbols.modulekey import KeyKind, ModuleKey
 from tbpipe.pipeline.symbols.store import SymbolStore, source_key
+from tbpipe.schemas.modulekey import KeyKind, ModuleKey
 
 # A warm `tbpipe addr2line` needs only the store and the result table: the locator (pyelftools),
 # the resolver (symbolic), worker processes and the progress bar are imported when first used.

@@ -16,7 +16,7 @@ from tbpipe.pipeline.rawrun import (
     read_tables,
     reference_problems,
 )
-from tbpipe.schemas import RUN_TABLES
+from tbpipe.schemas.raw import RUN_TABLES
 
 
 @dataclass
@@ -59,7 +59,7 @@ def rewrite_as_raw_version(run_dir: Path, version: int) -> None:
 
     import pyarrow.parquet as pq
 
-    from tbpipe.schemas import VERSION_KEY
+    from tbpipe.schemas.raw import VERSION_KEY
 
     for part in sorted(run_dir.glob("*.parquet")):
         table = pq.read_table(part)

@@ -14,6 +14,7 @@ entries and working folder, the longest that contains the file.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,12 +43,8 @@ def parse_user_code(values: Sequence[str]) -> list[tuple[str, bool]]:
 
 def tbpipe_source_dirs() -> list[str]:
     """tbpipe's own package folders here: in an editable install they are not under site-packages."""
-    import tbpipe.capture
-    import tbpipe.pipeline
-    import tbpipe.schemas
-
-    packages = (tbpipe.capture, tbpipe.pipeline, tbpipe.schemas)
-    return sorted({str(Path(m.__file__).resolve().parent) + "/" for m in packages})
+    specs = (importlib.util.find_spec(f"tbpipe.{name}") for name in ("capture", "pipeline", "schemas"))
+    return sorted({str(Path(folder).resolve()) + "/" for spec in specs for folder in spec.submodule_search_locations})
 
 
 def store_user_code(db: IngestDb, rules: list[tuple[str, bool]]) -> None:

@@ -22,7 +22,7 @@ from tbpipe.pipeline.db.ingest.outcomes import IngestOptions, IngestSummary
 from tbpipe.pipeline.db.ingest.siting import site_stacks
 from tbpipe.pipeline.db.ingest.tables import IngestDb
 from tbpipe.pipeline.stacks import layout
-from tbpipe.pipeline.symbols.modulekey import KeyKind, ModuleKey
+from tbpipe.schemas.modulekey import KeyKind, ModuleKey
 
 # Columns of `symbols`, in the symbolizer's Arrow rows (where the module key is called build_id).
 SYMBOLS_COLUMNS = ["module_key", "address", "exact", "depth", "function", "file", "line", "inlined", "reason"]

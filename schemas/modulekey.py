@@ -3,31 +3,46 @@
 A raw run describes each loaded ELF object by path and build-ID note. Most have a valid build-ID,
 which names the object on any machine; some have none (then the path is all there is), and a
 damaged capture may carry text that cannot be a build-ID. `ModuleKey` is that choice as one type
-with one text encoding, used for the symbolizer's per-module state, the ingest's symbol requests
-and the database's `module_key` columns (`modules`, `run_modules`, `symbols`, `stack_frames`):
+with one text encoding, used by the capture (its stack hashes: `identity`), the symbolizer's
+per-module state, the ingest's symbol requests and the database's `module_key` columns:
 
     <hex>           a valid build-ID, lower case, without 0x
     path:<path>     an object without a build-ID note, by the path it was loaded from
     invalid:<text>  a build-ID note that is not 2..64 bytes of hex (its text, cut at 200 characters)
 
-`module_key_column` computes the same encoding for whole Arrow columns (the ingest's path).
+`ModuleKey.of` is the definition; `module_key_column` computes the same over Arrow columns (the
+ingest's path). Pure Python at import: the symbolizer's start-up path (addr2line) imports it.
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tbpipe.pipeline.symbols.model import BUILD_ID_PATTERN, BadBuildIdError, normalize_build_id
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# Build-IDs are 1..64 bytes in practice: 20 (SHA-1, the GNU default), 16 (md5/uuid), 8 (xxhash
+# from lld). Anything outside this is garbage from a broken capture, not a real note.
+BUILD_ID_PATTERN = r"^(?:[0-9a-f]{2}){2,64}$"
+_BUILD_ID_RE = re.compile(BUILD_ID_PATTERN)
+
+
+def normalized_build_id(text: str) -> str | None:
+    """The build-ID as lower-case hex without 0x, or None when `text` cannot be one."""
+    if not isinstance(text, str):
+        return None
+    lowered = text.strip().lower()
+    if lowered.startswith("0x"):
+        lowered = lowered[2:]
+    return lowered if _BUILD_ID_RE.match(lowered) else None
+
 
 PATH_PREFIX = "path:"
 INVALID_PREFIX = "invalid:"
 INVALID_TEXT_LIMIT = 200  # characters of a garbage build-ID kept in its key
-
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 
 class KeyKind(enum.Enum):
@@ -45,10 +60,10 @@ class ModuleKey:
     def of(cls, build_id: str | None, path: str | None) -> ModuleKey:
         """The key of a module described by its build-ID note (None or '' when it has none) and path."""
         if build_id:
-            try:
-                return cls(KeyKind.BUILD_ID, normalize_build_id(build_id))
-            except BadBuildIdError:
-                return cls(KeyKind.INVALID, str(build_id)[:INVALID_TEXT_LIMIT])
+            normalized = normalized_build_id(build_id)
+            if normalized is not None:
+                return cls(KeyKind.BUILD_ID, normalized)
+            return cls(KeyKind.INVALID, str(build_id)[:INVALID_TEXT_LIMIT])
         if path:
             return cls(KeyKind.PATH, path)
         return cls(KeyKind.INVALID, "")
@@ -79,8 +94,8 @@ class ModuleKey:
         return "" if self.kind is KeyKind.PATH else self.value
 
 
-# Keys already computed, by (build-ID, path): a night's runs load the same modules, and the column
-# operations cost a run of 66 modules 1.4 ms where looking its pairs up costs 0.05.
+# Keys already computed, by (build-ID, path): a night's runs load the same modules, and looking a
+# run's few pairs up costs far less than the column operations.
 _KEY_MEMO: dict[tuple[str | None, str | None], str] = {}
 _KEY_MEMO_LIMIT = 1 << 16
 _MEMO_ROWS = 4096  # longer columns go straight to the column operations

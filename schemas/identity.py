@@ -1,18 +1,21 @@
-"""A stack's portable identity: a 64-bit hash over what its frames mean, defined here with numpy.
+"""The identities of the raw format's things, defined once for the capture and the pipeline.
 
-Raw stack ids are content hashes too, but over per-process things (module indices, interned code
-ids), so the same stack gets different raw ids in different runs. Here native frames count by
-(module build-ID, ELF address, flags) and Python frames by (file, qualified name, first line,
-line, entry flag), so equal stacks of any run, process or host hash equally and are stored once.
-(The address of CPython eval-loop frames is left out: they are replaced by the Python frames they
-ran.)
+Three rules live here, each with its reference definition beside its fast path:
 
-The hash must stay the same across tbpipe and DuckDB versions (it keys `stacks` rows of old
-databases), so it is spelled out here: splitmix64 mixing per frame, then a polynomial over the
-frame keys of each list (position-dependent, so order matters), all in wrapping uint64 arithmetic
-over whole columns at once. The ingest hashes every raw stack of every run, so `flatten` computes
-the same function in the extension, in one pass over the Arrow columns
-(native/stack_identity.cpp); the tests hold the two equal.
+- **module hash**: the MD5 (low 64 bits) of a module's key (`modulekey.ModuleKey`, its build-ID
+  else its path); `module_hashes` over Python values, `md5_low64` of `module_key_column` over Arrow.
+- **code hash**: a code object by (file, qualified name, first line): the MD5 (low 64 bits) of
+  `code_key_text`; `code_hashes` over Python values, `code_hash_column` over Arrow columns.
+- **stack hash**: a stack's portable 64-bit identity over what its frames mean. Raw stack ids are
+  content hashes too, but over per-process things (module indices, interned code ids); here native
+  frames count by (module hash, ELF address, flags) and Python frames by (code hash, line, entry
+  flag), so equal stacks of any run, process or host hash equally and are stored once. The
+  reference is `stack_hashes` in numpy (splitmix64 per frame, then a polynomial over each frame list,
+  all in wrapping uint64 arithmetic); the fast path is the extension's `hash_raw_stacks`, which the
+  capture (`capture/writer.py`) and the ingest (`pipeline/stacks/flatten.py`) both call.
+
+Every hash must stay the same across tbpipe and DuckDB versions: it keys rows of old databases and
+lakes. `md5_low64` is what DuckDB's `md5_number_lower` gives.
 """
 
 from __future__ import annotations
@@ -21,8 +24,12 @@ from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tbpipe import _native
+from tbpipe.schemas.modulekey import ModuleKey
+
+# ------------------------------------------------------------------------------- md5 and stack hash
 
 _U64 = np.uint64
 _MUL1 = _U64(0xBF58476D1CE4E5B9)
@@ -44,7 +51,11 @@ def md5_low64(texts: pa.Array | pa.ChunkedArray | Iterable[str]) -> np.ndarray:
     if isinstance(texts, pa.ChunkedArray):
         texts = texts.combine_chunks() if texts.num_chunks != 1 else texts.chunk(0)
     if not isinstance(texts, pa.Array):
-        texts = pa.array([text.encode("utf-8", "surrogatepass") for text in texts], pa.binary())
+        # Not through `pa.array`: it would import pandas in a captured program (capture/columns.py).
+        encoded = [text.encode("utf-8", "surrogatepass") for text in texts]
+        starts = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)), out=starts[1:])
+        return np.frombuffer(_native.md5_low64(starts, b"".join(encoded)), dtype=_U64)
     if texts.null_count:
         raise ValueError("md5_low64: a null among the texts")
     if pa.types.is_large_string(texts.type) or pa.types.is_large_binary(texts.type):
@@ -127,3 +138,29 @@ def stack_hashes(
             + status.astype(_U64) * _STATUS_MUL
         )
         return mix64(mix64(native ^ _NATIVE_TAG) + mix64(python ^ _PYTHON_TAG) + mix64(shape))
+
+
+# ------------------------------------------------------------------------------ module and code hash
+
+CODE_KEY_SEPARATOR = "\x1f"
+
+
+def module_hashes(rows: Iterable[tuple[str | None, str | None]]) -> np.ndarray:
+    """The hash of each module described by (build-ID note, path): MD5 of its key's text."""
+    return md5_low64([str(ModuleKey.of(build_id, path)) for build_id, path in rows])
+
+
+def code_key_text(filename: str, qualname: str, first_line: int) -> str:
+    """The text a code object's hash is taken of (the reference definition)."""
+    return f"{filename}{CODE_KEY_SEPARATOR}{qualname}{CODE_KEY_SEPARATOR}{first_line}"
+
+
+def code_hashes(rows: Iterable[tuple[str, str, int]]) -> np.ndarray:
+    """The hash of each (filename, qualname, first_line), from Python values."""
+    return md5_low64([code_key_text(*row) for row in rows])
+
+
+def code_hash_column(filename: pa.Array, qualname: pa.Array, first_line: pa.Array) -> np.ndarray:
+    """`code_hashes` over Arrow columns (the ingest's path)."""
+    texts = pc.binary_join_element_wise(filename, qualname, pc.cast(first_line, pa.string()), CODE_KEY_SEPARATOR)
+    return md5_low64(texts)
