@@ -88,7 +88,7 @@ def test_drill_from_runs_into_a_site_and_its_traceback(page, server) -> None:
     assert page.locator("#history tr").count() == 1 + 4
     first = page.locator("details.traceback").first
     assert first.locator(".frame.python").first.is_visible()  # the heaviest stack is open
-    assert first.locator(".frame.native").count() > 0
+    assert first.locator(".frame.folded").count() == 1  # the native start-up, folded (program mode)
     assert "softmaxes" in first.locator(".frame.python").all_inner_texts()[0] or any(
         "softmaxes" in t for t in first.locator(".frame.python").all_inner_texts()
     )

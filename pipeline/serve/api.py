@@ -32,6 +32,9 @@ router = APIRouter(prefix="/api")
 Limit = Annotated[int, Query(ge=1, le=1000, description="Rows per page.")]
 Offset = Annotated[int, Query(ge=0, description="Rows to skip (paging).")]
 Labels = Annotated[list[str] | None, Query(description="K=V, repeatable: only runs with all these labels.")]
+_FRAMES = "Focus mode (tbpipe.pipeline.stacks.focus): program, python, native or all."
+IcicleFrames = Annotated[str, Query(pattern="^(program|python|native|all)$", description=_FRAMES)]
+TracebackFrames = Annotated[str, Query(pattern="^(program|python|native|all)$", description=_FRAMES)]
 
 
 def parse_labels(pairs: list[str] | None) -> dict[str, str]:
@@ -89,13 +92,16 @@ def run_sites(
 
 @router.get("/runs/{run_id}/icicle", summary="A run's stacks merged into an icicle tree (root: all events)")
 def run_icicle(
-    request: Request, run_id: str, kind: Annotated[list[str] | None, Query(description="Event kinds.")] = None
+    request: Request,
+    run_id: str,
+    kind: Annotated[list[str] | None, Query(description="Event kinds.")] = None,
+    frames: IcicleFrames = "program",
 ) -> dict[str, Any]:
     with service_of(request).database.read() as cursor:
         numbers = queries.run_numbers(cursor, [run_id])
         if not numbers:
             queries.run(cursor, run_id)  # raises the 404
-        return {"run_id": run_id, **flame.run_tree(cursor, numbers, kind)}
+        return {"run_id": run_id, **flame.run_tree(cursor, numbers, kind, frames)}
 
 
 # ------------------------------------------------------------------------------------------ sites, stacks
@@ -106,10 +112,15 @@ def site(
     request: Request,
     site_key: str,
     stacks: Annotated[int, Query(ge=1, le=50, description="Heaviest stacks to show.")] = 5,
+    frames: TracebackFrames = "all",
 ) -> dict[str, Any]:
     database = service_of(request).database
     with database.read() as cursor:
-        return queries.site(cursor, site_key, stacks, database.state_key())
+        out = queries.site(cursor, site_key, stacks, database.state_key())
+        if frames != "all":
+            for entry in out["stacks"]:
+                entry["frames"] = flame.focused_frames(cursor, entry["frames"], frames)
+        return out
 
 
 @router.get("/sites/{site_key}/history", summary="A call site's events per run, oldest first")
@@ -122,17 +133,19 @@ def site_history(
 
 
 @router.get("/stacks/{stack_id}", summary="One stack as a combined traceback, innermost frame first")
-def stack(request: Request, stack_id: int) -> dict[str, Any]:
+def stack(request: Request, stack_id: int, frames: TracebackFrames = "all") -> dict[str, Any]:
     with service_of(request).database.read() as cursor:
-        return {"stack_id": stack_id, "frames": queries.stack(cursor, stack_id)}
+        return {"stack_id": stack_id, "frames": flame.focused_frames(cursor, queries.stack(cursor, stack_id), frames)}
 
 
 @router.get("/events/{event_id}", summary="One recorded event and its traceback")
-def event(request: Request, event_id: int) -> dict[str, Any]:
+def event(request: Request, event_id: int, frames: TracebackFrames = "all") -> dict[str, Any]:
+    mode = frames
     with service_of(request).database.read() as cursor:
         info = read.event(cursor, event_id)
         calling = read.calling_op(cursor, info)
         frames = queries.stack(cursor, info.stack_id) if info.stack_id is not None else []
+        frames = flame.focused_frames(cursor, frames, mode)
     # calling_op: for an op of an op_stacks=outermost run called by another op, that op's event and
     # whether this event has its stack (see read.CallingOp); null otherwise.
     return {**vars(info), "calling_op": vars(calling) if calling is not None else None, "frames": frames}
@@ -148,6 +161,7 @@ def kernel_callers(
     kind: Annotated[list[str] | None, Query(description="Event kinds (default: all with this name).")] = None,
     run: Annotated[list[str] | None, Query(description="Run ids (default: every run).")] = None,
     limit: Limit = 50,
+    frames: IcicleFrames = "program",
 ) -> dict[str, Any]:
     with service_of(request).database.read() as cursor:
         kinds = queries.event_kinds(cursor, name)
@@ -156,7 +170,7 @@ def kernel_callers(
         numbers = queries.run_numbers(cursor, run) if run else None
         if run and not numbers:
             raise SelectionError(f"none of the runs {', '.join(run)} is in the database")
-        tree = flame.callers_tree(cursor, name, kind, numbers)
+        tree = flame.callers_tree(cursor, name, kind, numbers, frames)
         sites = queries.kernel_sites(cursor, name, kind[0] if kind and len(kind) == 1 else None, run, limit)
     return {"name": name, "kinds": kinds, "sites": sites, **tree}
 
@@ -234,7 +248,7 @@ def comparison_sides(cursor: Any, report: ReportRequest) -> tuple[list[str], lis
 
 
 @router.get("/compare/icicle", summary="Diff icicle: the candidate's and the baseline's stacks in one tree")
-def compare_icicle(request: Request, report: CompareRequest) -> dict[str, Any]:
+def compare_icicle(request: Request, report: CompareRequest, frames: IcicleFrames = "program") -> dict[str, Any]:
     with service_of(request).database.read() as cursor:
         candidate, baseline = comparison_sides(cursor, report)
         tree = flame.diff_tree(
@@ -242,6 +256,7 @@ def compare_icicle(request: Request, report: CompareRequest) -> dict[str, Any]:
             queries.run_numbers(cursor, candidate),
             [queries.run_numbers(cursor, ids) for ids in baseline],
             list(report.kinds) or None,
+            frames,
         )
     return {"candidate": candidate, "baseline": baseline, **tree}
 

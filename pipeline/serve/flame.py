@@ -4,8 +4,11 @@
 - `diff_tree`     the same over a comparison's baseline and candidate runs: each node has both weights
 - `callers_tree`  every stack path into one kernel or op (the "sandwich" view's callers): the event at
                   the root, the frame that launched it below, its callers further down
+- `focused_frames` a combined traceback (the API's frames) focused the same way
 
 Nodes are merged by (kind, function, file): one box per function however many lines of it appear.
+Every tree is focused by a mode (`stacks.focus`: program, python, native, all) before it is merged;
+focusing changes which boxes there are, never a weight.
 Only the heaviest `MAX_STACKS` (kind, name, stack) triples are expanded and nodes thinner than
 `MIN_FRACTION` of the root are cut, so the tree stays small enough for a browser; the root's weight
 is the true total. The tree is built a level at a time over all stacks at once (numpy: a node is a
@@ -21,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from tbpipe.pipeline.db.connection import query_arrow, query_rows
+from tbpipe.pipeline.stacks import focus
 
 MAX_STACKS = 3000
 MAX_DEPTH = 160
@@ -54,10 +58,21 @@ class _Paths:
     labels: list[tuple[str, str, str | None]]
 
 
-def _paths(cursor: Any, stack_ids: list[int], leaves: list[tuple[str, str] | None], outermost_first: bool) -> _Paths:
-    """The paths of `stack_ids` (in that order), each ending in its leaf (kind, event name) if any.
-    Frames are keyed by (kind, function, file): one box per function however many lines of it appear,
-    and one per function across checkouts."""
+def rules_of(cursor: Any) -> focus.FrameRules:
+    """The focus rules with this database's folders of tbpipe's own code (`user_code` rows of origin 'tbpipe')."""
+    return focus.rules_from(r[0] for r in query_rows(cursor, "SELECT prefix FROM user_code WHERE origin = 'tbpipe'"))
+
+
+def _paths(
+    cursor: Any,
+    stack_ids: list[int],
+    leaves: list[tuple[str, str] | None],
+    outermost_first: bool,
+    mode: str = focus.DEFAULT_MODE,
+) -> _Paths:
+    """The paths of `stack_ids` (in that order) focused by `mode` (`stacks.focus`), each ending in
+    its leaf (kind, event name) if any. Frames are keyed by (kind, function, file): one box per
+    function however many lines of it appear, and one per function across checkouts."""
     placed = query_arrow(
         cursor,
         f"""
@@ -75,7 +90,7 @@ def _paths(cursor: Any, stack_ids: list[int], leaves: list[tuple[str, str] | Non
         f"""
         SELECT f.frame_id, f.kind, f.function,
                CASE WHEN f.kind = 'python' THEN coalesce(s.portable_file, f.file) ELSE f.file END AS file,
-               f.line, f.module, f.address
+               f.line, f.module, f.address, f.file AS captured_file
         FROM frames f
         LEFT JOIN source_files s ON f.kind = 'python' AND s.file = f.file
         WHERE f.frame_id IN (
@@ -86,27 +101,47 @@ def _paths(cursor: Any, stack_ids: list[int], leaves: list[tuple[str, str] | Non
         """,
         [stack_ids],
     )
-    # One key per distinct (kind, label, file).
+    rules = rules_of(cursor)
+    # One key per distinct (kind, label, file); each frame's focus class from its captured file.
     key_of: dict[tuple, int] = {}
     frame_keys = np.empty(len(described), dtype=np.int64)
     frame_lines = np.empty(len(described), dtype=np.int64)
-    columns = [described[c].to_pylist() for c in ("kind", "function", "file", "line", "module", "address")]
-    for i, (kind, function, file, line, module, address) in enumerate(zip(*columns)):
+    frame_classes = np.empty(len(described), dtype=np.int64)
+    names = ("kind", "function", "file", "line", "module", "address", "captured_file")
+    columns = [described[c].to_pylist() for c in names]
+    for i, (kind, function, file, line, module, address, captured) in enumerate(zip(*columns)):
         frame_keys[i] = key_of.setdefault((kind, _frame_label(kind, function, module, address), file), len(key_of))
         frame_lines[i] = NO_LINE if line is None else line
-    # Each row at (its stack's row, its depth or its distance from the outermost frame); a stack
+        frame_classes[i] = rules.classify(kind, function, captured, module)
+    # Each stack as a row of its frames (their rows in `described`), innermost first; a stack
     # weighted under several event names has a row per name.
     distinct = {stack_id: i for i, stack_id in enumerate(dict.fromkeys(stack_ids))}
     rows_stack = np.fromiter((distinct[s] for s in placed["stack_id"].to_pylist()), np.int64, len(placed))
     rows_depth = placed["depth"].to_numpy().astype(np.int64)
     described_at = np.searchsorted(described["frame_id"].to_numpy(), placed_frames)
-    lengths = np.bincount(rows_stack, minlength=len(distinct))
-    column = lengths[rows_stack] - 1 - rows_depth if outermost_first else rows_depth
-    width = int(lengths.max(initial=0)) + 1  # and the leaf
-    keys = np.full((len(distinct), width), -1, dtype=np.int64)
-    lines = np.full((len(distinct), width), NO_LINE, dtype=np.int64)
-    keys[rows_stack, column] = frame_keys[described_at]
-    lines[rows_stack, column] = frame_lines[described_at]
+    width = int(rows_depth.max(initial=-1)) + 1
+    frame_at = np.full((len(distinct), width), -1, dtype=np.int64)
+    frame_at[rows_stack, rows_depth] = described_at
+    focused = focus.focus_matrix(np.where(frame_at >= 0, frame_classes[np.maximum(frame_at, 0)], focus.PAD), mode)
+    shown = np.take_along_axis(frame_at, np.maximum(focused.columns, 0), axis=1)
+    present = focused.columns >= 0
+    # The start-up row (program mode) outermost; then each row's frames turned outermost first if asked.
+    start_key = key_of.setdefault(("folded", focus.START_UP, None), len(key_of))
+    folds = focused.start_up > 0
+    lengths = focused.lengths + folds
+    inner_keys = np.full((len(distinct), width + 1), -1, dtype=np.int64)
+    inner_lines = np.full((len(distinct), width + 1), NO_LINE, dtype=np.int64)
+    inner_keys[:, :width] = np.where(present, frame_keys[shown], -1)
+    inner_lines[:, :width] = np.where(present, frame_lines[shown], NO_LINE)
+    inner_keys[np.flatnonzero(folds), focused.lengths[folds]] = start_key
+    positions = np.arange(width + 1)
+    if outermost_first:
+        source = np.where(positions[None, :] < lengths[:, None], lengths[:, None] - 1 - positions[None, :], width)
+        inner_keys = np.take_along_axis(inner_keys, source, axis=1)
+        inner_lines = np.take_along_axis(inner_lines, source, axis=1)
+    keys = np.full((len(distinct), width + 2), -1, dtype=np.int64)  # and the leaf
+    lines = np.full((len(distinct), width + 2), NO_LINE, dtype=np.int64)
+    keys[:, : width + 1], lines[:, : width + 1] = inner_keys, inner_lines
     of_row = np.fromiter((distinct[s] for s in stack_ids), np.int64, len(stack_ids))
     keys, lines, lengths = keys[of_row], lines[of_row], lengths[of_row]
     for i, leaf in enumerate(leaves):
@@ -201,16 +236,22 @@ def _weights(cursor: Any, run_numbers: list[int], kinds: list[str] | None, name:
     return [row[:4] for row in rows], total
 
 
-def run_tree(cursor: Any, run_numbers: list[int], kinds: list[str] | None = None) -> dict[str, Any]:
+def run_tree(
+    cursor: Any, run_numbers: list[int], kinds: list[str] | None = None, mode: str = focus.DEFAULT_MODE
+) -> dict[str, Any]:
     weights, total = _weights(cursor, run_numbers, kinds, None)
-    paths = _paths(cursor, [row[2] for row in weights], [(kind, name) for kind, name, _, _ in weights], True)
+    paths = _paths(cursor, [row[2] for row in weights], [(kind, name) for kind, name, _, _ in weights], True, mode)
     values = np.array([row[3] for row in weights], dtype=np.float64)
     tree = _tree("all events", "root", paths, values, None, total, 0.0)
-    return {"tree": tree, "stacks_shown": len(weights)}
+    return {"tree": tree, "stacks_shown": len(weights), "frames": mode}
 
 
 def diff_tree(
-    cursor: Any, candidate: list[int], baseline_sets: list[list[int]], kinds: list[str] | None = None
+    cursor: Any,
+    candidate: list[int],
+    baseline_sets: list[list[int]],
+    kinds: list[str] | None = None,
+    mode: str = focus.DEFAULT_MODE,
 ) -> dict[str, Any]:
     """Candidate weights against the baseline's (the mean over its sets, for a window)."""
     cand_weights, cand_total = _weights(cursor, candidate, kinds, None)
@@ -225,23 +266,39 @@ def diff_tree(
     cand_rows = {(k, n, s): e for k, n, s, e in cand_weights}
     keys = sorted(set(cand_rows) | set(base_rows), key=lambda k: -max(cand_rows.get(k, 0.0), base_rows.get(k, 0.0)))
     keys = keys[:MAX_STACKS]
-    paths = _paths(cursor, [k[2] for k in keys], [(k[0], k[1]) for k in keys], True)
+    paths = _paths(cursor, [k[2] for k in keys], [(k[0], k[1]) for k in keys], True, mode)
     values = np.array([cand_rows.get(k, 0.0) for k in keys], dtype=np.float64)
     bases = np.array([base_rows.get(k, 0.0) for k in keys], dtype=np.float64)
     tree = _tree("all events", "root", paths, values, bases, cand_total, base_total)
-    return {"tree": tree, "stacks_shown": len(keys)}
+    return {"tree": tree, "stacks_shown": len(keys), "frames": mode}
 
 
-def callers_tree(cursor: Any, name: str, kinds: list[str] | None, run_numbers: list[int] | None) -> dict[str, Any]:
+def callers_tree(
+    cursor: Any, name: str, kinds: list[str] | None, run_numbers: list[int] | None, mode: str = focus.DEFAULT_MODE
+) -> dict[str, Any]:
     """Every stack path into the events named `name`, innermost frame first below the event."""
     if run_numbers is None:
         run_numbers = [r[0] for r in query_rows(cursor, "SELECT run_number FROM runs")]
     weights, total = _weights(cursor, run_numbers, kinds, name)
-    paths = _paths(cursor, [row[2] for row in weights], [None] * len(weights), False)
+    paths = _paths(cursor, [row[2] for row in weights], [None] * len(weights), False, mode)
     values = np.array([row[3] for row in weights], dtype=np.float64)
     tree = _tree(name, "event", paths, values, None, total, 0.0)
     stacks = [
         {"stack_id": stack_id, "events": _number(events), "frames": int((paths.keys[i] >= 0).sum())}
         for i, (_kind, _name, stack_id, events) in enumerate(weights)
     ]
-    return {"tree": tree, "stacks_shown": len(weights), "stacks": stacks}
+    return {"tree": tree, "stacks_shown": len(weights), "stacks": stacks, "frames": mode}
+
+
+def focused_frames(cursor: Any, frames: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
+    """The API's frames of one traceback (innermost first) focused by `mode`; the start-up row as a
+    frame of kind 'folded' that says how many frames it stands for."""
+    if mode == "all":
+        return frames
+    out = []
+    for frame in focus.focus_frames(frames, mode, rules_of(cursor)):
+        if isinstance(frame, focus.StartUp):
+            frame = {"kind": "folded", "function": frame.text, "file": None, "line": None, "module": None,
+                     "inlined": False, "generated": False, "folded": frame.frames}  # fmt: skip
+        out.append(frame)
+    return out

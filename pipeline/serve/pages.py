@@ -14,9 +14,10 @@ from tbpipe.pipeline.reports.regression import ReportRequest, compare
 from tbpipe.pipeline.reports.regression.model import RegressionReport
 from tbpipe.pipeline.reports.regression_html import bar_chart, trend
 from tbpipe.pipeline.reports.regression_markdown import _change, _number
-from tbpipe.pipeline.serve import queries
+from tbpipe.pipeline.serve import flame, queries
 from tbpipe.pipeline.serve.api import compare_params, parse_labels
 from tbpipe.pipeline.serve.app import service_of
+from tbpipe.pipeline.stacks import focus
 
 router = APIRouter(include_in_schema=False)
 
@@ -71,7 +72,40 @@ def environment():
         )
         _environment.filters["q"] = lambda text: quote(str(text), safe="")
         _environment.globals.update(number=_number, change_text=_change, trend=trend, where=_where)
+        _environment.globals.update(
+            focused=_focused, frames_mode=frames_mode, with_frames=_with_frames, focus_modes=FOCUS_LABELS
+        )
     return _environment
+
+
+FOCUS_LABELS = (("program", "program"), ("python", "Python"), ("native", "native"), ("all", "all frames"))
+
+
+def frames_mode(request: Request) -> str:
+    """The focus mode the page's URL asks for (`?frames=`), program by default."""
+    mode = request.query_params.get("frames") or focus.DEFAULT_MODE
+    if mode not in focus.MODES:
+        from tbpipe.pipeline.errors import UsageError
+
+        raise UsageError(f"frames must be one of {', '.join(focus.MODES)}, not {mode!r}")
+    return mode
+
+
+def _with_frames(request: Request, mode: str) -> str:
+    """This page's URL with the focus mode `mode`."""
+    params = [(k, v) for k, v in request.query_params.multi_items() if k != "frames"]
+    if mode != focus.DEFAULT_MODE:
+        params.append(("frames", mode))
+    return request.url.path + ("?" + urlencode(params) if params else "")
+
+
+def _focused(frames: list[Any], request: Request) -> list[Any]:
+    """A traceback as the page's focus mode shows it (a StartUp row where start-up frames fold)."""
+    rules = getattr(request.state, "focus_rules", None)
+    if rules is None:
+        with service_of(request).database.read() as cursor:
+            rules = request.state.focus_rules = flame.rules_of(cursor)
+    return focus.focus_frames(frames, frames_mode(request), rules)
 
 
 def _where(file: str | None, line: int | None) -> str:
@@ -136,6 +170,7 @@ def runs_page(
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 def run_page(request: Request, run_id: str) -> HTMLResponse:
+    frames_mode(request)  # a wrong mode is refused here, not by the graph's request
     database = service_of(request).database
     with database.read() as cursor:
         run = queries.run(cursor, run_id)
@@ -175,6 +210,7 @@ def history_chart(runs: list[dict[str, Any]]) -> str:
 
 @router.get("/sites/{site_key}", response_class=HTMLResponse)
 def site_page(request: Request, site_key: str) -> HTMLResponse:
+    frames_mode(request)
     database = service_of(request).database
     with database.read() as cursor:
         site = queries.site(cursor, site_key, 5, database.state_key())

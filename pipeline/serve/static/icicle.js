@@ -6,11 +6,28 @@
  * a click on the root, or "reset", zooms out. Plain DOM, no dependencies: the same file serves the
  * service's pages and can be inlined into a self-contained report.
  *
+ * A graph loaded from the API (data-icicle-src) has the focus modes (program, Python, native, all
+ * frames): the server focuses the tree (tbpipe.pipeline.stacks.focus), this file only asks for the
+ * mode, kept in the page's URL as ?frames=MODE. The search box highlights the boxes whose function
+ * or file contains the text and says what share of the events runs under them.
+ *
  *   TbpipeIcicle.render(element, data)     or   <div class="icicle" data-icicle-src="/api/...">
  */
 (function (global) {
   "use strict";
   var ROW = 18;
+  var MODES = [["program", "program"], ["python", "Python"], ["native", "native"], ["all", "all frames"]];
+
+  function pageMode() {
+    var mode = new URLSearchParams(window.location.search).get("frames");
+    return MODES.some(function (m) { return m[0] === mode; }) ? mode : "program";
+  }
+
+  function setPageMode(mode) {
+    var url = new URL(window.location.href);
+    if (mode === "program") url.searchParams.delete("frames"); else url.searchParams.set("frames", mode);
+    history.replaceState(null, "", url);
+  }
 
   function weight(node, diff) { return diff ? Math.max(node.value || 0, node.base || 0) : (node.value || 0); }
 
@@ -48,6 +65,7 @@
     if (node.kind === "python") return "hsl(" + (205 + jitter) + ", 65%, " + (78 - jitter / 2) + "%)";
     if (node.kind === "native") return "hsl(" + (30 + jitter) + ", 70%, " + (74 - jitter / 2) + "%)";
     if (node.kind === "event") return "hsl(" + (350 + jitter) + ", 70%, 72%)";
+    if (node.kind === "folded") return "hsl(210, 8%, 88%)";
     return "hsl(0, 0%, 80%)";
   }
 
@@ -67,7 +85,8 @@
     return text;
   }
 
-  function render(element, data) {
+  function render(element, data, options) {
+    options = options || {};
     var root = data.tree || data;
     var diff = root.base !== undefined;
     var items = layout(root, diff);
@@ -82,6 +101,16 @@
     reset.textContent = "reset zoom";
     var crumb = document.createElement("span");
     crumb.className = "icicle-crumb";
+    if (options.mode) bar.appendChild(modeSwitch(options.mode, options.onMode));
+    var search = document.createElement("input");
+    search.type = "search";
+    search.className = "icicle-search";
+    search.placeholder = "search functions, files";
+    search.setAttribute("aria-label", "search the graph");
+    var found = document.createElement("span");
+    found.className = "icicle-found";
+    bar.appendChild(search);
+    bar.appendChild(found);
     bar.appendChild(reset);
     bar.appendChild(crumb);
     element.appendChild(bar);
@@ -98,6 +127,7 @@
       box.dataset.name = item.node.name;
       box.dataset.kind = item.node.kind;
       box.dataset.depth = item.depth;
+      box.dataset.value = item.node.value || 0;
       box.dataset.index = item.index;
       var label = document.createElement("span");
       label.textContent = item.node.name;
@@ -134,15 +164,62 @@
         ? (names.length > 5 ? "\u2026 \u203a " : "") + names.slice(-5).join(" \u203a ")
         : "click a box to zoom";
     }
+    // Matches are counted once however deep they nest: a match inside a match adds nothing.
+    function find(text) {
+      var needle = text.trim().toLowerCase(), boxesFound = 0, weight = 0;
+      items.forEach(function (item, i) {
+        var node = item.node;
+        var hit = needle !== "" && item.depth > 0 &&
+          ((node.name || "").toLowerCase().indexOf(needle) >= 0 || (node.file || "").toLowerCase().indexOf(needle) >= 0);
+        boxes[i].classList.toggle("match", hit);
+        item.match = hit;
+        if (!hit) return;
+        boxesFound++;
+        for (var up = item.parent; up; up = up.parent) if (up.match) return;
+        weight += node.value || 0;
+      });
+      var share = root.value ? 100 * weight / root.value : 0;
+      element.dataset.matches = boxesFound;
+      element.dataset.matchShare = share.toFixed(1);
+      found.textContent = needle === "" ? "" : boxesFound === 0 ? "no match"
+        : boxesFound + " box" + (boxesFound === 1 ? "" : "es") + ", " + share.toFixed(1) + "% of events (" + number(weight) + ")";
+    }
+    search.addEventListener("input", function () { find(search.value); });
     reset.addEventListener("click", function () { zoom(items[0]); });
     zoom(items[0]);
     element.dataset.nodes = items.length;
-    return { zoom: function (i) { zoom(items[i]); }, items: items };
+    element.dataset.total = root.value || 0;
+    if (options.search) { search.value = options.search; find(options.search); }
+    return { zoom: function (i) { zoom(items[i]); }, items: items, find: find };
   }
 
-  function load(element) {
+  function modeSwitch(current, onMode) {
+    var group = document.createElement("span");
+    group.className = "icicle-modes";
+    group.setAttribute("role", "group");
+    group.setAttribute("aria-label", "frames shown");
+    MODES.forEach(function (mode) {
+      var button = document.createElement("button");
+      button.type = "button";
+      button.dataset.mode = mode[0];
+      button.textContent = mode[1];
+      if (mode[0] === current) button.classList.add("on");
+      button.setAttribute("aria-pressed", mode[0] === current ? "true" : "false");
+      button.addEventListener("click", function () { if (mode[0] !== current) onMode(mode[0]); });
+      group.appendChild(button);
+    });
+    return group;
+  }
+
+  function load(element, mode) {
+    mode = mode || pageMode();
+    var previous = element.querySelector(".icicle-search");
+    var search = previous ? previous.value : "";
+    var url = new URL(element.dataset.icicleSrc, window.location.href);
+    url.searchParams.set("frames", mode);
     element.textContent = "loading…";
-    fetch(element.dataset.icicleSrc, { headers: { accept: "application/json" } })
+    element.dataset.frames = mode;
+    fetch(url, { headers: { accept: "application/json" } })
       .then(function (response) {
         return response.json().then(function (body) {
           if (!response.ok) throw new Error(body.error || response.statusText);
@@ -155,7 +232,11 @@
           element.dataset.nodes = 0;
           return;
         }
-        render(element, body);
+        render(element, body, {
+          mode: mode,
+          search: search,
+          onMode: function (chosen) { setPageMode(chosen); load(element, chosen); }
+        });
         element.dispatchEvent(new CustomEvent("icicle-ready", { bubbles: true }));
       })
       .catch(function (error) {
@@ -166,7 +247,7 @@
 
   global.TbpipeIcicle = { render: render, load: load };
   document.addEventListener("DOMContentLoaded", function () {
-    document.querySelectorAll("[data-icicle-src]").forEach(load);
+    document.querySelectorAll("[data-icicle-src]").forEach(function (element) { load(element); });
     document.querySelectorAll("script[type='application/json'][data-icicle-for]").forEach(function (script) {
       var target = document.getElementById(script.dataset.icicleFor);
       if (target) render(target, JSON.parse(script.textContent));
