@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
+import shutil
 import socket
+import subprocess
 import sys
 import uuid
 from datetime import datetime, timezone
@@ -53,13 +56,101 @@ def _import_roots() -> list[str]:
     return roots
 
 
+# The one git command a session start may run (for the dirty flag), and how long it may take.
+_GIT_STATUS_TIMEOUT_S = 2.0
+_OBJECT_NAME = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")
+
+
+def _checkout_of(folder: str) -> tuple[str, str] | None:
+    """(work tree root, git folder) of the git checkout holding `folder`, read from the files."""
+    path = os.path.abspath(folder)
+    while True:
+        dot = os.path.join(path, ".git")
+        if os.path.isdir(dot):
+            return path, dot
+        if os.path.isfile(dot):  # a worktree or submodule: "gitdir: <path>"
+            with open(dot, encoding="utf-8", errors="replace") as file:
+                text = file.read().strip()
+            return (
+                (path, os.path.normpath(os.path.join(path, text[7:].strip()))) if text.startswith("gitdir:") else None
+            )
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
+
+
+def _read_ref(git_dir: str, ref: str) -> str | None:
+    """The object name `ref` (e.g. 'refs/heads/main') points at: a loose ref, else packed-refs."""
+    common = git_dir
+    if os.path.isfile(os.path.join(git_dir, "commondir")):  # a worktree keeps branches in the main git folder
+        with open(os.path.join(git_dir, "commondir"), encoding="utf-8") as file:
+            common = os.path.normpath(os.path.join(git_dir, file.read().strip()))
+    for folder in dict.fromkeys((git_dir, common)):
+        try:
+            with open(os.path.join(folder, ref), encoding="utf-8") as file:
+                return file.read().strip()
+        except OSError:
+            pass
+    try:
+        with open(os.path.join(common, "packed-refs"), encoding="utf-8") as file:
+            for line in file:
+                name, _, packed = line.strip().partition(" ")
+                if packed == ref:
+                    return name
+    except OSError:
+        pass
+    return None
+
+
+def git_state(folder: str | None = None) -> dict[str, Any] | None:
+    """HEAD, a dirty flag and the root of the git checkout the program runs in (its working folder,
+    else its main script's), so reports can tell which commit a run measured; None outside one.
+    HEAD is read from the files; the dirty flag takes one `git status` (None when it cannot tell)."""
+    starts = [folder] if folder else [os.getcwd(), os.path.dirname(os.path.abspath(sys.argv[0] or os.curdir))]
+    found = next((c for c in map(_checkout_of, starts) if c is not None), None)
+    if found is None:
+        return None
+    root, git_dir = found
+    try:
+        with open(os.path.join(git_dir, "HEAD"), encoding="utf-8") as file:
+            head = file.read().strip()
+    except OSError:
+        return None
+    branch = head[5:].strip() if head.startswith("ref:") else None
+    commit = _read_ref(git_dir, branch) if branch else head
+    dirty = None
+    git = shutil.which("git")
+    if git is not None:
+        try:
+            status = subprocess.run(
+                [git, "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                timeout=_GIT_STATUS_TIMEOUT_S,
+                env=dict(os.environ, GIT_OPTIONAL_LOCKS="0", LC_ALL="C"),  # never take the index lock
+                check=False,
+            )
+            dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return {
+        "commit": commit if commit and _OBJECT_NAME.match(commit) else None,
+        "branch": branch[len("refs/heads/") :] if branch and branch.startswith("refs/heads/") else branch,
+        "dirty": dirty,
+        "root": root,
+    }
+
+
 def initial_manifest(
     run_id: str,
     labels: dict[str, str],
     sources: list[str],
     capture_settings: dict[str, Any],
     parent_run_id: str | None,
+    git: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The manifest a session starts with; `git` is a parent's `git_state()` (a forked child keeps
+    it rather than ask git again), looked up when not given."""
     from tbpipe.capture import __version__
 
     return {
@@ -79,6 +170,7 @@ def initial_manifest(
         "torch_version": _torch_version(),
         "cuda_version": _cuda_version(),
         "sys_path": _import_roots(),
+        "git": git if git is not None else git_state(),
         "tbpipe_version": __version__,
         "labels": dict(labels),
         "sources": list(sources),

@@ -148,6 +148,7 @@ class Session:
         self._closed = False
         self._close_timeout_s: float | None = None  # default of close(); set in forked children
         self._pid: int | None = None  # the process that started the session
+        self._git: dict[str, Any] | None = None  # the checkout's state a forked child takes from its parent
         # In a forked child, on the parent's session as the child inherited it:
         # the child's own run, which close() and flush() there act on instead.
         self._continued_by: Session | None = None
@@ -178,7 +179,9 @@ class Session:
                 "max_events_per_stack_per_s": self.max_events_per_stack_per_s,
                 "op_stacks": self.op_stacks,
             }
-            manifest = initial_manifest(self.run_id, self.labels, self.source_names, settings, self.parent_run_id)
+            manifest = initial_manifest(
+                self.run_id, self.labels, self.source_names, settings, self.parent_run_id, self._git
+            )
             write_manifest(self.run_dir, manifest)
             self._writer = RunWriter(self.run_dir, manifest)
             self._pid = os.getpid()
@@ -378,6 +381,7 @@ class Session:
             op_stacks=self.op_stacks,
         )
         child._close_timeout_s = FORKED_CLOSE_TIMEOUT_S
+        child._git = self._writer.manifest.get("git") if self._writer is not None else None
         return child.start()
 
 

@@ -39,6 +39,7 @@ from tbpipe.pipeline.reports.regression.model import (
 )
 from tbpipe.pipeline.reports.regression.select import SelectionError
 from tbpipe.pipeline.reports.regression.stats import band_edges, bands
+from tbpipe.pipeline.reports.regression.suspects import attach_suspects
 
 ENVIRONMENT_FIELDS = ("python_version", "torch_version", "cuda_version", "tbpipe_version", "sources")
 MODULES_SHOWN = 20
@@ -76,10 +77,13 @@ def compare(
     gpu_sites = compare_gpu_time(con, sets, request)
     attach_gpu_tracebacks(con, candidate, gpu_sites, request.tracebacks, lambda ids: _frames_of(con, ids))
     _apply_accepts(gpu_sites, accept, today or dt.date.today())
-    return RegressionReport(
-        request, candidate, baseline, environment(con, baseline[-1], candidate), sites, expired,
-        time.monotonic() - started, gpu_sites,
-    )  # fmt: skip
+    report = RegressionReport(
+        request, candidate, baseline, environment(con, baseline[-1], candidate), sites, expired, 0.0, gpu_sites
+    )
+    if request.suspects:
+        attach_suspects(con, report, request.repo, event_counts=_COUNTS[request.site_of][0])
+    report.seconds = time.monotonic() - started
+    return report
 
 
 def _order(site: SiteChange) -> tuple:

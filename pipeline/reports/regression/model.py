@@ -9,7 +9,10 @@ own thresholds and verdict: the counts' comparison, verdict and exit status do n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tbpipe.pipeline.reports.regression.suspects import Suspect, SuspectHistory
 
 FORMAT_VERSION = 1
 
@@ -48,6 +51,10 @@ class ReportRequest:
     # also needs the per-execution mean to move by `spread` standard errors, or the count to change.
     gpu_thresholds: Thresholds = field(default_factory=lambda: Thresholds(relative=0.10, absolute=0.0))
     site_of: str = "own"  # one of SITE_OF
+    # Suspects: the commits between the two sides that changed code on each regressed site's stacks,
+    # read from the git repository `repo` (None: the working folder's checkout, else one the runs ran in).
+    suspects: bool = False
+    repo: str | None = None
 
 
 @dataclass
@@ -116,6 +123,7 @@ class SiteChange:
     accepted: str | None = None  # why an --accept entry lets it pass
     spread: Spread | None = None
     traceback: list[Frame] | None = None
+    suspects: list[Suspect] | None = None  # None: not looked for (see RegressionReport.history)
 
     @property
     def delta(self) -> float:
@@ -148,10 +156,15 @@ class SiteChange:
             "flagged": self.flagged,
             "accepted": self.accepted,
             "spread": None if self.spread is None else vars(self.spread),
+            "suspects": suspects_json(self.suspects),
         }
         if self.traceback is not None:
             out["traceback"] = [vars(frame) for frame in self.traceback]
         return out
+
+
+def suspects_json(suspects: list[Suspect] | None) -> list[dict[str, Any]] | None:
+    return None if suspects is None else [s.to_json() for s in suspects]
 
 
 @dataclass
@@ -178,6 +191,7 @@ class GpuSiteChange:
     accepted: str | None = None
     spread: Spread | None = None  # window: the band of the summed GPU time
     traceback: list[Frame] | None = None
+    suspects: list[Suspect] | None = None
 
     @property
     def delta(self) -> float:
@@ -214,6 +228,7 @@ class GpuSiteChange:
             "flagged": self.flagged,
             "accepted": self.accepted,
             "spread": None if self.spread is None else vars(self.spread),
+            "suspects": suspects_json(self.suspects),
         }
         if self.traceback is not None:
             out["traceback"] = [vars(frame) for frame in self.traceback]
@@ -237,6 +252,7 @@ class RegressionReport:
     expired_accepts: list[str] = field(default_factory=list)  # --accept entries past their date
     seconds: float = 0.0
     gpu_sites: list[GpuSiteChange] = field(default_factory=list)  # GPU time per site, flagged first
+    history: SuspectHistory | None = None  # where the suspects came from; None when not asked for
 
     @property
     def gpu_regressions(self) -> list[GpuSiteChange]:
@@ -311,6 +327,7 @@ class RegressionReport:
             "regressions": [s.to_json() for s in self.regressions],
             "accepted": [s.to_json() for s in self.accepted],
             "expired_accepts": self.expired_accepts,
+            "history": None if self.history is None else self.history.to_json(),
             "gpu_time": {
                 "verdict": self.gpu_verdict(),
                 "ok": not self.gpu_regressions,
