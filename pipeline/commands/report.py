@@ -71,6 +71,17 @@ def register(app: typer.Typer) -> None:
             help="Where work done in autograd's backward counts: 'own' (its own stack's site) or 'forward' (the site "
             "of the forward op that made its node; view `backward_op_sites`).",
         ),
+        suspects: bool = typer.Option(
+            True,
+            "--suspects/--no-suspects",
+            help="Name the commits between the two sides that changed code on each regressed site's stacks.",
+        ),
+        repo: Path | None = typer.Option(
+            None,
+            "--repo",
+            help="Git repository the suspects are read from (default: the working folder's checkout, else the "
+            "one the candidate ran in).",
+        ),
         db: Path | None = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
         lake: Path | None = typer.Option(None, "--lake", help="Read a Parquet lake folder instead of a database file."),
     ) -> None:
@@ -86,6 +97,11 @@ def register(app: typer.Typer) -> None:
             raise UsageError("--threshold-rel and --threshold-abs must not be negative")
         if gpu_threshold_rel < 0 or gpu_threshold_abs_us < 0:
             raise UsageError("--gpu-threshold-rel and --gpu-threshold-abs-us must not be negative")
+        if repo is not None and suspects:
+            from tbpipe.pipeline.reports.regression.repository import Repository
+
+            if Repository.find(repo) is None:
+                raise UsageError(f"--repo {repo}: not a git repository (or git is not installed)")
         labels: dict[str, str] = {}
         for pair in label or []:
             labels.update(parse_label_list(pair, "--label"))
@@ -101,6 +117,8 @@ def register(app: typer.Typer) -> None:
             group_by=group_by,
             vary=tuple(vary) if vary else ("commit",),
             site_of=site_of,
+            suspects=suspects,
+            repo=str(repo) if repo is not None else None,
         )
         accepted = load_accept_file(accept) if accept is not None else None
         if lake is not None:

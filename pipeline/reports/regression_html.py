@@ -4,7 +4,9 @@ Nothing is fetched when the file is opened (no CDN, no fonts), so it can be atta
 and read offline. The page shows the verdict, what differs in the environment, a bar chart of the
 largest changes, the flagged sites with their combined tracebacks (Python and native frames told
 apart), a trend over the window for each flagged site, and every compared site in a filterable table;
-then, when the runs recorded GPU activity, the same for GPU time per site with its own verdict.
+then, when the runs recorded GPU activity, the same for GPU time per site with its own verdict. With
+suspects, each flagged site shows its top suspect, its suspects' hunks folded, and the frames they
+changed highlighted in its traceback.
 """
 
 from __future__ import annotations
@@ -12,8 +14,16 @@ from __future__ import annotations
 import html
 from importlib import resources
 
-from tbpipe.pipeline.reports.regression.model import RegressionReport, SiteChange, Spread
-from tbpipe.pipeline.reports.regression_markdown import _change, _number, gpu_change, per_execution
+from tbpipe.pipeline.reports.regression.model import GpuSiteChange, RegressionReport, SiteChange, Spread
+from tbpipe.pipeline.reports.regression.suspects import touched_frames
+from tbpipe.pipeline.reports.regression_markdown import (
+    _change,
+    _number,
+    frame_role,
+    gpu_change,
+    history_line,
+    per_execution,
+)
 from tbpipe.pipeline.reports.units import format_duration
 
 BARS_SHOWN = 15
@@ -90,6 +100,49 @@ def trend(spread: Spread | None, candidate: float) -> str:
     )
 
 
+def _hunk_html(path: str, text: str) -> str:
+    lines = [f'<span class="path">{html.escape(path)}</span>']
+    for line in text.split("\n"):
+        kind = {"+": "add", "-": "del", "@": "at"}.get(line[:1], "")
+        lines.append(f'<span class="{kind}">{html.escape(line)}</span>' if kind else html.escape(line))
+    return '<pre class="hunk">' + "\n".join(lines) + "</pre>"
+
+
+def suspects_html(site: SiteChange | GpuSiteChange) -> str:
+    """A site's top suspect on one line, then every suspect folded: the commit, what it changed on the
+    stack, its hunks. Empty when suspects were not looked for."""
+    if site.suspects is None:
+        return ""
+    if not site.suspects:
+        return '<div class="suspect muted">suspects: no commit changed code on its stacks</div>'
+    top = site.suspects[0]
+    items = []
+    for suspect in site.suspects:
+        touched = ", ".join(f"{frame_role(f)} <code>{html.escape(f.where)}</code>" for f in suspect.frames[:4]) + (
+            f" and {len(suspect.frames) - 4} more" if len(suspect.frames) > 4 else ""
+        )
+        items.append(
+            f'<li><code class="commit">{suspect.short}</code> {html.escape(suspect.subject)}'
+            f"{' (merge)' if suspect.merge else ''} "
+            f'<span class="muted">{html.escape(suspect.author)}, {html.escape(suspect.author_date[:10])}</span>'
+            f'<div class="touched">changed: {touched}</div>'
+            + "".join(_hunk_html(h.path, h.text) for h in suspect.hunks)
+            + "</li>"
+        )
+    count = len(site.suspects)
+    return (
+        f'<div class="suspect">top suspect: <code class="commit">{top.short}</code> {html.escape(top.subject)} '
+        f'<span class="muted">({frame_role(top.frames[0])} <code>{html.escape(top.frames[0].where)}</code>)</span></div>'
+        f'<details class="suspects"><summary>{count} suspect{"s" if count != 1 else ""}, with their hunks</summary>'
+        f"<ol>{''.join(items)}</ol></details>"
+    )
+
+
+def frame_marks(site: SiteChange | GpuSiteChange) -> dict[tuple, str]:
+    """(file, line, function) of each frame the site's suspects changed -> a tooltip naming them."""
+    return {key: "changed by " + ", ".join(shas) for key, shas in touched_frames(site.suspects).items()}
+
+
 def render_html(report: RegressionReport) -> str:
     template = _environment().get_template("regression.html.j2")
     return template.render(
@@ -103,4 +156,7 @@ def render_html(report: RegressionReport) -> str:
         per_execution=per_execution,
         duration=format_duration,
         unit=f" per {report.request.per[1]}" if report.request.per else "",
+        history_line=history_line,
+        suspects_html=suspects_html,
+        frame_marks=frame_marks,
     )
