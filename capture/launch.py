@@ -43,6 +43,7 @@ def run_captured(
     exit status. `options` are Session keyword options (sample_rate, max_events_per_stack_per_s).
     """
     from tbpipe.capture.autostart_session import environment_for_run
+    from tbpipe.capture.manifest import git_state
     from tbpipe.capture.sessions import Session, ensure_out_dir
 
     if not command:
@@ -52,7 +53,8 @@ def run_captured(
     Session(out_dir, labels, sources, **(options or {}))
     ensure_out_dir(out_dir)
     env = dict(os.environ)
-    env.update(environment_for_run(str(out_dir.resolve()), labels, sources, options))
+    folder = os.path.abspath(cwd or os.curdir)
+    env.update(environment_for_run(str(out_dir.resolve()), labels, sources, options, (folder, git_state(folder))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(autostart_dir()), env.get("PYTHONPATH", "")) if p)
     before = _run_dirs(out_dir)
     try:

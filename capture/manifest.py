@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tbpipe.schemas.raw import FORMAT_NAME, MANIFEST_FILE, RAW_SCHEMA_VERSION
+from tbpipe.schemas.format import FORMAT_NAME, MANIFEST_FILE, RAW_SCHEMA_VERSION
 
 
 def new_run_id() -> str:

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from tbpipe import _native
+from tbpipe.capture.deferred import DeferredWriter
 from tbpipe.capture.errors import SessionError
 from tbpipe.capture.manifest import initial_manifest, mark_closed, new_run_id, write_manifest
 from tbpipe.capture.sources import COMPILE_AWARE_SOURCES, reset_sources_after_fork_in_child, resolve_sources
-from tbpipe.capture.writer import RunWriter
 
 DEFAULT_FLUSH_INTERVAL_S = 1.0
 # Per thread, between two flushes: past it events are dropped (and counted)
@@ -137,7 +137,10 @@ class Session:
         self.parent_run_id = parent_run_id
         self.run_id: str | None = None
         self.run_dir: Path | None = None
-        self._writer: RunWriter | None = None
+        self._writer: DeferredWriter | None = None
+        # The recorder's counters before the last drain: unchanged, nothing was recorded since, and a
+        # session without sources skips the drain (whose arrays would import numpy in an idle process).
+        self._counters_drained: dict[str, int] | None = None
         self._source_handles: list[tuple[Any, Any]] = []
         # torch.compile awareness (tbpipe.capture.torch_compile), on with the sources that record
         # from inside compiled code; the number of its code_origins rows this run has written.
@@ -183,11 +186,12 @@ class Session:
                 self.run_id, self.labels, self.source_names, settings, self.parent_run_id, self._git
             )
             write_manifest(self.run_dir, manifest)
-            self._writer = RunWriter(self.run_dir, manifest)
+            self._writer = DeferredWriter(self.run_dir, manifest)
             self._pid = os.getpid()
             _native._set_overhead_limits(self.sample_rate, self.max_events_per_stack_per_s)
             _native._set_nested_op_stacks(self.op_stacks == "outermost")
             _native.start(self.python, self.native, self.max_buffered_events)
+            self._counters_drained = _native.counters()
             _active = self
         _close_before_os_exit()
         self._start_sources()
@@ -294,7 +298,11 @@ class Session:
             if self._continued_by is not None:  # see close()
                 self._continued_by.flush()
             return
-        drained = _native.drain()
+        before = _native.counters()
+        drained = None
+        if self._source_handles or before != self._counters_drained:
+            drained = _native.drain()
+            self._counters_drained = before
         counters = _native.counters()
         overhead = _native._overhead_counters()
         gpu = _native._gpu_activity_drain()  # None unless the cuda source records GPU activity
@@ -396,7 +404,7 @@ def session(
 
 
 # The writer held across a fork by `_before_fork` (released on both sides after it).
-_held_for_fork: list[RunWriter] = []
+_held_for_fork: list[DeferredWriter] = []
 _FORK_WAIT_S = 5.0
 
 

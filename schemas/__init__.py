@@ -1,5 +1,7 @@
 """The raw run format written by tbpipe.capture and read by tbpipe.pipeline, defined once.
 
+- `format`     the format's name and versions and the manifest's file name (no pyarrow: the capture's
+               start-up path writes the first manifest with them)
 - `raw`        the run folder's Arrow schemas, table names and format constants (`schemas/README.md`
                documents them for people who read the files with other tools).
 - `modulekey`  the name of a native module (its build-ID, else its path).

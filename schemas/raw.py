@@ -23,13 +23,13 @@ import functools
 
 import pyarrow as pa
 
-FORMAT_NAME = "tbpipe-raw"
-# The version this tbpipe writes. Readers accept every version from OLDEST_READABLE_RAW_SCHEMA_VERSION
-# up to it (`readable_raw_schema_version`); a table added by a version is optional in runs of it and
-# absent from older runs (TABLE_SINCE), a column added by a version absent from older parts (COLUMN_SINCE).
-RAW_SCHEMA_VERSION = 4
-OLDEST_READABLE_RAW_SCHEMA_VERSION = 1
-MANIFEST_FILE = "manifest.json"
+from tbpipe.schemas.format import (  # noqa: F401 - defined there, without pyarrow, for the capture's start
+    FORMAT_NAME,
+    MANIFEST_FILE,
+    OLDEST_READABLE_RAW_SCHEMA_VERSION,
+    RAW_SCHEMA_VERSION,
+)
+
 SCHEMA_KEY = b"tbpipe.table"
 VERSION_KEY = b"tbpipe.schema_version"
 
