@@ -33,6 +33,9 @@ def register(app: typer.Typer) -> None:
         debug_dir: list[Path] | None = typer.Option(None, "--debug-dir", help="As for tbpipe ingest; repeatable."),
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help="Symbol store, as for tbpipe ingest."),
         log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+        repo: Path | None = typer.Option(
+            None, "--repo", help="Git repository the comparison's suspects are read from, as for tbpipe report."
+        ),
     ) -> None:
         """Serve the database: web UI, JSON API, and the ingest service (--watch, uploads)."""
         import logging
@@ -50,6 +53,11 @@ def register(app: typer.Typer) -> None:
         for folder in watch or []:
             if folder.exists() and not folder.is_dir():
                 raise UsageError(f"--watch {folder}: not a folder")
+        if repo is not None:
+            from tbpipe.pipeline.reports.regression.repository import Repository
+
+            if Repository.find(repo) is None:
+                raise UsageError(f"--repo {repo}: not a git repository (or git is not installed)")
         level = getattr(logging, log_level.upper(), None)
         if not isinstance(level, int):
             raise UsageError(f"--log-level {log_level!r}: expected debug, info, warning or error")
@@ -66,6 +74,7 @@ def register(app: typer.Typer) -> None:
             query_timeout_s=query_timeout,
             query_max_rows=query_rows,
             ingest=IngestOptions(debug_dirs=list(debug_dir or []), cache_dir=cache_dir),
+            repo=repo.absolute() if repo is not None else None,
         )
         app = create_app(config)
         # Opened here, so that a database another process holds is one clear line, not a failed start-up.

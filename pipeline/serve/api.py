@@ -8,6 +8,7 @@ Reads run on cursors of the served database (`ServedDatabase.read`), user SQL in
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from typing import Annotated, Any
 
@@ -228,10 +229,16 @@ def compare_params(
 CompareRequest = Annotated[ReportRequest, Depends(compare_params)]
 
 
+def with_suspects(request: Request, report: ReportRequest) -> ReportRequest:
+    """The request with suspects, as `tbpipe report` asks by default, from the service's --repo."""
+    repo = service_of(request).config.repo
+    return dataclasses.replace(report, suspects=True, repo=str(repo) if repo is not None else None)
+
+
 @router.get("/compare", summary="The regression report's JSON (format 1), as `tbpipe report --format json`")
 def compare_runs(request: Request, report: CompareRequest) -> JSONResponse:
     with service_of(request).database.read() as cursor:
-        result = compare(cursor, report, None)
+        result = compare(cursor, with_suspects(request, report), None)
     return JSONResponse(result.to_json())
 
 

@@ -26,6 +26,7 @@ class ServeConfig:
     query_max_rows: int = 10_000
     open_wait_s: float = 10.0
     ingest: IngestOptions = field(default_factory=IngestOptions)
+    repo: Path | None = None  # git repository of the comparisons' suspects (None: the working folder's, else the runs')
 
     @property
     def base_url(self) -> str:

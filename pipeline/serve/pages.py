@@ -12,10 +12,10 @@ from starlette.responses import HTMLResponse, Response
 
 from tbpipe.pipeline.reports.regression import ReportRequest, compare
 from tbpipe.pipeline.reports.regression.model import RegressionReport
-from tbpipe.pipeline.reports.regression_html import bar_chart, trend
-from tbpipe.pipeline.reports.regression_markdown import _change, _number
+from tbpipe.pipeline.reports.regression_html import bar_chart, frame_marks, suspects_html, trend
+from tbpipe.pipeline.reports.regression_markdown import _change, _number, history_line
 from tbpipe.pipeline.serve import flame, queries
-from tbpipe.pipeline.serve.api import compare_params, parse_labels
+from tbpipe.pipeline.serve.api import compare_params, parse_labels, with_suspects
 from tbpipe.pipeline.serve.app import service_of
 from tbpipe.pipeline.stacks import focus
 
@@ -72,6 +72,7 @@ def environment():
         )
         _environment.filters["q"] = lambda text: quote(str(text), safe="")
         _environment.globals.update(number=_number, change_text=_change, trend=trend, where=_where)
+        _environment.globals.update(suspects_html=suspects_html, frame_marks=frame_marks, history_line=history_line)
         _environment.globals.update(
             focused=_focused, frames_mode=frames_mode, with_frames=_with_frames, focus_modes=FOCUS_LABELS
         )
@@ -246,7 +247,7 @@ def compare_page(request: Request) -> HTMLResponse:
         return render(request, "compare.html.j2", form=form, report=None, values=values, icicle_src=None, chart="")
     report_request: ReportRequest = _request_from(request)
     with service_of(request).database.read() as cursor:
-        report: RegressionReport = compare(cursor, report_request, None)
+        report: RegressionReport = compare(cursor, with_suspects(request, report_request), None)
     query = urlencode([(k, v) for k, v in request.query_params.multi_items() if v])
     return render(
         request, "compare.html.j2", form=form, report=report, values=values, query=query,
