@@ -115,7 +115,7 @@ class SuspectHistory:
         return self.note is None
 
     def to_json(self) -> dict[str, Any]:
-        return dict(vars(self))
+        return {k: v for k, v in vars(self).items() if k != "seconds"}  # the JSON says the same each time
 
 
 # ------------------------------------------------------------------------------------------ entry point
