@@ -3,14 +3,17 @@
 - `DelayedProgress`: named tasks that show only once work has lasted about a second, so short
   symbolizations (the common, warm case) print nothing and a cold libtorch shows what it does.
 - `RunProgress`: one bar over the runs of an ingest, with what the current run is doing.
+- `DownloadProgress`: bytes of debug files downloaded at once from debuginfod servers.
 
-Both are off when stderr is not a terminal, unless forced on.
+All are off when stderr is not a terminal, unless forced on.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 _SHOW_AFTER_S = 1.0
@@ -112,3 +115,112 @@ class RunProgress:
     def __exit__(self, *exc: object) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+def size_text(size: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"
+
+
+class DownloadProgress:
+    """Bytes of several files downloaded at once: on a terminal a bar with sizes and speed (once the
+    transfers have lasted about a second), or a line of text handed to `describe` (the ingest's own
+    bar shows it). Transfers run on a pool of threads: every method takes a lock."""
+
+    def __init__(
+        self,
+        enabled: bool | None = None,
+        describe: Callable[[str], None] | None = None,
+        show_after: float = _SHOW_AFTER_S,
+    ):
+        self._enabled = (sys.stderr.isatty() if enabled is None else enabled) and describe is None
+        self._describe = describe
+        self._show_after = show_after
+        self._started = time.monotonic()
+        self._lock = threading.Lock()
+        self._progress: Any = None
+        self._task: Any = None
+        self._files = self._files_done = 0
+        self._total = self._done = 0
+        self._said_at = 0.0
+
+    def start_file(self, expected: int | None) -> None:
+        with self._lock:
+            self._files += 1
+            self._total += expected or 0
+            self._show()
+
+    def advance(self, amount: int) -> None:
+        with self._lock:
+            self._done += amount
+            self._show()
+
+    def finish_file(self, expected: int | None, received: int) -> None:
+        """A transfer ended (complete or not): its share of the total becomes what came."""
+        with self._lock:
+            self._files_done += 1
+            self._total += received - (expected or 0)
+            self._show(force=True)
+
+    def text(self) -> str:
+        total = max(self._total, self._done)
+        return (
+            f"downloading debug info: {self._files_done} of {self._files} files, "
+            f"{size_text(self._done)} of {size_text(total)}"
+        )
+
+    def _show(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._describe is not None:
+            if force or now - self._said_at >= 0.2:
+                self._said_at = now
+                self._describe(self.text())
+            return
+        if self._progress is None:
+            if not self._enabled or now - self._started < self._show_after:
+                return
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TransferSpeedColumn,
+            )
+
+            self._progress = Progress(
+                TextColumn("[bold]downloading debug info"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TextColumn("{task.fields[files]}"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task("download", total=None, files="")
+        self._progress.update(
+            self._task,
+            completed=self._done,
+            total=max(self._total, self._done) or None,
+            files=f"{self._files_done}/{self._files} files",
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._describe is not None and self._files:
+                self._describe("")
+            if self._progress is not None:
+                self._progress.stop()
+                self._progress = None
+
+    def __enter__(self) -> DownloadProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

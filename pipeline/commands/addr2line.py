@@ -3,7 +3,8 @@
 Same options (-e, -a, -f, -i, -C, -p, -s) and output format as binutils 2.40; addresses come as
 arguments or one per line on stdin (answered as they arrive, so tools that keep a pipe open
 work too). `--build-id HEX` needs no file at all, `--json` prints one JSON object per address.
-A stripped binary is fine: its debug file is found by build-ID.
+A stripped binary is fine: its debug file is found by build-ID (from debuginfod servers too:
+`--debuginfod URL`, `$DEBUGINFOD_URLS`; `--offline` asks none).
 
 Known differences from binutils: file paths are normalized (`./a/../b.c` -> `b.c`, as
 llvm-symbolizer prints them), discriminators are not printed, an address in the padding
@@ -182,6 +183,13 @@ def addr2line(
     jobs: Annotated[
         int | None, typer.Option("--jobs", help="Worker processes for big batches (default: all CPUs).")
     ] = None,
+    debuginfod: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--debuginfod", metavar="URL", help="debuginfod server, before those of $DEBUGINFOD_URLS; repeatable."
+        ),
+    ] = None,
+    offline: Annotated[bool, typer.Option("--offline", help="Ask no debuginfod server.")] = False,
 ) -> None:
     """Translate addresses into function names, file names and line numbers, like binutils' addr2line."""
     from tbpipe import _native
@@ -193,11 +201,17 @@ def addr2line(
     gc.disable()
     if build_id is not None and exe is not None:
         raise UsageError("give -e FILE or --build-id, not both")
+    servers = None  # $DEBUGINFOD_URLS, read only when some debug info must be looked for (not when warm)
+    if debuginfod or offline:
+        from tbpipe.pipeline.symbols.debuginfod import DebuginfodSettings
+
+        servers = DebuginfodSettings(urls=tuple(debuginfod or ()), offline=offline)
     symbolizer = Symbolizer(
         cache_dir=cache_dir,
         debug_dirs=[str(d) for d in debug_dir or ()],
         debug_roots=[str(r) for r in debug_root] if debug_root else None,
         jobs=jobs,
+        debuginfod=servers,
     )
     if build_id is not None:
         module = ModuleRef(normalize_build_id(build_id), None)
@@ -298,6 +312,7 @@ _FLAGS = {
     "-p": "pretty", "--pretty-print": "pretty",
     "-s": "basenames", "--basenames": "basenames",
     "--json": "as_json",
+    "--offline": "offline",
 }  # fmt: skip
 _VALUES = {
     "-e": "exe", "--exe": "exe",
@@ -306,9 +321,11 @@ _VALUES = {
     "--debug-dir": "debug_dir",
     "--debug-root": "debug_root",
     "--jobs": "jobs",
+    "--debuginfod": "debuginfod",
 }  # fmt: skip
 _PATHS = {"exe", "cache_dir"}
 _PATH_LISTS = {"debug_dir", "debug_root"}
+_LISTS = {"debuginfod"}
 
 
 def parse_fast(argv: list[str]) -> dict | None:
@@ -366,6 +383,8 @@ def _set_value(kwargs: dict, name: str, value: str | None) -> bool:
         kwargs[name] = int(value)
     elif name in _PATH_LISTS:
         kwargs.setdefault(name, []).append(Path(value))
+    elif name in _LISTS:
+        kwargs.setdefault(name, []).append(value)
     else:
         kwargs[name] = Path(value) if name in _PATHS else value
     return True

@@ -2,7 +2,8 @@
 info comes from (or why there is none).
 
     tbpipe debuginfo scan DIR...        index DIRs recursively by build-ID (kept in the cache dir)
-    tbpipe debuginfo find BUILD_ID      every place looked at, what was found, what the store holds
+    tbpipe debuginfo find BUILD_ID      every place looked at (debuginfod servers last: status, size,
+                                        time), what was found, what the store holds
 """
 
 from __future__ import annotations
@@ -23,6 +24,15 @@ debuginfo_app = typer.Typer(
 CacheDir = Annotated[
     Path | None, typer.Option("--cache-dir", help="Symbol store (default: TBPIPE_CACHE_DIR or the user cache dir).")
 ]
+Debuginfod = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--debuginfod",
+        metavar="URL",
+        help="debuginfod server asked for what no local place has, before those in $DEBUGINFOD_URLS; repeatable.",
+    ),
+]
+Offline = Annotated[bool, typer.Option("--offline", help="Ask no debuginfod server (their cache is still read).")]
 
 
 @debuginfo_app.command("scan")
@@ -70,24 +80,38 @@ def find(
     cache_dir: CacheDir = None,
     debug_dir: Annotated[list[Path] | None, typer.Option("--debug-dir", help="Extra folder with debug files.")] = None,
     debug_root: Annotated[list[Path] | None, typer.Option("--debug-root", help="Root with a .build-id/ tree.")] = None,
+    debuginfod: Debuginfod = None,
+    offline: Offline = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Say where the debug info of BUILD_ID was looked for and what was found."""
+    """Say where the debug info of BUILD_ID was looked for (debuginfod servers last) and what was found."""
     from rich.console import Console
 
     from tbpipe.pipeline.symbols.debuginfo import DebugInfoLocator
+    from tbpipe.pipeline.symbols.debuginfod import DebuginfodClient, DebuginfodSettings
     from tbpipe.pipeline.symbols.model import normalize_build_id
     from tbpipe.pipeline.symbols.store import SymbolStore
 
     build_id = normalize_build_id(build_id)
     store = SymbolStore(cache_dir)
+    settings = DebuginfodSettings(urls=tuple(debuginfod or ()), offline=offline)
+    client = DebuginfodClient.from_settings(settings)
     locator = DebugInfoLocator(
         [str(d) for d in debug_dir or ()],
         [str(r) for r in debug_root] if debug_root else None,
         index_path_for=store.debug_dir_index_path,
         memo=store,
+        debuginfod=client,
     )
-    located = locator.locate(build_id, str(module) if module else None)
+    try:
+        located = locator.locate(build_id, str(module) if module else None)
+    finally:
+        if client is not None:
+            client.close()
+    if client is None:
+        located.looked_in.append(
+            "debuginfod: --offline, no server asked" if offline else "debuginfod: no server (DEBUGINFOD_URLS is empty)"
+        )
     stored = store.load_status(build_id)
     if as_json:
         typer.echo(

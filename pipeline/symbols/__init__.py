@@ -1,8 +1,9 @@
 """Offline symbolization: ELF addresses -> function, file, line and inline chains, in bulk.
 
-Debug info is found by build-ID (`debuginfo`), turned once ever into a SymCache kept in the
-persistent store (`store`), and every (build-ID, address) pair is resolved once ever
-(`resolve`, in worker processes for big batches); `Symbolizer` is the API over all of it.
+Debug info is found by build-ID (`debuginfo`; from debuginfod servers last: `debuginfod`), turned
+once ever into a SymCache kept in the persistent store (`store`), and every (build-ID, address)
+pair is resolved once ever (`resolve`, in worker processes for big batches); `Symbolizer` is the
+API over all of it.
 
     sym = Symbolizer()
     frames = sym.symbolize_module(ModuleRef(build_id, path), addresses, exact)
@@ -22,7 +23,9 @@ _EXPORTS = {
     "arrow_schema": "columns",
     "DebugInfoLocator": "debuginfo",
     "Located": "debuginfo",
-    "debuginfod_cache_dir": "debuginfo",
+    "DebuginfodClient": "debuginfod",
+    "DebuginfodSettings": "debuginfod",
+    "debuginfod_cache_dir": "debuginfod",
     "DebugDirIndex": "dirindex",
     "ScanReport": "dirindex",
     "BadBuildIdError": "model",
@@ -46,7 +49,8 @@ __getattr__, __dir__ = lazy_names(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
     from tbpipe.pipeline.symbols.columns import arrow_schema
-    from tbpipe.pipeline.symbols.debuginfo import DebugInfoLocator, Located, debuginfod_cache_dir
+    from tbpipe.pipeline.symbols.debuginfo import DebugInfoLocator, Located
+    from tbpipe.pipeline.symbols.debuginfod import DebuginfodClient, DebuginfodSettings, debuginfod_cache_dir
     from tbpipe.pipeline.symbols.dirindex import DebugDirIndex, ScanReport
     from tbpipe.pipeline.symbols.model import (
         BadBuildIdError,

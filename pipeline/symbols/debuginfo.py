@@ -5,10 +5,12 @@ Order (the first file with DWARF wins; without any, the first with symbol tables
 1. the user's `--debug-dir` folders (indexed recursively by build-ID, see `dirindex`),
 2. `<root>/.build-id/ab/cdef….debug` under each debug root (default /usr/lib/debug),
 3. the debuginfod client cache: `$DEBUGINFOD_CACHE_PATH`, else `$XDG_CACHE_HOME` or
-   `~/.cache` + `/debuginfod_client/<id>/debuginfo`,
-4. the module's own file, when its build-ID matches,
+   `~/.cache` + `/debuginfod_client/<id>/debuginfo` (an empty file there is a negative entry),
+4. the module's own file, when its build-ID matches (else the cache's `<id>/executable`),
 5. the module's `.gnu_debuglink` file (CRC32-checked) beside it, in `.debug/` beside it and under
-   each debug root.
+   each debug root,
+6. debuginfod servers (`debuginfod`), for every build-ID still without DWARF at once:
+   `/debuginfo`, then `/executable` where the module's own file is not on this machine.
 
 A candidate whose build-ID differs from the one asked for is never used (a debuglink file without
 a build-ID note is accepted on its CRC alone).
@@ -22,6 +24,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tbpipe.pipeline.symbols.debuginfod import (
+    DebuginfodClient,
+    Fetched,
+    cache_path,
+    debuginfod_cache_dir,
+    negative_entry_age,
+)
 from tbpipe.pipeline.symbols.dirindex import DebugDirIndex
 from tbpipe.pipeline.symbols.elf import (
     ElfFacts,
@@ -43,7 +52,7 @@ DEFAULT_DEBUG_ROOTS = ("/usr/lib/debug",)
 @dataclass
 class Candidate:
     path: str
-    via: str  # debug-dir, build-id-dir, debuginfod-cache, module, debuglink
+    via: str  # debug-dir, build-id-dir, debuginfod-cache, module, debuglink, "debuginfod URL"
     facts: ElfFacts
 
     @property
@@ -80,18 +89,34 @@ class Located:
         return f"no debug info for build-ID {short} (looked in: {places})"
 
 
-def debuginfod_cache_dir(environ: dict | None = None) -> str:
-    env = os.environ if environ is None else environ
-    configured = env.get("DEBUGINFOD_CACHE_PATH")
-    if configured:
-        return configured
-    xdg = env.get("XDG_CACHE_HOME")
-    base = xdg if xdg else os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "debuginfod_client")
+class _Search:
+    """One build-ID's search under way: the best candidate so far."""
+
+    def __init__(self, build_id: str, module_path: str | None):
+        self.located = Located(build_id=build_id, chosen=None)
+        self.module_path = module_path
+        self.best_symbols: Candidate | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.located.chosen is not None
+
+    def offer(self, candidate: Candidate) -> bool:
+        """Takes a candidate; True once the search has DWARF (nothing better can come)."""
+        if candidate.quality is Quality.DWARF:
+            self.located.chosen = candidate
+        elif candidate.quality is Quality.SYMBOLS and self.best_symbols is None:
+            self.best_symbols = candidate
+        return self.done
+
+    def finish(self) -> Located:
+        if self.located.chosen is None:
+            self.located.chosen = self.best_symbols
+        return self.located
 
 
 class DebugInfoLocator:
-    """Searches the places above for one build-ID at a time."""
+    """Searches the places above for build-IDs; `debuginfod`, when given, asks its servers last."""
 
     def __init__(
         self,
@@ -100,6 +125,8 @@ class DebugInfoLocator:
         index_path_for: Callable[[str], object] | None = None,
         environ: dict | None = None,
         memo: SymbolStore | None = None,
+        debuginfod: DebuginfodClient | None = None,
+        debuginfod_cache: str | None = None,
     ):
         self.debug_dirs = [os.path.abspath(os.fspath(d)) for d in debug_dirs]
         self.debug_roots = [os.fspath(r) for r in (DEFAULT_DEBUG_ROOTS if debug_roots is None else debug_roots)]
@@ -110,6 +137,11 @@ class DebugInfoLocator:
         # again for every module without DWARF at every ingest (better debug info may have come), and
         # reading an ELF's sections with pyelftools costs tens of milliseconds.
         self._memo = memo
+        self.debuginfod = debuginfod
+        if debuginfod is not None:
+            self.debuginfod_cache = debuginfod.cache_dir
+        else:
+            self.debuginfod_cache = debuginfod_cache or debuginfod_cache_dir(environ)
 
     def indexes(self) -> list[DebugDirIndex]:
         """The debug-dir indexes, refreshed once per locator (files may have changed)."""
@@ -124,20 +156,23 @@ class DebugInfoLocator:
         return self._indexes
 
     def locate(self, build_id: str, module_path: str | None = None) -> Located:
-        located = Located(build_id=build_id, chosen=None)
-        best_symbols: Candidate | None = None
-        for candidate in self._candidates(build_id, module_path, located):
-            if candidate.quality is Quality.DWARF:
-                located.chosen = candidate
-                return located
-            if candidate.quality is Quality.SYMBOLS and best_symbols is None:
-                best_symbols = candidate
-        located.chosen = best_symbols
-        return located
+        return self.locate_many([(build_id, module_path)])[0]
+
+    def locate_many(self, wanted: Sequence[tuple[str, str | None]]) -> list[Located]:
+        """`locate` for many (build-ID, module path) pairs: the local places of each first, then the
+        servers, asked at once for every build-ID that still has no DWARF."""
+        searches = [_Search(build_id, module_path) for build_id, module_path in wanted]
+        for search in searches:
+            for candidate in self._local_candidates(search.located.build_id, search.module_path, search.located):
+                if search.offer(candidate):
+                    break
+        if self.debuginfod is not None:
+            self._ask_servers([search for search in searches if not search.done])
+        return [search.finish() for search in searches]
 
     # ---- the search, in order; each step appends what it saw to located.looked_in
 
-    def _candidates(self, build_id: str, module_path: str | None, located: Located):
+    def _local_candidates(self, build_id: str, module_path: str | None, located: Located):
         looked = located.looked_in
         if self.debug_dirs:
             hits = []
@@ -156,8 +191,7 @@ class DebugInfoLocator:
             if candidate and candidate.quality is not Quality.NONE:
                 yield candidate
 
-        cache = debuginfod_cache_dir(self._environ)
-        candidate = self._check(os.path.join(cache, build_id, "debuginfo"), "debuginfod-cache", build_id, looked)
+        candidate = self._check_cached(build_id, "debuginfo", looked)
         if candidate and candidate.quality is not Quality.NONE:
             yield candidate
 
@@ -168,6 +202,13 @@ class DebugInfoLocator:
                 # Even a module with no symbols at all still leads to its debuglink.
                 module = candidate.facts
                 located.module = module
+                if candidate.quality is not Quality.NONE:
+                    yield candidate
+        if module is None:
+            # Not on this machine: an executable an earlier download (ours or elfutils') left.
+            candidate = self._check_cached(build_id, "executable", looked)
+            if candidate:
+                located.module = candidate.facts
                 if candidate.quality is not Quality.NONE:
                     yield candidate
         if module is not None and module.debuglink:
@@ -181,6 +222,48 @@ class DebugInfoLocator:
                 candidate = self._check(path, "debuglink", build_id, looked, crc=crc)
                 if candidate and candidate.quality is not Quality.NONE:
                     yield candidate
+
+    def _check_cached(self, build_id: str, kind: str, looked: list[str]) -> Candidate | None:
+        """The debuginfod cache's file of `kind`, unless it is a negative entry."""
+        path = cache_path(self.debuginfod_cache, build_id, kind)
+        age = negative_entry_age(path)
+        if age is not None:
+            if self.debuginfod is None:  # else the servers' step says it, and for how long it holds
+                looked.append(f"{path}: negative cache entry (the servers had none {age:.0f} s ago)")
+            return None
+        if kind == "executable" and not os.path.lexists(path):
+            return None  # looked for only where the module is missing: no line for the usual case
+        return self._check(path, "debuginfod-cache", build_id, looked, label=None if kind == "debuginfo" else kind)
+
+    def _ask_servers(self, searches: list[_Search]) -> None:
+        """Servers last: `/debuginfo` for all, then `/executable` where the module is not on this machine."""
+        if not searches:
+            return
+        client = self.debuginfod
+        fetched = client.fetch_many([s.located.build_id for s in searches], "debuginfo")
+        for search in searches:
+            self._take(search, fetched[search.located.build_id])
+        missing = [s for s in searches if not s.done and s.located.module is None and s.best_symbols is None]
+        if missing:
+            fetched = client.fetch_many([s.located.build_id for s in missing], "executable")
+            for search in missing:
+                self._take(search, fetched[search.located.build_id])
+
+    def _take(self, search: _Search, fetched: Fetched) -> None:
+        looked = search.located.looked_in
+        looked.extend(fetched.lines())
+        if fetched.path is None:
+            return
+        executable = fetched.kind == "executable"
+        via = f"debuginfod {fetched.server}"
+        label = "executable" if executable else None
+        candidate = self._check(fetched.path, via, search.located.build_id, looked, label=label)
+        if candidate is None:
+            return
+        if executable:
+            search.located.module = candidate.facts
+        if candidate.quality is not Quality.NONE:
+            search.offer(candidate)
 
     def _check(
         self, path: str, via: str, build_id: str, looked: list[str], *, crc: int | None = None, label: str | None = None

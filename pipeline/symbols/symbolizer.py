@@ -14,7 +14,7 @@ import gc
 import os
 import time
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from tbpipe.pipeline.progress import DelayedProgress
     from tbpipe.pipeline.symbols.debuginfo import DebugInfoLocator, Located
+    from tbpipe.pipeline.symbols.debuginfod import DebuginfodClient, DebuginfodSettings
     from tbpipe.pipeline.symbols.resolve import ModuleResolver
 
 _MAX_ADDRESS = (1 << 64) - 1
@@ -136,7 +137,9 @@ class Symbolizer:
     `.build-id/` tree (None: /usr/lib/debug); `jobs`: worker processes for bulk work (None: the
     CPUs this process may use); `progress`: show a progress bar on long work (None: when stderr
     is a terminal); `min_parallel_addresses`: below this many new addresses in one call the
-    work stays in this process (worker processes cost more than they save).
+    work stays in this process (worker processes cost more than they save); `debuginfod`: which
+    servers to ask for what no local place has (None: `$DEBUGINFOD_URLS`); `on_download`: gets a
+    line of text about downloads under way instead of a progress bar.
 
     One Symbolizer per thread: it caches per build-ID state and is not locked. Several
     processes may share one store. Call `close()` (or use it as a context manager) to stop
@@ -152,6 +155,8 @@ class Symbolizer:
         progress: bool | None = None,
         *,
         min_parallel_addresses: int = _PARALLEL_MIN_ADDRESSES,
+        debuginfod: DebuginfodSettings | None = None,
+        on_download: Callable[[str], None] | None = None,
     ):
         self.store = SymbolStore(cache_dir)
         self._locator_args = (
@@ -159,6 +164,9 @@ class Symbolizer:
             list(debug_roots) if debug_roots is not None else None,
         )
         self._locator: DebugInfoLocator | None = None
+        self._debuginfod_settings = debuginfod
+        self._on_download = on_download
+        self._debuginfod: DebuginfodClient | None = None
         self.jobs = max(1, jobs if jobs is not None else available_cpus())
         self.progress = progress
         self.min_parallel_addresses = min_parallel_addresses
@@ -171,10 +179,20 @@ class Symbolizer:
         """The debug-info locator, made on first use (a warm store never needs it)."""
         if self._locator is None:
             from tbpipe.pipeline.symbols.debuginfo import DebugInfoLocator
+            from tbpipe.pipeline.symbols.debuginfod import DebuginfodClient, DebuginfodSettings
 
+            settings = self._debuginfod_settings or DebuginfodSettings()
+            self._debuginfod = DebuginfodClient.from_settings(
+                settings, progress=self.progress, describe=self._on_download
+            )
             debug_dirs, debug_roots = self._locator_args
             self._locator = DebugInfoLocator(
-                debug_dirs, debug_roots, index_path_for=self.store.debug_dir_index_path, memo=self.store
+                debug_dirs,
+                debug_roots,
+                index_path_for=self.store.debug_dir_index_path,
+                memo=self.store,
+                debuginfod=self._debuginfod,
+                debuginfod_cache=settings.cache_dir,
             )
         return self._locator
 
@@ -209,6 +227,10 @@ class Symbolizer:
             # The stored results, not the SymCache: when every address is known (the warm
             # case) the SymCache and symbol table are never opened.
             self._known(self._states[self._state_key(ref)])
+
+    def debuginfod_report(self) -> list[str]:
+        """One line per debuginfod server asked by this symbolizer (files, 404s, failures and why)."""
+        return self._debuginfod.report() if self._debuginfod is not None else []
 
     def upgraded_build_ids(self) -> set[str]:
         """Build-IDs whose debug info got better in this process: re-symbolize their old frames."""
@@ -272,6 +294,8 @@ class Symbolizer:
         return known, keys, [get_entry(k, -1) for k in keys]
 
     def close(self) -> None:
+        if self._debuginfod is not None:
+            self._debuginfod.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -300,9 +324,10 @@ class Symbolizer:
     def _decide_states(self, refs: Iterable[ModuleRef]) -> None:
         """Decide the status of every new module; build the SymCaches that are missing."""
         builds: list[tuple[str, ModuleStatus, _PendingBuild, ModuleStatus | None]] = []
+        by_build_id: dict[str, tuple[ModuleRef, ModuleStatus | None]] = {}
         for ref in refs:
             key = self._state_key(ref)
-            if key in self._states:
+            if key in self._states or key in by_build_id:
                 continue
             kind = ModuleKey.parse(key).kind
             if kind is KeyKind.INVALID:
@@ -311,7 +336,15 @@ class Symbolizer:
             if kind is KeyKind.PATH:
                 self._states[key] = self._state_without_build_id(ref)
                 continue
-            status, pending, previous = self._decide(key, ref.path)
+            by_build_id[key] = (ref, self.store.load_status(key))
+        # Every module without usable DWARF searched at once: the servers are asked in parallel.
+        searched = [(key, ref.path) for key, (ref, stored) in by_build_id.items() if not self._final(stored)]
+        located = dict(zip((key for key, _path in searched), self.locator.locate_many(searched))) if searched else {}
+        for key, (ref, stored) in by_build_id.items():
+            if key in located:
+                status, pending, previous = self._decide(key, ref.path, stored, located[key])
+            else:
+                status, pending, previous = stored, None, None
             if pending is None:
                 self._states[key] = _ModuleState(status=status, persistent=status.quality is not Quality.NONE)
             else:
@@ -319,13 +352,13 @@ class Symbolizer:
         if builds:
             self._run_builds(builds)
 
+    def _final(self, stored: ModuleStatus | None) -> bool:
+        """A stored status nothing can improve on: DWARF, with its SymCache in the store."""
+        return stored is not None and stored.quality is Quality.DWARF and self._usable(stored)
+
     def _decide(
-        self, build_id: str, path: str | None
+        self, build_id: str, path: str | None, stored: ModuleStatus | None, located: Located
     ) -> tuple[ModuleStatus, _PendingBuild | None, ModuleStatus | None]:
-        stored = self.store.load_status(build_id)
-        if stored is not None and stored.quality is Quality.DWARF and self._usable(stored):
-            return stored, None, None
-        located = self.locator.locate(build_id, path)
         if stored is not None and self._usable(stored) and stored.quality.rank >= located.quality.rank:
             if stored.quality is Quality.NONE:
                 # Nothing was found before and nothing now: keep the newest explanation.
