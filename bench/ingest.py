@@ -144,39 +144,37 @@ def _warm_symbols(runs_dir: Path, cache_dir: Path) -> None:
 # commit outside a load is the rest's). The preparing threads ("prepare") read, check and hash the
 # next runs meanwhile: their time is shown apart, as it overlaps the loading.
 LAYOUT, LOAD, PREPARE = "layout", "load", "prepare"
-RUNS = "tbpipe.pipeline.db.ingest.runs"
+INGEST = "tbpipe.pipeline.db.ingest"
+FLOW, READ, LAY, LOADING = (f"{INGEST}.{name}" for name in ("flow", "read_ahead", "lay_out", "load"))
 STEPS = {LAYOUT: "lay out new stacks", LOAD: "load runs"}  # each part's own step
 # A transaction's events are loaded on the events thread: beside the layout for a batch's first
-# transaction, beside the transaction before it otherwise; in the loading thread only for a
-# transaction begun again there (after a failure). The stage has a label for each.
-EVENTS_HERE = "load events + counts (in the loading thread)"
+# transaction, beside the transaction before it otherwise.
 EVENTS_BESIDE = "load events + counts (the events thread)"
 STAGES = [
-    (RUNS, "open_database", "open the database (and migrate it)", None),
-    (f"{RUNS}.RunLoader", "_lay_out", STEPS[LAYOUT], None),
-    (f"{RUNS}.RunLoader", "_stack_ids", "find known stacks", LAYOUT),
-    (f"{RUNS}.RunLoader", "_slots", "combined order (slots)", LAYOUT),
-    ("tbpipe.pipeline.db.ingest.symbols.SymbolLoader", "symbols_for", "symbols for new frames", LAYOUT),
-    (f"{RUNS}.layout", "expand", "inline expansion, distinct frames", LAYOUT),
-    (RUNS, "resolve_frames", "frame ids", LAYOUT),
-    (RUNS, "sites_of_laid_out", "site new stacks", LAYOUT),
-    (f"{RUNS}.RunLoader", "_load_groups", STEPS[LOAD], None),
-    ("tbpipe.pipeline.db.ingest.rows", "insert_modules", "insert modules", LOAD),
-    ("tbpipe.pipeline.db.ingest.rows", "insert_stacks", "insert stacks + frames", LOAD),
-    (RUNS, "insert_sites", "insert sites", LOAD),
-    (RUNS, "_events_phase", EVENTS_HERE, LOAD),
-    (RUNS, "_events_loaded", "waiting for events loaded beside", LOAD),
-    (RUNS, "insert_site_counts", "site counts", LOAD),
-    ("tbpipe.pipeline.db.ingest.rows", "insert_runs", "insert runs", LOAD),
-    ("tbpipe.pipeline.db.ingest.rows", "insert_run_modules", "insert run modules", LOAD),
-    ("tbpipe.pipeline.db.ingest.tables.Transaction", "__exit__", "commit", LOAD),
-    (f"{RUNS}.RunLoader", "_count_frames", "summary counts", None),
-    (RUNS, "read_manifest", "manifest", PREPARE),
-    (RUNS, "read_tables", "read stacks/modules/code parts", PREPARE),
-    (RUNS, "events_part", "events parts: checksums, names, stackless", PREPARE),
-    (RUNS, "flatten_run", "flatten + hash stacks", PREPARE),
+    (FLOW, "open_database", "open the database (and migrate it)", None),
+    (FLOW, "lay_out", STEPS[LAYOUT], None),
+    (FLOW, "assign_stack_ids", "find known stacks", None),
+    (f"{LAY}.layout", "combined_slots", "combined order (slots)", LAYOUT),
+    (f"{INGEST}.symbols.SymbolLoader", "symbols_for", "symbols for new frames", LAYOUT),
+    (f"{LAY}.layout", "expand", "inline expansion, distinct frames", LAYOUT),
+    (LAY, "resolve_frames", "frame ids", LAYOUT),
+    (LAY, "sites_of_laid_out", "site new stacks", LAYOUT),
+    (f"{LOADING}.Loader", "load", STEPS[LOAD], None),
+    (f"{INGEST}.rows", "insert_modules", "insert modules", LOAD),
+    (f"{INGEST}.rows", "insert_stacks", "insert stacks + frames", LOAD),
+    (LOADING, "insert_sites", "insert sites", LOAD),
+    (f"{LOADING}.Loader", "_load_events", EVENTS_BESIDE, PREPARE),
+    (LOADING, "insert_site_counts", "site counts", LOAD),
+    (f"{INGEST}.rows", "insert_runs", "insert runs", LOAD),
+    (f"{INGEST}.rows", "insert_run_modules", "insert run modules", LOAD),
+    (f"{INGEST}.tables.Transaction", "__exit__", "commit", LOAD),
+    (FLOW, "_count_new_frames", "summary counts", None),
+    (READ, "read_manifest", "manifest", PREPARE),
+    (READ, "read_tables", "read stacks/modules/code parts", PREPARE),
+    (READ, "events_part", "events parts: checksums, names, stackless", PREPARE),
+    (READ, "flatten_run", "flatten + hash stacks", PREPARE),
     # A run whose stacks are all stored: their hashes and references, without the frames.
-    (RUNS, "read_stack_keys", "read stacks without frames (all stored)", PREPARE),
+    (READ, "read_stack_keys", "read stacks without frames (all stored)", PREPARE),
 ]
 WAITING = "waiting for prepared runs"
 
@@ -196,7 +194,7 @@ class _StageTimes:
         self._undo = []
         for owner, name, label, part in STAGES:
             self._wrap(self._resolve(importlib, owner), name, self._timed(label, part))
-        ahead = self._resolve(importlib, f"{RUNS}._PreparedAhead")
+        ahead = self._resolve(importlib, f"{READ}.ReadAhead")
         self._wrap(ahead, "__iter__", self._timed_iteration)
 
     def _wrap(self, target, name, make) -> None:
@@ -229,8 +227,8 @@ class _StageTimes:
         def make(function):
             def timed(*args, **kwargs):
                 here = threading.current_thread() is threading.main_thread()
-                name = label if here or label != EVENTS_HERE else EVENTS_BESIDE
-                if part in STEPS and name == label and not (here and self._inside[part]):
+                name = label
+                if part in STEPS and not (here and self._inside[part]):
                     return function(*args, **kwargs)
                 wall, cpu = time.perf_counter(), time.thread_time()
                 if step is not None:
@@ -296,14 +294,14 @@ class _StageTimes:
                     label, 2, seconds, f" ({self.calls[label]} calls; {self.cpu[label]:.2f} s CPU of the thread)"
                 )
             self._line("the rest of it", 2, wall - sum(seconds for _label, seconds in inside))
-        for label in ("summary counts", WAITING):
+        for label in ("find known stacks", "summary counts", WAITING):
             accounted += self.wall.get(label, 0.0)
             self._line(label, 1, self.wall.get(label, 0.0))
         self._line("the rest (closing, with its checkpoint)", 1, total_wall - accounted)
         # Wall time summed over the workers (it overlaps the loading), and the CPU time of the worker
         # threads themselves (Arrow decodes a big part's columns on its own pool, not counted there).
         print("  the threads beside the loading one, preparing runs and loading events (time on them, summed):")
-        for _o, _n, label, part in [*STAGES, (None, None, EVENTS_BESIDE, PREPARE)]:
+        for _o, _n, label, part in STAGES:
             if part == PREPARE and label in self.wall:
                 per_run = f", {self.wall[label] / runs * 1e3:.1f} ms a run" if runs else ""
                 note = f" ({self.calls[label]} calls{per_run}; {self.cpu[label]:.2f} s CPU of the thread)"
@@ -375,12 +373,12 @@ def _duckdb_copy(runs_dir: Path, work: Path) -> tuple[float, float]:
 def _duckdb_copy_per_run(runs_dir: Path, work: Path) -> tuple[float, float]:
     """The floor of an ingest at one transaction per run: DuckDB alone copying each run's events
     Parquet parts into a table in a transaction of its own (BEGIN, one INSERT, COMMIT), with the
-    ingest's settings (DuckDB's threads: one below ONE_THREAD_BELOW_EVENTS events; one checkpoint,
+    ingest's settings (DuckDB's threads: one below `one_thread_below_events` events; one checkpoint,
     at the close), as (wall, CPU) seconds. Nothing else of a run is stored: its stacks, counts, sites
     and run row come on top."""
     import pyarrow.parquet as pq
 
-    from tbpipe.pipeline.db.ingest.runs import ONE_THREAD_BELOW_EVENTS, checkpoint_at_close
+    from tbpipe.pipeline.db.ingest.tuning import IngestLimits, checkpoint_at_close
 
     runs = [sorted(str(p) for p in run.glob("events-*.parquet")) for run in sorted(runs_dir.iterdir())]
     runs = [(parts, sum(pq.ParquetFile(p).metadata.num_rows for p in parts)) for parts in runs if parts]
@@ -390,7 +388,7 @@ def _duckdb_copy_per_run(runs_dir: Path, work: Path) -> tuple[float, float]:
         checkpoint_at_close(con)
         con.execute("CREATE TABLE events AS SELECT * FROM read_parquet(?) LIMIT 0", [runs[0][0]])
         for parts, events in runs:
-            con.execute(f"SET threads = {1 if events < ONE_THREAD_BELOW_EVENTS else default_threads}")
+            con.execute(f"SET threads = {1 if events < IngestLimits().one_thread_below_events else default_threads}")
             con.execute("BEGIN TRANSACTION")
             con.execute("INSERT INTO events SELECT * FROM read_parquet(?)", [parts])
             con.execute("COMMIT")

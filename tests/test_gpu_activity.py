@@ -26,6 +26,7 @@ from support.cupti_double import PRELUDE, build_double
 from support.runs import read_run, read_runs, rewrite_as_raw_version, transaction_sizes
 
 from tbpipe.pipeline.db import IngestOptions, ingest_runs, open_database
+from tbpipe.pipeline.db.ingest import IngestLimits
 from tbpipe.schemas import raw
 
 
@@ -477,13 +478,11 @@ def _copy_run(source: Path, target_root: Path, run_id: str, version: int, *, kee
 
 
 def test_gpu_records_count_in_the_rows_that_runs_share_a_transaction_by(
-    workload, tmp_path: Path, symbol_cache: Path, monkeypatch
+    workload, tmp_path: Path, symbol_cache: Path
 ) -> None:
-    """Small runs share a transaction up to ROWS_PER_TRANSACTION rows, their GPU activity records
+    """Small runs share a transaction up to `rows_per_transaction` rows, their GPU activity records
     with their events: two runs whose events fit the budget together, but not with their records,
     go in one each; with room for both, together."""
-    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
-
     _result, run, _con = workload
     runs = tmp_path / "runs"
     for number in (1, 2):
@@ -491,11 +490,16 @@ def test_gpu_records_count_in_the_rows_that_runs_share_a_transaction_by(
     tables = read_run(runs / "20250101T000000-1-00000001").tables
     events, records = tables["events"].num_rows, tables["gpu_activity"].num_rows + tables["gpu_graph_nodes"].num_rows
     assert events and records
-    sizes = transaction_sizes(monkeypatch)
+    hooks, sizes = transaction_sizes()
     for budget, expected in ((2 * events, [1, 1]), (2 * (events + records), [2])):
         sizes.clear()
-        monkeypatch.setattr(ingest_runs_module, "ROWS_PER_TRANSACTION", budget)
-        options = IngestOptions(db_path=tmp_path / f"budget-{budget}.duckdb", cache_dir=symbol_cache, progress=False)
+        options = IngestOptions(
+            db_path=tmp_path / f"budget-{budget}.duckdb",
+            cache_dir=symbol_cache,
+            progress=False,
+            hooks=hooks,
+            limits=IngestLimits(rows_per_transaction=budget),
+        )
         assert ingest_runs([runs], options).ingested == 2
         assert sizes == expected, budget
 

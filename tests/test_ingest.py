@@ -26,6 +26,7 @@ from tbpipe import capture
 from tbpipe.pipeline.db import IngestOptions, IngestSummary, ingest_runs, open_database
 from tbpipe.pipeline.db import read as db_read
 from tbpipe.pipeline.db.connection import query_rows
+from tbpipe.pipeline.db.ingest import IngestHooks, IngestLimits
 from tbpipe.pipeline.rawrun import find_run_dirs
 from tbpipe.pipeline.stacks.render import symbolize_stacks
 
@@ -799,7 +800,6 @@ PAUSING_INGEST = """
 import sys, time
 from pathlib import Path
 import tbpipe.pipeline.db.ingest as ingest_module
-import tbpipe.pipeline.db.ingest.runs as ingest_runs_module
 
 
 def before_commit(run_id):
@@ -816,9 +816,12 @@ def before_commit(run_id):
 # script again as __mp_main__.
 if __name__ == "__main__":
     runs, db, cache, victim, marker, release, per_transaction = sys.argv[1:8]
-    ingest_runs_module._before_commit = before_commit
     options = ingest_module.IngestOptions(
-        db_path=Path(db), cache_dir=Path(cache), progress=False, runs_per_transaction=int(per_transaction)
+        db_path=Path(db),
+        cache_dir=Path(cache),
+        progress=False,
+        runs_per_transaction=int(per_transaction),
+        hooks=ingest_module.IngestHooks(before_commit=before_commit),
     )
     summary = ingest_module.ingest_runs([Path(runs)], options)
     print("ingested", summary.ingested)
@@ -939,21 +942,22 @@ def _ingested_alone(tmp_path: Path, runs: Path, cache: Path) -> Path:
 
 
 def test_small_runs_share_a_transaction_up_to_its_events_and_a_big_run_goes_alone() -> None:
-    """By default consecutive runs share a transaction while they load at most ROWS_PER_TRANSACTION
+    """By default consecutive runs share a transaction while they load at most `rows_per_transaction`
     rows together; a run at or past it (or past what is left) starts one of its own, and runs
     without rows add none. `runs_per_transaction` overrides that with a count."""
-    from tbpipe.pipeline.db.ingest.runs import ROWS_PER_TRANSACTION, transaction_end
+    from tbpipe.pipeline.db.ingest.load import transaction_end
+    from tbpipe.pipeline.db.ingest.tuning import IngestLimits
 
     def groups(events: list[int], per_transaction: int | None = None) -> list[int]:
         sizes, first = [], 0
         while first < len(events):
-            end = transaction_end(events, first, per_transaction)
+            end = transaction_end(events, first, budget, per_transaction)
             assert end > first
             sizes.append(end - first)
             first = end
         return sizes
 
-    budget = ROWS_PER_TRANSACTION
+    budget = IngestLimits().rows_per_transaction
     small = budget // 25
     assert groups([small] * 60) == [25, 25, 10]
     assert groups([small, budget, small, small]) == [1, 1, 2]
@@ -971,14 +975,10 @@ def test_small_runs_share_a_transaction_up_to_its_events_and_a_big_run_goes_alon
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_THP_DISABLE is Linux's")
-def test_ingest_runs_without_transparent_huge_pages_and_restores_the_setting(
-    tmp_path, symbol_cache, monkeypatch
-) -> None:
+def test_ingest_runs_without_transparent_huge_pages_and_restores_the_setting(tmp_path, symbol_cache) -> None:
     """While runs load, the process has transparent huge pages off (the kernel would zero a fresh
     2 MB page for each buffer the ingest makes and drops); after it, the setting is as it was."""
     import ctypes
-
-    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
 
     prctl = ctypes.CDLL(None).prctl
     get_thp_disable, set_thp_disable = 42, 41
@@ -987,13 +987,7 @@ def test_ingest_runs_without_transparent_huge_pages_and_restores_the_setting(
         return prctl(get_thp_disable, 0, 0, 0, 0)
 
     seen = []
-    lay_out = ingest_runs_module.RunLoader._lay_out
-
-    def watched(self, *args, **kwargs):
-        seen.append(thp_disabled())
-        return lay_out(self, *args, **kwargs)
-
-    monkeypatch.setattr(ingest_runs_module.RunLoader, "_lay_out", watched)
+    hooks = IngestHooks(laying_out=lambda _run_ids: seen.append(thp_disabled()))
     runs = tmp_path / "runs"
     _synthetic_night(runs, 2)
     initial = thp_disabled()
@@ -1001,20 +995,19 @@ def test_ingest_runs_without_transparent_huge_pages_and_restores_the_setting(
         for before in (0, 1):  # a process that had them off keeps them off
             prctl(set_thp_disable, before, 0, 0, 0)
             seen.clear()
-            assert ingest(tmp_path / f"{before}.duckdb", runs, cache=symbol_cache).ingested == 2
+            assert ingest(tmp_path / f"{before}.duckdb", runs, cache=symbol_cache, hooks=hooks).ingested == 2
             assert seen == [1] and thp_disabled() == before
     finally:
         prctl(set_thp_disable, initial, 0, 0, 0)
 
 
 @pytest.mark.parametrize("merge_at", [4, 1 << 14])
-def test_stack_claims_answer_as_a_claim_per_hash_would(monkeypatch, merge_at) -> None:
+def test_stack_claims_answer_as_a_claim_per_hash_would(merge_at) -> None:
     """Which run first claims each stack hash, asked by runs prepared out of order: the sorted arrays
     answer every question as a dictionary of hash -> first claiming run does (with and without
     merges of the small array into the big one), and end holding the same claims."""
-    from tbpipe.pipeline.db.ingest.runs import _StackClaims
+    from tbpipe.pipeline.db.ingest.read_ahead import StackClaims
 
-    monkeypatch.setattr(_StackClaims, "MERGE_AT", merge_at)
     rng = np.random.default_rng(7)
     for pool_size in (40, 3000):
         pool = rng.integers(0, 2**64, pool_size, dtype=np.uint64)
@@ -1022,7 +1015,7 @@ def test_stack_claims_answer_as_a_claim_per_hash_would(monkeypatch, merge_at) ->
         swapped = np.flatnonzero(rng.random(150) < 0.5) * 2  # neighbours prepared in either order
         positions[swapped], positions[swapped + 1] = positions[swapped + 1], positions[swapped]
         expected: dict[int, int] = {}
-        claims = _StackClaims()
+        claims = StackClaims(merge_at=merge_at)
         answers = []
         for position in positions.tolist():
             hashes = rng.choice(pool, int(rng.integers(1, 200)))
@@ -1034,104 +1027,51 @@ def test_stack_claims_answer_as_a_claim_per_hash_would(monkeypatch, merge_at) ->
             answers.append(before)
             assert claims.claimed_before(hashes, position) == before, position
         assert any(answers) and not all(answers)
-        held = [claims._big, claims._recent]
-        keys = np.concatenate([k for k, _ in held]).tolist()
-        assert len(keys) == len(set(keys))
-        assert dict(zip(keys, np.concatenate([p for _, p in held]).tolist())) == expected
+        assert claims.claims() == expected
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
-def test_runs_are_read_ahead_at_a_lower_priority_than_the_loading_thread(tmp_path, symbol_cache, monkeypatch) -> None:
-    """The threads that read runs ahead run PREPARE_NICE above the loading thread's nice value (it is
+def test_runs_are_read_ahead_at_a_lower_priority_than_the_loading_thread(tmp_path, symbol_cache) -> None:
+    """The threads that read runs ahead run READ_NICE above the loading thread's nice value (it is
     the critical path), and the loading thread's own is left as it was."""
-    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
+    from tbpipe.pipeline.db.ingest.tuning import READ_NICE
 
     def nice() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     readers, loaders = [], []
-    prepare, lay_out = ingest_runs_module.RunLoader.prepare, ingest_runs_module.RunLoader._lay_out
-
-    def watched_prepare(self, *args, **kwargs):
-        readers.append(nice())
-        return prepare(self, *args, **kwargs)
-
-    def watched_lay_out(self, *args, **kwargs):
-        loaders.append(nice())
-        return lay_out(self, *args, **kwargs)
-
-    monkeypatch.setattr(ingest_runs_module.RunLoader, "prepare", watched_prepare)
-    monkeypatch.setattr(ingest_runs_module.RunLoader, "_lay_out", watched_lay_out)
+    hooks = IngestHooks(
+        run_read=lambda _run_dir, _whole: readers.append(nice()), laying_out=lambda _ids: loaders.append(nice())
+    )
     runs = tmp_path / "runs"
     _synthetic_night(runs, 3)
     before = nice()
-    assert ingest(tmp_path / "db.duckdb", runs, cache=symbol_cache).ingested == 3
+    assert ingest(tmp_path / "db.duckdb", runs, cache=symbol_cache, hooks=hooks).ingested == 3
     assert loaders and set(loaders) == {before} and nice() == before
-    assert len(readers) == 3 and set(readers) == {min(19, before + ingest_runs_module.PREPARE_NICE)}
+    assert len(readers) == 3 and set(readers) == {min(19, before + READ_NICE)}
 
 
-@pytest.mark.parametrize("taken_by", ["events thread", "loading thread"])
-def test_site_counts_are_the_same_whichever_thread_takes_them(tmp_path, symbol_cache, monkeypatch, taken_by) -> None:
-    """A transaction's site counts are taken by the events thread when it is done before the loading
-    thread comes to that transaction, else by the loading thread. Each is made to happen here (the
-    other thread slowed down), and the database holds what a plain ingest stores."""
-    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
-
-    runs = tmp_path / "runs"
-    _synthetic_night(runs, 4)
-    plain = tmp_path / "plain.duckdb"
-    assert ingest(plain, runs, cache=symbol_cache, runs_per_transaction=1).ingested == 4
-    threads = []
-    insert_site_counts = ingest_runs_module.insert_site_counts
-
-    def noted(*args):
-        threads.append(threading.current_thread() is threading.main_thread())
-        return insert_site_counts(*args)
-
-    def slowed(function):
-        def slow(*args, **kwargs):
-            time.sleep(0.3)
-            return function(*args, **kwargs)
-
-        return slow
-
-    monkeypatch.setattr(ingest_runs_module, "insert_site_counts", noted)
-    if taken_by == "events thread":
-        monkeypatch.setattr(ingest_runs_module.RunLoader, "_load_runs", slowed(ingest_runs_module.RunLoader._load_runs))
-    else:
-        monkeypatch.setattr(
-            ingest_runs_module.run_rows, "count_events", slowed(ingest_runs_module.run_rows.count_events)
-        )
-    db = tmp_path / "taken.duckdb"
-    assert ingest(db, runs, cache=symbol_cache, runs_per_transaction=1).ingested == 4
-    assert len(threads) == 4
-    if taken_by == "loading thread":
-        assert all(threads)
-    else:  # but the batch's first transaction's, which may wait for the layout's sites
-        assert threads.count(False) >= 3
-    assert snapshot(db, exclude_ingest_times=True) == snapshot(plain, exclude_ingest_times=True)
-
-
-def test_small_runs_share_transactions_by_default_and_load_as_runs_alone(tmp_path, symbol_cache, monkeypatch) -> None:
+def test_small_runs_share_transactions_by_default_and_load_as_runs_alone(tmp_path, symbol_cache) -> None:
     """The default ingest of a night of small runs loads them in shared transactions, and stores
     exactly what an ingest of one transaction per run does; with runs past the budget, each goes alone."""
-    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
-
     runs = tmp_path / "runs"
     _synthetic_night(runs, 7)  # 1,000 events a run
-    groups = transaction_sizes(monkeypatch)
+    hooks, groups = transaction_sizes()
     db = tmp_path / "default.duckdb"
-    summary = ingest(db, runs, cache=symbol_cache)
+    summary = ingest(db, runs, cache=symbol_cache, hooks=hooks)
     assert summary.ok and summary.ingested == 7
     assert groups == [7]
     assert snapshot(db, exclude_ingest_times=True) == snapshot(_ingested_alone(tmp_path, runs, symbol_cache), True)
     groups.clear()
-    monkeypatch.setattr(ingest_runs_module, "ROWS_PER_TRANSACTION", 1500)
-    assert ingest(tmp_path / "small-budget.duckdb", runs, cache=symbol_cache).ingested == 7
+    small_budget = IngestLimits(rows_per_transaction=1500)
+    assert (
+        ingest(tmp_path / "small-budget.duckdb", runs, cache=symbol_cache, hooks=hooks, limits=small_budget).ingested
+        == 7
+    )
     assert groups == [1] * 7
 
 
-def test_runs_sharing_a_transaction_load_as_runs_alone(tmp_path, symbol_cache, monkeypatch) -> None:
+def test_runs_sharing_a_transaction_load_as_runs_alone(tmp_path, symbol_cache) -> None:
     from support.synthetic import SyntheticConfig, generate
 
     runs = tmp_path / "runs"
@@ -1140,9 +1080,9 @@ def test_runs_sharing_a_transaction_load_as_runs_alone(tmp_path, symbol_cache, m
         runs,
         SyntheticConfig(runs=7, events=7000, unique_stacks=400, native_addresses=600, code_objects=120, max_modules=6),
     )
-    groups = transaction_sizes(monkeypatch)
+    hooks, groups = transaction_sizes()
     db = tmp_path / "grouped.duckdb"
-    summary = ingest(db, runs, cache=symbol_cache, runs_per_transaction=3)
+    summary = ingest(db, runs, cache=symbol_cache, runs_per_transaction=3, hooks=hooks)
     assert summary.ok and summary.ingested == 7 and summary.events == 7000
     assert groups == [3, 3, 1]
     assert snapshot(db, exclude_ingest_times=True) == snapshot(_ingested_alone(tmp_path, runs, symbol_cache), True)
@@ -1184,19 +1124,10 @@ def _synthetic_night(runs: Path, count: int) -> None:
 # ------------------------------------------------------------------ runs read without their frames
 
 
-def _frames_read(monkeypatch) -> list[str]:
-    """The run folders whose stacks the ingest reads with their frames (filled as it goes)."""
-    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
-
+def _frames_read() -> tuple[IngestHooks, list[str]]:
+    """Hooks, and the run folders whose stacks the ingest reads with their frames (filled as it goes)."""
     read: list[str] = []
-    read_tables = ingest_runs_module.read_tables
-
-    def noted(files, tables, *verified):
-        read.append(files["stacks"][0].parent.name)
-        return read_tables(files, tables, *verified)
-
-    monkeypatch.setattr(ingest_runs_module, "read_tables", noted)
-    return read
+    return IngestHooks(run_read=lambda run_dir, whole: read.append(run_dir.name) if whole else None), read
 
 
 def _content(db: Path) -> dict[str, tuple]:
@@ -1209,27 +1140,25 @@ def _content(db: Path) -> dict[str, tuple]:
     return content
 
 
-def test_runs_whose_stacks_are_stored_load_without_their_frames(tmp_path, symbol_cache, monkeypatch) -> None:
+def test_runs_whose_stacks_are_stored_load_without_their_frames(tmp_path, symbol_cache) -> None:
     """The capture writes each stack's hash (raw schema 4): a run all of whose stacks the database
     holds, or that a run loaded before it brings in, is read without its frames. What is stored is
     the same as when every run is read whole (runs written without the hashes)."""
     from support.synthetic import SyntheticConfig, generate
-
-    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
 
     config = SyntheticConfig(
         runs=9, events=9000, unique_stacks=300, native_addresses=500, code_objects=100, max_modules=6
     )
     generate(tmp_path / "hashed", config)
     generate(tmp_path / "unhashed", SyntheticConfig(**{**config.__dict__, "written_hashes": False}))
-    read = _frames_read(monkeypatch)
+    hooks, read = _frames_read()
     # Runs prepared one at a time: read side by side, a run may look before the one ahead of it
     # tells which stacks it brings in, and read its frames for nothing (which changes no row).
-    monkeypatch.setattr(ingest_runs_module, "PREPARE_THREADS", 1)
+    options = {"cache": symbol_cache, "hooks": hooks, "limits": IngestLimits(read_threads=1)}
     first, rest = find_run_dirs([tmp_path / "hashed"])[:4], find_run_dirs([tmp_path / "hashed"])[4:]
     hashed = tmp_path / "hashed.duckdb"
-    assert ingest(hashed, *first, cache=symbol_cache, runs_per_transaction=2).ingested == 4
-    assert ingest(hashed, *rest, cache=symbol_cache).ingested == 5
+    assert ingest(hashed, *first, runs_per_transaction=2, **options).ingested == 4
+    assert ingest(hashed, *rest, **options).ingested == 5
     bringing = {path.rsplit("/", 1)[-1] for (path,) in rows(hashed, "SELECT source_dir FROM runs WHERE new_stacks > 0")}
     assert 0 < len(bringing) < 9
     assert sorted(read) == sorted(bringing), "frames are read for the runs that bring in stacks, and only for them"
@@ -1237,17 +1166,14 @@ def test_runs_whose_stacks_are_stored_load_without_their_frames(tmp_path, symbol
     read.clear()
     unhashed = tmp_path / "unhashed.duckdb"
     assert (
-        ingest(
-            unhashed, *find_run_dirs([tmp_path / "unhashed"])[:4], cache=symbol_cache, runs_per_transaction=2
-        ).ingested
-        == 4
+        ingest(unhashed, *find_run_dirs([tmp_path / "unhashed"])[:4], runs_per_transaction=2, **options).ingested == 4
     )
-    assert ingest(unhashed, *find_run_dirs([tmp_path / "unhashed"])[4:], cache=symbol_cache).ingested == 5
+    assert ingest(unhashed, *find_run_dirs([tmp_path / "unhashed"])[4:], **options).ingested == 5
     assert len(read) == 9
     assert _content(hashed) == _content(unhashed)
 
 
-def test_runs_read_without_their_frames_are_still_checked(tmp_path, good_run, symbol_cache, monkeypatch) -> None:
+def test_runs_read_without_their_frames_are_still_checked(tmp_path, good_run, symbol_cache) -> None:
     """A run whose stacks are stored is still quarantined when its stacks refer to a module or code
     object it does not describe, when its events refer to stacks it does not hold, and when a page
     of a column it does not read is damaged."""
@@ -1264,8 +1190,8 @@ def test_runs_read_without_their_frames_are_still_checked(tmp_path, good_run, sy
     for name, (change, _reason) in damage.items():
         change(_copy(good_run, later, name))
     _copy(good_run, later, "whole")
-    read = _frames_read(monkeypatch)
-    summary = ingest(db, later, cache=symbol_cache)
+    hooks, read = _frames_read()
+    summary = ingest(db, later, cache=symbol_cache, hooks=hooks)
     assert read == [], "every one of them was read without its frames"
     reasons = {outcome.path.name: outcome.reason for outcome in summary.quarantined}
     assert sorted(reasons) == sorted(damage)
@@ -1318,20 +1244,18 @@ def _rewrite_as_capture(part: Path, table_name: str, change) -> None:
 
 
 def test_a_run_read_without_frames_brings_its_stacks_when_the_one_before_fails(
-    tmp_path, good_run, symbol_cache, monkeypatch
+    tmp_path, good_run, symbol_cache
 ) -> None:
     """The run that was to bring in the stacks fails as it loads (its events name a stack it does not
     hold): the next one, read without its frames as its stacks were to come first, is read whole
     and brings them in itself."""
-    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
-
     runs = tmp_path / "runs"
     _events_without_their_stack(_copy(good_run, runs, "a-fails"))
     _copy(good_run, runs, "b-whole")
     db = tmp_path / "t.duckdb"
-    read = _frames_read(monkeypatch)
-    monkeypatch.setattr(ingest_runs_module, "PREPARE_THREADS", 1)  # a-fails is looked at first
-    summary = ingest(db, runs, cache=symbol_cache)
+    hooks, read = _frames_read()
+    one_reader = IngestLimits(read_threads=1)  # a-fails is looked at first
+    summary = ingest(db, runs, cache=symbol_cache, hooks=hooks, limits=one_reader)
     assert [outcome.path.name for outcome in summary.quarantined] == ["a-fails"]
     assert read == ["a-fails", "b-whole"], "b-whole was read without its frames first"
     assert summary.ingested == 1 and summary.new_stacks > 0
@@ -1357,31 +1281,22 @@ def test_a_written_stack_hash_unlike_its_frames_quarantines_the_run(tmp_path, go
     assert "1 stacks' stack_hash differs from the hash of their frames" in outcome.reason
 
 
-def test_the_next_transaction_loading_beside_changes_nothing_stored(tmp_path, symbol_cache, monkeypatch) -> None:
+def test_the_next_transaction_loading_beside_changes_nothing_stored(tmp_path, symbol_cache) -> None:
     """While a transaction inserts its stacks and sites and commits, the next one's events load on a
     second connection, which cannot see the first one's rows (it began before they were committed):
     the site counts of stacks the run before brought in, the event names and modules it added, the
     ids given after its own must still come out as when every run is ingested alone. A transaction
     per run, so that there is a next one for each run."""
-    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
-
     runs = tmp_path / "runs"
     _synthetic_night(runs, 7)
     threads = []
-    events_phase = ingest_runs_module._events_phase
-
-    def noted(batch, tx):
-        threads.append(threading.current_thread().name)
-        return events_phase(batch, tx)
-
-    monkeypatch.setattr(ingest_runs_module, "_events_phase", noted)
+    hooks = IngestHooks(loading_events=lambda _ids: threads.append(threading.current_thread().name))
     db = tmp_path / "together.duckdb"
-    summary = ingest(db, runs, cache=symbol_cache, runs_per_transaction=1)
+    summary = ingest(db, runs, cache=symbol_cache, runs_per_transaction=1, hooks=hooks)
     assert summary.ok and summary.ingested == 7
     # Every run's events load on the events thread: the first one's beside the layout, every later
     # one's beside the run before.
     assert [name.startswith("tbpipe-events") for name in threads] == [True] * 7
-    monkeypatch.setattr(ingest_runs_module, "_events_phase", events_phase)
     _stored_alike(db, _ingested_one_by_one(tmp_path, runs, symbol_cache))
     assert rows(db, "SELECT count(*) FROM site_counts WHERE site_id IS NULL") == [(0,)]
 
@@ -1501,11 +1416,10 @@ def test_a_module_the_transaction_before_added_unseen_gets_one_row(tmp_path, goo
     _stored_alike(db, _ingested_one_by_one(tmp_path, runs, symbol_cache))
 
 
-def test_a_run_failing_while_the_next_one_loads_beside_it(tmp_path, symbol_cache, monkeypatch) -> None:
+def test_a_run_failing_while_the_next_one_loads_beside_it(tmp_path, symbol_cache) -> None:
     """A transaction fails at its end, after the next one began beside it on the other connection:
     that one is rolled back with it, laid out again without the failed run, and loaded; the database
     is the one the other runs make alone."""
-    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
     from tbpipe.pipeline.db.ingest.tables import QuarantineRun
 
     runs = tmp_path / "runs"
@@ -1517,9 +1431,8 @@ def test_a_run_failing_while_the_next_one_loads_beside_it(tmp_path, symbol_cache
         if run_id == victim_id:
             raise QuarantineRun("failed at the commit")
 
-    monkeypatch.setattr(ingest_runs_module, "_before_commit", before_commit)
     db = tmp_path / "t.duckdb"
-    summary = ingest(db, runs, cache=symbol_cache)
+    summary = ingest(db, runs, cache=symbol_cache, hooks=IngestHooks(before_commit=before_commit))
     assert [o.path.name for o in summary.quarantined] == [victim.name]
     assert "failed at the commit" in summary.quarantined[0].reason
     assert summary.ingested == 4
@@ -1602,7 +1515,7 @@ def test_a_transactions_share_of_its_batch_is_the_rows_of_its_runs() -> None:
     order of the rows, runs without rows, and indices past the last run."""
     import numpy as np
 
-    from tbpipe.pipeline.db.ingest.rows import ByRun
+    from tbpipe.pipeline.db.ingest.lay_out import ByRun
 
     generator = np.random.default_rng(7)
     run_of_row = generator.integers(0, 9, 500)
@@ -1612,7 +1525,8 @@ def test_a_transactions_share_of_its_batch_is_the_rows_of_its_runs() -> None:
     for runs in [range(i, i + 1) for i in range(10)] + [range(0, 3), range(2, 6), range(5, 9), range(0, 9)]:
         expected = np.flatnonzero((run_of_row >= runs.start) & (run_of_row < runs.stop))
         assert grouped.rows_of(runs).tolist() == expected.tolist(), runs
-        assert grouped.table_of(table, runs)["row"].to_pylist() == expected.tolist(), runs
+        in_run_order = grouped.in_run_order(table)
+        assert grouped.table_of(table, in_run_order, runs)["row"].to_pylist() == expected.tolist(), runs
     assert grouped.rows_of(range(4, 5)).tolist() == []
 
 
@@ -1793,44 +1707,44 @@ def test_better_debug_info_later_improves_stored_stacks(tmp_path) -> None:
     assert rows(db, "SELECT site_function, site_line, events FROM call_sites") == [("entry", 2, 1)]
 
 
-def test_one_run_in_two_folders_goes_in_once(tmp_path, good_run, symbol_cache, monkeypatch) -> None:
+def test_one_run_in_two_folders_goes_in_once(tmp_path, good_run, symbol_cache) -> None:
     """A run copied to two folders goes in once, the copy found present: in one batch (the copy
     waits for the next batch, after its twin is loaded) or in batches of one run (the copy was
     prepared ahead, on the preparing thread, before its twin was loaded). Two loads of one run id
     used to fail the whole ingest on the runs table's key."""
-    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
-
     for batch_runs in (64, 1):
-        monkeypatch.setattr(ingest_runs_module, "BATCH_RUNS", batch_runs)
         runs = tmp_path / f"runs{batch_runs}"
         first = _copy(good_run, runs, "a")
         shutil.copytree(first, runs / "b")
         db = tmp_path / f"t{batch_runs}.duckdb"
-        summary = ingest(db, runs, cache=symbol_cache)
+        summary = ingest(db, runs, cache=symbol_cache, limits=IngestLimits(batch_runs=batch_runs))
         assert sorted(o.status for o in summary.outcomes) == ["ingested", "present"]
         assert rows(db, "SELECT count(*), min(run_number) FROM runs") == [(1, 1)]
         assert rows(db, "SELECT count(*) FROM events") == [(read_run(good_run).tables["events"].num_rows,)]
 
 
-def test_a_failed_load_stops_the_thread_preparing_runs(tmp_path, good_run, symbol_cache, monkeypatch) -> None:
+def test_a_failed_load_stops_the_thread_preparing_runs(tmp_path, good_run, symbol_cache) -> None:
     """The ingest fails on a database error; the thread that prepares runs ahead ends with it rather
     than waiting, with prepared runs in memory, for a loader that is gone (as in a long-lived service)."""
     import threading
 
     from tbpipe.pipeline.db.connection import DatabaseError
-    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
 
     runs = tmp_path / "runs"
     for name in ("a", "b", "c", "d"):
         _copy(good_run, runs, name)
-    monkeypatch.setattr(ingest_runs_module, "BATCH_RUNS", 1)
 
-    def fail(self, batch, runs):
+    def fail(_run_ids):
         raise DatabaseError("the disk is full")
 
-    monkeypatch.setattr(ingest_runs_module.RunLoader, "_load_runs", fail)
     with pytest.raises(DatabaseError, match="the disk is full"):
-        ingest(tmp_path / "t.duckdb", runs, cache=symbol_cache)
+        ingest(
+            tmp_path / "t.duckdb",
+            runs,
+            cache=symbol_cache,
+            hooks=IngestHooks(finishing=fail),
+            limits=IngestLimits(batch_runs=1),
+        )
     assert not [t for t in threading.enumerate() if t.name == "tbpipe-prepare"]
 
 

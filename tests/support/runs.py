@@ -81,16 +81,10 @@ def rewrite_as_raw_version(run_dir: Path, version: int) -> None:
     manifest_path.write_text(json.dumps(manifest))
 
 
-def transaction_sizes(monkeypatch: Any) -> list[int]:
-    """The number of runs in each transaction that ingests in this process load from now on, in order."""
-    from tbpipe.pipeline.db.ingest import runs as ingest_runs_module
+def transaction_sizes() -> tuple[Any, list[int]]:
+    """Hooks for `IngestOptions(hooks=...)` and the number of runs in each transaction the ingest
+    loads with them, in order (filled as it goes)."""
+    from tbpipe.pipeline.db.ingest import IngestHooks
 
     sizes: list[int] = []
-    load_runs = ingest_runs_module.RunLoader._load_runs
-
-    def counted(self, batch, chosen):
-        sizes.append(len(chosen))
-        return load_runs(self, batch, chosen)
-
-    monkeypatch.setattr(ingest_runs_module.RunLoader, "_load_runs", counted)
-    return sizes
+    return IngestHooks(finishing=lambda run_ids: sizes.append(len(run_ids))), sizes

@@ -1,17 +1,37 @@
 """`tbpipe ingest`: run directories into the database, each run whole or not at all.
 
-- `runs`      the flow: find run folders; per run read, lay out and load it (in a transaction, small runs sharing one)
-- `outcomes`  options, what happened to each run, the summary the CLI prints
-- `symbols`   symbols for new frames, and old frames redone when better debug info turns up
-- `siting`    which Python files are user code, and the call site of every stack
-- `rows`      a run's rows, inserted by column name
-- `tables`    the connection helpers: Arrow tables as views, transactions, data errors
+The flow (`flow.ingest_runs`) is three stages with frozen hand-offs, each in its own module:
+
+- `read_ahead`  run folders read, validated and hashed on threads -> `PreparedRun`, in batches
+- `lay_out`     a batch's stack ids (`StackIds`), then its new stacks' frames, symbols and sites
+                (`LaidOutBatch`), decided against the database and written nowhere
+- `load`        transactions (`Loader`, `Transaction`): events beside, then the other rows and commit
+
+and what they use:
+
+- `rows`        a run's rows, inserted by column name
+- `symbols`     symbols for new frames, and old frames redone when better debug info turns up
+- `siting`      which Python files are user code, and the call site of every stack
+- `frames`, `gpu`  frame ids and rows; GPU activity
+- `tables`      the connection helpers: Arrow tables as views, transactions, data errors
+- `tuning`      the knobs: batch and transaction sizes, threads, priority, huge pages, checkpoints
+- `outcomes`    options (with the hooks tests watch the stages by), outcomes, the summary
 
     summary = ingest_runs([Path("runs")], IngestOptions(db_path=Path("tbpipe.duckdb")))
 """
 
-from tbpipe.pipeline.db.ingest.outcomes import IngestOptions, IngestSummary, RunOutcome, UnsymbolizedGroup
-from tbpipe.pipeline.db.ingest.runs import ingest_runs
+from tbpipe.pipeline.db.ingest.flow import ingest_runs
+from tbpipe.pipeline.db.ingest.outcomes import IngestHooks, IngestOptions, IngestSummary, RunOutcome, UnsymbolizedGroup
 from tbpipe.pipeline.db.ingest.siting import parse_user_code
+from tbpipe.pipeline.db.ingest.tuning import IngestLimits
 
-__all__ = ["IngestOptions", "IngestSummary", "RunOutcome", "UnsymbolizedGroup", "ingest_runs", "parse_user_code"]
+__all__ = [
+    "IngestHooks",
+    "IngestLimits",
+    "IngestOptions",
+    "IngestSummary",
+    "RunOutcome",
+    "UnsymbolizedGroup",
+    "ingest_runs",
+    "parse_user_code",
+]

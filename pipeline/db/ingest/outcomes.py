@@ -2,11 +2,38 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tbpipe.pipeline.db.ingest.tuning import IngestLimits
+
+if TYPE_CHECKING:
+    from tbpipe.pipeline.symbols.debuginfod import DebuginfodSettings
 
 DEFAULT_WAIT_S = 600.0
+
+
+def _ignore(*_args: object) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class IngestHooks:
+    """Calls at the seams between the ingest's stages, for tests and tools that watch it (each on
+    the thread doing that work); an exception raised by one fails that step as a real error would."""
+
+    # A run folder read ahead, on a reading thread: (folder, read with its stacks' frames or not).
+    run_read: Callable[[Path, bool], None] = _ignore
+    # A batch about to be laid out, on the loading thread: its runs' ids.
+    laying_out: Callable[[list[str]], None] = _ignore
+    # A transaction's events about to load (on the events thread, or the loading thread): run ids.
+    loading_events: Callable[[list[str]], None] = _ignore
+    # A transaction about to insert its other rows and commit, on the loading thread: run ids.
+    finishing: Callable[[list[str]], None] = _ignore
+    # The last moment of each run's transaction, before the commit: the run id.
+    before_commit: Callable[[str], None] = _ignore
 
 
 @dataclass
@@ -22,13 +49,14 @@ class IngestOptions:
     # as an incomplete run (rawrun.recovered_manifest), the folder left as it is.
     recover_manifests: bool = False
     # Runs loaded in one transaction (consecutive runs of a batch). None (the default): consecutive
-    # runs share one while together they load at most `runs.ROWS_PER_TRANSACTION` rows (events and
-    # GPU activity records), so a night of small runs pays the per-transaction costs (the commit
-    # above all) once per group, a big run goes alone, and a kill loses at most that many rows' work
-    # (the next ingest loads them). 1: each run alone, a kill loses no run already loaded. Either
-    # way each run goes in whole or not at all, and a group whose data fails is loaded again run by
-    # run to quarantine the run at fault.
+    # runs share one while together they load at most `limits.rows_per_transaction` rows, so a night
+    # of small runs pays the per-transaction costs once per group and a big run goes alone. 1: each
+    # run alone, a kill loses no run already loaded. Either way each run goes in whole or not at all,
+    # and a group whose data fails is loaded again run by run to quarantine the run at fault.
     runs_per_transaction: int | None = None
+    debuginfod: DebuginfodSettings | None = None  # servers asked for debug info; None: $DEBUGINFOD_URLS
+    limits: IngestLimits = field(default_factory=IngestLimits)
+    hooks: IngestHooks = field(default_factory=IngestHooks)
 
 
 @dataclass
@@ -60,6 +88,7 @@ class IngestSummary:
     frames_unsymbolized: int = 0
     unsymbolized: dict[str, UnsymbolizedGroup] = field(default_factory=dict)
     refreshed_modules: list[str] = field(default_factory=list)  # build-IDs re-symbolized with better debug info
+    debuginfod: list[str] = field(default_factory=list)  # a line per debuginfod server asked: files, failures
     user_code: list[tuple[str, bool]] = field(default_factory=list)  # rules set by this ingest
     seconds: float = 0.0
 

@@ -1,253 +1,61 @@
 """A run's rows, inserted by column name inside its transaction: modules, stacks, frames, events, the run.
 
-Runs are laid out in batches (`Batch`: their new stacks, symbols and frames computed once), and each
-run inserts its share (`RunPart`). Events go straight from the run's Parquet parts into `event_rows`
-(DuckDB reads them faster than a detour through Arrow), their raw stack ids re-keyed to database
-stack ids with a join.
+Runs are laid out in batches (`lay_out.LaidOutBatch`: their new stacks, symbols and frames computed
+once), and each transaction inserts its runs' share (`RunPart`). Events go straight from the runs'
+Parquet parts into `event_rows` (DuckDB reads them faster than a detour through Arrow), their raw
+stack ids re-keyed to database stack ids with a join.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tbpipe.pipeline.db.connection import query_rows, query_value
-from tbpipe.pipeline.db.ingest.frames import FrameIds, insert_frame_rows
+from tbpipe.pipeline.db.ingest.frames import insert_frame_rows
 from tbpipe.pipeline.db.ingest.symbols import upsert_module_statuses
 from tbpipe.pipeline.db.ingest.tables import IngestDb, QuarantineRun, run_numbers_filter, sql_text
 from tbpipe.pipeline.db.schema import correlation_id_in_attrs
 from tbpipe.pipeline.errors import first_line
 from tbpipe.pipeline.rawrun import dangling_events_note
-from tbpipe.pipeline.stacks import layout
-from tbpipe.pipeline.stacks.flatten import FlatRun
 from tbpipe.schemas.lake import TABLES
 from tbpipe.schemas.raw import CORRELATED_KINDS
 
-
-@dataclass
-class PreparedRun:
-    """One run read, validated and flattened: what a batch is made of."""
-
-    run_dir: Path
-    manifest: dict[str, Any]
-    fingerprint: str
-    event_files: list[tuple[Path, int]]  # events parts and their row counts, in order
-    flat: FlatRun
-    notes: list[str]
-    replace: bool  # the database holds an earlier, incomplete load of this run
-    gpu_files: dict[str, list[Path]] = field(default_factory=dict)  # GPU activity parts, by table (ingest/gpu.py)
-    gpu_rows: int = 0  # the rows of those parts
-    run_number: int = 0  # set when the batch is loaded
-    new_stacks: int = 0  # stacks this run brings into the database
-    stacks_used: int = 0
-    event_names: list[tuple[str, str]] = field(default_factory=list)  # distinct (kind, name) of its events
-    events_without_stack: int = 0  # events whose part says they took no stack
-    # Events parts of raw schema 1 or 2, whose CUDA calls have their correlation id in `attrs` only.
-    parts_without_correlation: set[Path] = field(default_factory=set)
-    # Set when its events are loaded: events whose stack the run does not hold (their stack is NULL).
-    dangling_events: int = 0
-    # Its stacks, modules, code and code_origins parts: read again when it was prepared without its
-    # frames (`flat.has_frames` false) and must bring in a stack after all.
-    stack_files: dict[str, list[Path]] = field(default_factory=dict)
-
-    @property
-    def run_id(self) -> str:
-        return self.manifest["run_id"]
-
-    @property
-    def loaded_notes(self) -> list[str]:
-        """The run's notes, with what loading its events found."""
-        return self.notes + ([dangling_events_note(self.dangling_events)] if self.dangling_events else [])
-
-    @property
-    def events(self) -> int:
-        return sum(rows for _path, rows in self.event_files)
-
-    @property
-    def rows(self) -> int:
-        """The rows its transaction loads, by the tables that grow with the run: events and GPU activity."""
-        return self.events + self.gpu_rows
+if TYPE_CHECKING:  # the stages' hand-offs, which import this module's helpers
+    from tbpipe.pipeline.db.ingest.lay_out import LaidOutBatch, RunPart, StackIds
+    from tbpipe.pipeline.db.ingest.read_ahead import PreparedRun
 
 
-@dataclass
-class Batch:
-    """Runs laid out together, ready for one transaction."""
+@dataclass(frozen=True)
+class LoadedRun:
+    """A run as its transaction stores it: what was read, its number, and what loading it counted."""
 
-    runs: list[PreparedRun]
-    flat: FlatRun  # the runs' flattened stacks, appended
-    run_of_stack: np.ndarray  # index in `runs` of each flat stack's run
-    stack_ids: np.ndarray  # database stack id per flat stack
-    new_ids: np.ndarray  # database stack id where a run brings the stack in, else -1
-    new_order: np.ndarray  # flat stack indices of the new stacks, by stack id
-    frames: layout.Frames | None = None
-    problems: pa.Array | None = None  # per new stack (order of `new_order`)
-    symbols: pa.Table | None = None  # new `symbols` rows
-    statuses: pa.Table | None = None  # `modules` rows of the modules just symbolized
-    slot_keys: pa.Table | None = None  # stack_id, module_key, address, exact of each native symbol key's first slot
-    stack_sites: pa.Table | None = None  # the new stacks' `stack_sites` rows, by stack id, site ids decided
-    new_sites: pa.Table | None = None  # `sites` rows of the keys the database lacks, with the first run (site_order)
-    # `stack_sites` rows of every stack its runs use, by stack id: what their site counts read
-    counted_sites: pa.Table | None = None
-    frame_ids: FrameIds | None = None  # database ids of the layout's frames
-    frame_first_run: np.ndarray | None = None  # per layout frame: the first run whose new stacks use it
-    # Python files of the new frames that the database does not name yet: (portable, root, first run index)
-    new_files: dict[str, tuple[str, str | None, int]] = field(default_factory=dict)
-
-    statuses_stored: set[str] = field(default_factory=set)  # module keys whose status a committed part stored
-    _by_run: dict[str, ByRun] = field(default_factory=dict)  # the batch's rows grouped by run, per kind of row
-
-    def event_files_of(self, runs: range) -> list[tuple[int, Path, int]]:
-        """(run index, part, rows) of the events parts of the runs `runs`, in order."""
-        return [(i, path, rows) for i in runs for path, rows in self.runs[i].event_files]
-
-    def runs_of_new_stacks(self, stack_ids: np.ndarray) -> np.ndarray:
-        """The index of the run that brings in each of the given new stacks."""
-        # `_stack_ids` numbers a batch's new stacks one after another, in `new_order`: a stack's
-        # place there is its id less the first.
-        first = self.new_ids[self.new_order[0]] if len(self.new_order) else 0
-        return self.run_of_stack[self.new_order][stack_ids - first]
-
-    def stored_stack_ids(self) -> np.ndarray:
-        """Ids of the stacks its runs use that were stored before the batch (its new ones come after)."""
-        if not len(self.new_order):
-            return self.stack_ids
-        return self.stack_ids[self.stack_ids < self.new_ids[self.new_order[0]]]
-
-    def part_of(self, runs: range) -> RunPart:
-        """What the runs `runs` (consecutive indices) insert of the batch's new things: the stacks
-        they bring in, their frame rows and frames, and the new symbols they are the first to need."""
-        order = self.new_order[self._grouped("stacks", lambda: self.run_of_stack[self.new_order]).rows_of(runs)]
-        rows = frames = None
-        if self.frames is not None and len(order):
-            rows = self._grouped(
-                "rows", lambda: self.runs_of_new_stacks(self.frames.rows["stack_id"].to_numpy())
-            ).rows_of(runs)
-            # Frames the database lacks, by the first run whose new stacks use them (the others: none).
-            frames = self._grouped(
-                "frames", lambda: np.where(self.frame_ids.new, self.frame_first_run, len(self.runs))
-            ).rows_of(runs)
-        symbols = None
-        if self.symbols is not None and self.symbols.num_rows:
-            symbols = self._grouped("symbols", self._first_runs_of_symbols).table_of(self.symbols, runs)
-        return RunPart(runs, order, rows, frames, symbols)
-
-    def new_sites_of(self, runs: range) -> tuple[pa.Table, pa.Table]:
-        """What the runs `runs` insert of the batch's sites: the `sites` rows of the keys they are
-        the first to bring in, and the `stack_sites` rows of the stacks they bring in."""
-        stacks = self._grouped("sites", lambda: self.runs_of_new_stacks(self.stack_sites["stack_id"].to_numpy()))
-        keys = self._grouped("site keys", lambda: self.new_sites["site_order"].to_numpy())
-        return keys.table_of(self.new_sites, runs).drop_columns(["site_order"]), stacks.table_of(self.stack_sites, runs)
-
-    def stack_rows_of(self, runs: range) -> np.ndarray:
-        """The flat stacks of the runs `runs` (increasing)."""
-        return self._grouped("flat", lambda: self.run_of_stack).rows_of(runs)
-
-    def _grouped(self, kind: str, run_of_row: Callable[[], np.ndarray]) -> ByRun:
-        """The batch's rows of one kind grouped by run, computed at the first transaction that asks."""
-        if kind not in self._by_run:
-            self._by_run[kind] = ByRun(run_of_row())
-        return self._by_run[kind]
-
-    def statuses_of(self, runs: range) -> pa.Table | None:
-        """`modules` rows of the modules the batch symbolized that the runs `runs` load and no
-        committed transaction of the batch has stored: each is written by the first transaction
-        that loads the module (never by two: the transaction after it may not see its rows)."""
-        if self.statuses is None or not self.statuses.num_rows:
-            return None
-        keys = sorted(module_keys([self.runs[i] for i in runs]) - self.statuses_stored)
-        return self.statuses.filter(pc.is_in(self.statuses["module_key"], pa.array(keys, pa.string())))
-
-    def _first_runs_of_symbols(self) -> np.ndarray:
-        """Per new `symbols` row: the first run of the batch whose new stacks need its address (the
-        run of its key's first slot: `slot_keys` holds each key once)."""
-        slots = self.slot_keys
-        used = pa.table(
-            {
-                "module_key": slots["module_key"],
-                "address": slots["address"],
-                "exact": slots["exact"],
-                "run": pa.array(self.runs_of_new_stacks(slots["stack_id"].to_numpy()), pa.int64()),
-            }
-        )
-        keyed = self.symbols.select(["module_key", "address", "exact"]).append_column(
-            "row", pa.array(np.arange(self.symbols.num_rows), pa.int64())
-        )
-        joined = keyed.join(used, ["module_key", "address", "exact"], join_type="left outer")
-        runs = np.zeros(self.symbols.num_rows, dtype=np.int64)
-        runs[joined["row"].to_numpy()] = pc.fill_null(joined["run"], 0).to_numpy()
-        return runs
+    run: PreparedRun
+    number: int
+    stacks_used: int
+    new_stacks: int
+    dangling_events: int  # events whose stack the run does not hold (their stack is NULL)
 
 
-class ByRun:
-    """Rows of a batch grouped by the run each belongs to: a transaction takes its runs' rows with a
-    binary search, where a scan of the whole batch per transaction cost a night of small runs (a
-    batch of 64) a few milliseconds a run."""
-
-    def __init__(self, run_of_row: np.ndarray):
-        self._rows = np.argsort(run_of_row, kind="stable")  # each run's rows in increasing order
-        self._runs = run_of_row[self._rows]
-        self._in_run_order: pa.Table | None = None  # `table_of`'s table, taken once
-
-    def rows_of(self, runs: range) -> np.ndarray:
-        """The rows of the runs `runs` (consecutive run indices), increasing."""
-        start, stop = np.searchsorted(self._runs, [runs.start, runs.stop])
-        rows = self._rows[start:stop]
-        return rows if len(runs) == 1 else np.sort(rows)
-
-    def table_of(self, table: pa.Table, runs: range) -> pa.Table:
-        """The rows of `table` (the batch's, one row per row grouped) of the runs `runs`, in order.
-        One run's rows are a slice of the table taken once in run order (a take per transaction
-        copied every column)."""
-        if len(runs) != 1:
-            return table.take(self.rows_of(runs))
-        if self._in_run_order is None:
-            self._in_run_order = table.take(self._rows)
-        start, stop = np.searchsorted(self._runs, [runs.start, runs.stop])
-        return self._in_run_order.slice(start, stop - start)
-
-
-@dataclass
-class RunPart:
-    """The share of its batch's new rows that some of its runs (one transaction's) insert."""
-
-    runs: range  # the runs' indices in the batch
-    new_order: np.ndarray  # flat stack indices of the stacks they bring in, by stack id
-    rows: np.ndarray | None  # rows of `Batch.frames.rows` of those stacks
-    frames: np.ndarray | None  # rows of `Batch.frames.frames` to store: new frames these runs use first
-    symbols: pa.Table | None  # new `symbols` rows they are the first to need
-
-
-def stack_map(batch: Batch, runs: range) -> pa.Table:
-    """(run index, raw_id) -> stack_id for every distinct raw stack of the runs `runs`."""
-    chosen = batch.stack_rows_of(runs)
-    return pa.table(
-        {
-            "run_index": pa.array(batch.run_of_stack[chosen], pa.int32()),
-            "raw_id": pa.array(batch.flat.raw_ids[chosen], pa.uint64()),
-            "stack_id": pa.array(batch.stack_ids[chosen], pa.int64()),
-        }
-    )
-
-
-def part_of_row_columns(batch: Batch, runs: range, first_event_id: int) -> tuple[str, str, str]:
+def part_of_row_columns(
+    ids: StackIds, runs: range, numbers: dict[int, int], first_event_id: int
+) -> tuple[str, str, str]:
     """SQL of the event id, run number and run index of an event read by `read_parquet` (as `e`,
     with `file_row_number`) from the events parts of the runs `runs` (parts numbered on from
     `first_event_id`): each a constant list of one value per part, indexed by the part's place in
     the list read (DuckDB's `file_index`). The lists cost a fifth to a quarter less CPU than a join
     with a table of the parts (4 parts of 62k events a run; 84 parts of 2,500 events a
     transaction)."""
-    parts = batch.event_files_of(runs)
+    parts = ids.event_files_of(runs)
     sizes = np.array([rows for _i, _path, rows in parts], dtype=np.int64)
     starts = first_event_id + np.cumsum(sizes) - sizes
-    numbers = [run.run_number for run in batch.runs]
 
     def of_part(values: list[int], sql_type: str) -> str:
         return f"([{', '.join(str(int(v)) for v in values)}]::{sql_type}[])[(e.file_index + 1)::BIGINT]"
@@ -271,11 +79,11 @@ _ATTRS_WITHOUT_IT = f"""CASE WHEN ({_CORRELATION_ID_IN_ATTRS}) IS NULL THEN e.at
     ELSE json_merge_patch(e.attrs, '{{"correlation_id": null}}') END"""
 
 
-def attrs_columns(batch: Batch, parts: list[tuple[int, Path, int]]) -> tuple[str, str, str]:
+def attrs_columns(ids: StackIds, parts: list[tuple[int, Path, int]]) -> tuple[str, str, str]:
     """The SQL of `event_rows.attrs` and `event_rows.correlation_id` for the events of `parts`
     (read as `e`, a part known by its `e.file_index` when there are several), and what `read_parquet`
     needs added."""
-    legacy = [k for k, (i, path, _rows) in enumerate(parts) if path in batch.runs[i].parts_without_correlation]
+    legacy = [k for k, (i, path, _rows) in enumerate(parts) if path in ids.runs[i].parts_without_correlation]
     if not legacy:
         return "e.attrs", "e.correlation_id", ""
     if len(legacy) == len(parts):
@@ -291,11 +99,6 @@ def attrs_columns(batch: Batch, parts: list[tuple[int, Path, int]]) -> tuple[str
 
 def file_list(files: list[tuple[int, Path, int]]) -> str:
     return "[" + ", ".join(sql_text(str(path)) for _i, path, _rows in files) + "]"
-
-
-def module_keys(runs: list[PreparedRun]) -> set[str]:
-    """The keys of the modules the runs loaded."""
-    return {key for run in runs for key in run.flat.modules["module_key"].to_pylist()}
 
 
 def _modules_of(runs: list[PreparedRun]) -> pa.Table:
@@ -324,7 +127,7 @@ def insert_modules(db: IngestDb, runs: list[PreparedRun], statuses: pa.Table | N
         upsert_module_statuses(db, statuses)
     # Every module a run loaded has a row, even one none of whose addresses needed symbols yet.
     known = db.keep("module_keys", lambda: {key for (key,) in query_rows(db.con, "SELECT module_key FROM modules")})
-    keys = module_keys(runs)
+    keys = {key for run in runs for key in run.flat.modules["module_key"].to_pylist()}
     if not keys <= known:
         # Only keys nobody gave a row yet: the transaction before this one may have, unseen here.
         modules = _modules_of(runs)
@@ -343,9 +146,9 @@ def insert_modules(db: IngestDb, runs: list[PreparedRun], statuses: pa.Table | N
         known.update(keys)
 
 
-def insert_stacks(db: IngestDb, batch: Batch, part: RunPart) -> None:
+def insert_stacks(db: IngestDb, batch: LaidOutBatch, part: RunPart) -> None:
     """`stacks` rows of the stacks a run brings in, and their frames."""
-    flat, order, frames = batch.flat, part.new_order, batch.frames
+    flat, order, frames = batch.flat, part.new_order, batch.new.frames
     ids = batch.new_ids[order]
     counts = np.zeros(len(order), dtype=np.int64)
     symbolized_depth = np.full(len(order), -1, dtype=np.int32)
@@ -354,7 +157,7 @@ def insert_stacks(db: IngestDb, batch: Batch, part: RunPart) -> None:
     laid_out = frames.stack_order[position] == ids if len(frames.stack_order) else np.zeros(len(ids), bool)
     counts[laid_out] = frames.per_stack_frames[position[laid_out]]
     symbolized_depth[laid_out] = frames.symbolized_depth[position[laid_out]]
-    problems = batch.problems.take(pa.array(np.searchsorted(batch.new_ids[batch.new_order], ids)))
+    problems = batch.new.problems.take(pa.array(np.searchsorted(batch.new_ids[batch.new_order], ids)))
     stacks = pa.table(
         {
             "stack_id": pa.array(ids, pa.int64()),
@@ -370,7 +173,7 @@ def insert_stacks(db: IngestDb, batch: Batch, part: RunPart) -> None:
     run_ids = pa.array([run.run_id for run in batch.runs], pa.string())
     first_run_ids = run_ids.take(pa.array(batch.run_of_stack[order]))
     db.insert("INSERT INTO stacks BY NAME SELECT * FROM {}", stacks.append_column("first_run_id", first_run_ids))
-    insert_frame_rows(db, frames, batch.frame_ids, part.rows, part.frames)
+    insert_frame_rows(db, frames, batch.new.frame_ids, part.rows, part.frames)
 
 
 def next_run_numbers(db: IngestDb, count: int) -> int:
@@ -397,7 +200,7 @@ class EventsPlan:
     fresh: pa.Table | None  # `event_names` rows of those the database lacks (inserted with its other rows)
 
 
-def plan_events(db: IngestDb, batch: Batch, runs: range) -> EventsPlan:
+def plan_events(db: IngestDb, ids: StackIds, runs: range) -> EventsPlan:
     """The event ids of the runs' events and the ids of their names: names the database lacks get
     the next ids, run after run, each run's in (kind, name) order (as when the runs are loaded one
     by one)."""
@@ -406,7 +209,7 @@ def plan_events(db: IngestDb, batch: Batch, runs: range) -> EventsPlan:
     fresh: list[tuple[str, str]] = []
     wanted: dict[tuple[str, str], None] = {}
     for i in runs:
-        for pair in sorted(batch.runs[i].event_names):
+        for pair in ids.runs[i].event_names:
             if pair not in known and pair not in wanted:
                 fresh.append(pair)
             wanted[pair] = None
@@ -420,7 +223,7 @@ def plan_events(db: IngestDb, batch: Batch, runs: range) -> EventsPlan:
         known.update({pair: first + k for k, pair in enumerate(fresh)})
         fresh_rows = _names_table(fresh, known)
     # Event ids follow the parts' order and their rows' order.
-    first_event_id = next_event_ids(db, sum(rows for _i, _path, rows in batch.event_files_of(runs)))
+    first_event_id = next_event_ids(db, sum(rows for _i, _path, rows in ids.event_files_of(runs)))
     return EventsPlan(first_event_id, _names_table(list(wanted), known), fresh_rows)
 
 
@@ -448,26 +251,26 @@ def insert_event_names(db: IngestDb, plan: EventsPlan) -> None:
         db.insert("INSERT INTO event_names BY NAME SELECT * FROM {}", plan.fresh)
 
 
-def load_events(con: Any, batch: Batch, runs: range, plan: EventsPlan) -> bool:
+def load_events(con: Any, ids: StackIds, runs: range, numbers: dict[int, int], plan: EventsPlan) -> bool:
     """The runs' `event_rows` straight from their Parquet parts (one statement), on `con` (a
     connection whose transaction they join); False when they have no events parts. Reads nothing
-    another transaction under way writes: names and stack ids come from the plan and the batch."""
-    parts = batch.event_files_of(runs)
+    another transaction under way writes: names and stack ids come from the plan and `ids`."""
+    parts = ids.event_files_of(runs)
     if not parts:
         return False
     files = file_list(parts)
     first = plan.first_event_id
     # Read by DuckDB by these names (replacement scans: no view to register and drop per run;
     # names no view ever takes, which would come first).
-    loading_stack_map = stack_map(batch, runs)  # noqa: F841
+    loading_stack_map = ids.stack_map(runs)  # noqa: F841
     loading_names = plan.names  # noqa: F841
-    attrs, correlation_id, options = attrs_columns(batch, parts)
+    attrs, correlation_id, options = attrs_columns(ids, parts)
     if len(parts) == 1:
         # One part (most small runs): its run and first event id as constants.
         index = parts[0][0]
-        event_id, run_number, run_index = f"{first} + e.file_row_number", batch.runs[index].run_number, index
+        event_id, run_number, run_index = f"{first} + e.file_row_number", numbers[index], index
     else:
-        event_id, run_number, run_index = part_of_row_columns(batch, runs, first)
+        event_id, run_number, run_index = part_of_row_columns(ids, runs, numbers, first)
     con.execute(
         f"""
         INSERT INTO event_rows BY NAME
@@ -481,13 +284,14 @@ def load_events(con: Any, batch: Batch, runs: range, plan: EventsPlan) -> bool:
     return True
 
 
-def count_events(con: Any, batch: Batch, runs: range) -> pa.Table:
+def count_events(
+    con: Any, ids: StackIds, runs: range, numbers: dict[int, int]
+) -> tuple[pa.Table, dict[int, int], dict[int, int]]:
     """The runs' `event_counts` from their `event_rows` (`load_events`, in the same transaction on
-    `con`), returned as rows; the runs' `stacks_used` and `dangling_events` set, and QuarantineRun
-    for a complete run with events whose stack it does not hold."""
-    numbers = [batch.runs[i].run_number for i in runs]
-    where, params = run_numbers_filter("run_number", numbers)
-    # The counts come back (RETURNING: a query of the new rows cost a small run as much again).
+    `con`), returned as rows, with each run's stacks used and dangling events (by run index);
+    QuarantineRun for a complete run with events whose stack it does not hold."""
+    where, params = run_numbers_filter("run_number", [numbers[i] for i in runs])
+    # The counts come back (RETURNING: a query of the new rows costs as much again).
     counted = con.execute(
         f"""
         INSERT INTO event_counts BY NAME
@@ -496,7 +300,7 @@ def count_events(con: Any, batch: Batch, runs: range) -> pa.Table:
         WHERE {where}
         GROUP BY run_number, name_id, stack_id
         -- In the index's order: DuckDB adds the rows to `event_counts_by_stack` at the commit, and
-        -- rows in key order cost it about 40 % of what the same rows in hash order do.
+        -- rows in key order cost it less than the same rows in hash order.
         ORDER BY stack_id
         RETURNING run_number, name_id, stack_id, events
         """,
@@ -508,14 +312,15 @@ def count_events(con: Any, batch: Batch, runs: range) -> pa.Table:
     # Events whose stack the run does not hold (a killed process flushed the events but not the
     # stack) are those loaded without a stack beyond the ones that took none; a run that closed
     # cleanly with such events is damaged.
+    stacks_used, dangling = {}, {}
     for i in runs:
-        run = batch.runs[i]
-        mine = count_run == run.run_number
-        run.stacks_used = len(np.unique(count_stack[mine & ~count_stackless]))
-        run.dangling_events = int(counted["events"][mine & count_stackless].sum()) - run.events_without_stack
-        if run.dangling_events and run.manifest.get("complete"):
-            raise QuarantineRun(dangling_events_note(run.dangling_events))
-    return pa.table(
+        run = ids.runs[i]
+        mine = count_run == numbers[i]
+        stacks_used[i] = len(np.unique(count_stack[mine & ~count_stackless]))
+        dangling[i] = int(counted["events"][mine & count_stackless].sum()) - run.events_without_stack
+        if dangling[i] and run.complete:
+            raise QuarantineRun(dangling_events_note(dangling[i]))
+    table = pa.table(
         {
             "run_number": count_run,
             "name_id": counted["name_id"],
@@ -523,6 +328,7 @@ def count_events(con: Any, batch: Batch, runs: range) -> pa.Table:
             "events": counted["events"],
         }
     )
+    return table, stacks_used, dangling
 
 
 def manifest_columns(m: dict[str, Any]) -> dict[str, Any]:
@@ -593,22 +399,22 @@ def run_row(
     }
 
 
-def insert_runs(db: IngestDb, runs: list[PreparedRun]) -> None:
+def insert_runs(db: IngestDb, runs: list[LoadedRun]) -> None:
     """The `runs` rows, from the manifests and what the ingest counted (one statement for all)."""
     try:
         values = pa.Table.from_pylist(
             [
                 run_row(
-                    run.manifest,
-                    run_number=run.run_number,
-                    events=run.events,
-                    stacks=run.stacks_used,
-                    new_stacks=run.new_stacks,
-                    notes=run.loaded_notes,
-                    run_dir=run.run_dir,
-                    fingerprint=run.fingerprint,
+                    loaded.run.manifest,
+                    run_number=loaded.number,
+                    events=loaded.run.events,
+                    stacks=loaded.stacks_used,
+                    new_stacks=loaded.new_stacks,
+                    notes=loaded.run.notes_with(loaded.dangling_events),
+                    run_dir=loaded.run.run_dir,
+                    fingerprint=loaded.run.fingerprint,
                 )
-                for run in runs
+                for loaded in runs
             ],
             schema=TABLES["runs"].schema,
         )

@@ -32,7 +32,7 @@ class _Shared:
 
     kept: dict[str, Any] = field(default_factory=dict)
     # Whether the ingest deleted rows (a run loaded again, sites or symbols rebuilt): their space
-    # is reclaimed by the checkpoint that closes the database (`RunLoader.close`).
+    # is reclaimed by the checkpoint that closes the database (`flow`).
     rows_deleted: bool = False
 
 
