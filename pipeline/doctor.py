@@ -1,0 +1,402 @@
+"""`tbpipe doctor`: what the next capture and ingest can do on this machine, and why not.
+
+`diagnose` returns a `Diagnosis`: one `Check` per subject (each native module's debug info, the
+torch-ops observer's build, CUPTI, Triton, torch.compile's hooks, the symbol store, the database),
+each with a status (`ok`, `degraded`: works with less, `missing`: cannot work), what was found and
+what to do. A check the user asked for (a source they will switch on, a module they named) that
+cannot work makes the diagnosis fail (`failed`: `tbpipe doctor` exits 1).
+
+Nothing here imports torch or triton (seconds each): their files are looked at instead. Debug
+info is looked up by `symbols.debuginfo.DebugInfoLocator`, the same search the ingest runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+OK, DEGRADED, MISSING = "ok", "degraded", "missing"
+_COMMAND_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Check:
+    subject: (
+        str  # "module", "torch-ops observer", "cuda (CUPTI)", "triton", "torch.compile", "symbol store", "database"
+    )
+    name: str  # what was checked (a module's path, a library)
+    status: str  # OK, DEGRADED or MISSING
+    found: str  # what is there, in one line
+    advice: str | None = None  # what to do about it
+    asked: bool = False  # the user asked for it: MISSING fails the diagnosis
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fails(self) -> bool:
+        """Asked for and cannot work: a module named without DWARF cannot give file:line either."""
+        return self.asked and (self.status == MISSING or (self.subject == "module" and self.status == DEGRADED))
+
+
+@dataclass
+class Diagnosis:
+    checks: list[Check]
+    modules_from: str  # where the module list came from
+
+    @property
+    def failed(self) -> bool:
+        return any(check.fails for check in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": 1,
+            "failed": self.failed,
+            "modules_from": self.modules_from,
+            "checks": [{**asdict(check), "fails": check.fails} for check in self.checks],
+        }
+
+
+def _run(command: Sequence[str]) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(list(command), capture_output=True, text=True, timeout=_COMMAND_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+# ------------------------------------------------------------------------------------------ modules
+
+
+def loaded_modules(imports: Sequence[str] = ()) -> list[tuple[str, str | None]]:
+    """(path, build-ID) of every native module a Python process that imports `imports` has loaded
+    (this interpreter, in a child process: the imports may be heavy)."""
+    code = (
+        "import json\n"
+        + "".join(f"import {name}\n" for name in imports)
+        + "from tbpipe import _native\n"
+        + "print(json.dumps([[m['path'], m['build_id'] or None] for m in _native._modules()]))\n"
+    )
+    done = _run([sys.executable, "-c", code])
+    if done is None or done.returncode != 0:
+        why = done.stderr.strip().splitlines()[-1] if done is not None and done.stderr.strip() else "it did not finish"
+        from tbpipe.pipeline.errors import UsageError
+
+        raise UsageError(f"could not list the modules of a Python process importing {', '.join(imports)}: {why}")
+    import json
+
+    return [(path, build_id) for path, build_id in json.loads(done.stdout) if path]
+
+
+def run_modules(con: Any, run_id: str) -> list[tuple[str, str | None]]:
+    """(path, build-ID) of the native modules the database holds for a run."""
+    rows = con.execute(
+        """
+        SELECT DISTINCT rm.path, m.build_id FROM run_modules rm LEFT JOIN modules m USING (module_key)
+        WHERE rm.run_id = ? ORDER BY rm.path
+        """,
+        [run_id],
+    ).fetchall()
+    return [(path, build_id) for path, build_id in rows]
+
+
+def _owning_package(path: str) -> str | None:
+    """The Debian package that installed `path` (dpkg), else None."""
+    if shutil.which("dpkg-query") is None:
+        return None
+    real = os.path.realpath(path)
+    candidates = dict.fromkeys([path, real, *(p.replace("/usr/lib/", "/lib/", 1) for p in (path, real))])
+    for candidate in candidates:
+        done = _run(["dpkg-query", "-S", candidate])
+        if done is not None and done.returncode == 0 and ":" in done.stdout:
+            return done.stdout.split(":", 1)[0].split(",")[0].strip()
+    return None
+
+
+def _known_package(name: str) -> bool:
+    done = _run(["apt-cache", "show", "--no-all-versions", name]) if shutil.which("apt-cache") else None
+    return done is not None and done.returncode == 0 and bool(done.stdout.strip())
+
+
+def debug_package_hint(path: str) -> str:
+    """What to install for `path`'s debug info: the distribution's -dbg or -dbgsym package, else a
+    debuginfod server."""
+    servers = os.environ.get("DEBUGINFOD_URLS", "").strip()
+    server_hint = (
+        f"the ingest asks the debuginfod servers in DEBUGINFOD_URLS ({servers})"
+        if servers
+        else "set DEBUGINFOD_URLS to a debuginfod server that has this build-ID (tbpipe ingest asks it)"
+    )
+    package = _owning_package(path)
+    if package is None:
+        if "/site-packages/" in path or "/dist-packages/" in path:
+            return f"a pip wheel's library (wheels ship no debug packages): {server_hint}, or rebuild it with -g"
+        return f"not from a system package: pass --debug-dir DIR with its debug files, or {server_hint}"
+    source = package.split(":")[0]
+    for candidate in (f"{source}-dbg", f"{source}-dbgsym"):
+        if _known_package(candidate):
+            return f"apt-get install {candidate}, or {server_hint}"
+    return f"apt-get install {source}-dbgsym (from the distribution's debug archive), or {server_hint}"
+
+
+def module_checks(
+    modules: Iterable[tuple[str, str | None]], asked: bool, debug_dirs: Sequence[str] = ()
+) -> list[Check]:
+    """Debug info for each module: DWARF found (where), symbols only or nothing (what to install)."""
+    from tbpipe.pipeline.symbols.debuginfo import DebugInfoLocator
+    from tbpipe.pipeline.symbols.elf import inspect_elf
+    from tbpipe.pipeline.symbols.model import ElfFileError, Quality
+
+    locator = DebugInfoLocator(debug_dirs=debug_dirs)
+    checks = []
+    for path, build_id in modules:
+        if build_id is None:
+            try:
+                build_id = inspect_elf(path).build_id
+            except (ElfFileError, OSError) as error:
+                checks.append(Check("module", path, MISSING, f"cannot read it: {error}", asked=asked))
+                continue
+        if build_id is None:
+            advice = "link it with --build-id (tbpipe finds debug info by build-ID)"
+            checks.append(Check("module", path, MISSING, "no build-ID note", advice, asked, {"build_id": None}))
+            continue
+        located = locator.locate(build_id, path if os.path.exists(path) else None)
+        facts = {"build_id": build_id, "quality": located.quality.value, "looked_in": located.looked_in}
+        if located.quality is Quality.DWARF:
+            found = f"DWARF in {located.chosen.path} (via {located.chosen.via})"
+            checks.append(Check("module", path, OK, found, None, asked, {**facts, "debug_file": located.chosen.path}))
+            continue
+        status = DEGRADED if located.quality is Quality.SYMBOLS else MISSING
+        found = "symbols only: functions, no file:line" if status == DEGRADED else "no debug info: addresses only"
+        checks.append(Check("module", path, status, found, debug_package_hint(path), asked, facts))
+    return checks
+
+
+# ------------------------------------------------------------------------------------------ sources
+
+
+def _package_dir(name: str) -> Path | None:
+    """A top-level package's folder, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]) if locations else None
+
+
+def _version(distribution: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def observer_check(asked: bool) -> Check:
+    """The torch-ops source's RecordFunction observer: torch's headers and a C++20 compiler."""
+    torch_dir = _package_dir("torch")
+    if torch_dir is None:
+        return Check("torch-ops observer", "torch", MISSING, "torch is not installed", "pip install torch", asked)
+    facts: dict[str, Any] = {"torch": _version("torch"), "torch_dir": str(torch_dir)}
+    headers = torch_dir / "include" / "ATen" / "record_function.h"
+    configured = os.environ.get("CXX", "").strip()
+    words = shlex.split(configured) if configured else ["c++"]
+    compiler = shutil.which(words[0]) if words else None
+    facts.update(compiler=configured or "c++", compiler_path=compiler, headers=str(headers))
+    built = sorted((_cache_dir() / "torch-observer").glob(f"torch-{facts['torch']}-*/_tbpipe_torch_observer*.so"))
+    if built:
+        found = f"built for torch {facts['torch']}: {built[-1]}"
+        return Check("torch-ops observer", "RecordFunction observer", OK, found, None, asked, facts)
+    problems = []
+    if not headers.is_file():
+        problems.append(f"torch's C++ headers are not installed (no {headers})")
+    if compiler is None:
+        origin = f"CXX={configured}" if configured else "`c++`"
+        problems.append(f"no C++ compiler: {origin} is not on PATH")
+    else:
+        done = _run([compiler, *words[1:], "--version"])
+        facts["compiler_version"] = done.stdout.splitlines()[0] if done is not None and done.stdout else None
+    if problems:
+        advice = "install g++ (C++20) or set CXX; then `python -m tbpipe.capture.torch_observer build`"
+        found = "; ".join(problems) + " (torch-ops falls back to its slower dispatch mode)"
+        return Check("torch-ops observer", "RecordFunction observer", MISSING, found, advice, asked, facts)
+    found = f"not built yet; the first torch-ops session builds it with {facts.get('compiler_version') or compiler}"
+    advice = "`python -m tbpipe.capture.torch_observer build` now saves ~10 s at the first capture"
+    return Check("torch-ops observer", "RecordFunction observer", OK, found, advice, asked, facts)
+
+
+def _cupti_version(library: Any) -> int | None:
+    version = ctypes.c_uint32(0)
+    try:
+        return version.value if library.cuptiGetVersion(ctypes.byref(version)) == 0 else None
+    except AttributeError:
+        return None
+
+
+def cupti_check(asked: bool) -> Check:
+    """CUPTI for the cuda source: which library loads, its version, who else subscribes."""
+    from tbpipe.capture.cuda import cupti_candidates
+
+    tried = cupti_candidates()
+    for candidate in tried:
+        try:
+            library = ctypes.CDLL(candidate)
+        except OSError:
+            continue
+        version = _cupti_version(library)
+        others = [
+            v for v in ("CUDA_INJECTION64_PATH", "NSYS_PROFILING_SESSION_ID", "KINETO_USE_DAEMON") if os.environ.get(v)
+        ]
+        found = f"{candidate} (CUPTI API version {version})"
+        advice = None
+        if others:
+            advice = f"another CUPTI subscriber may hold it ({', '.join(others)} set): only one subscriber per process"
+        facts = {"library": candidate, "version": version, "other_subscribers": others}
+        return Check("cuda (CUPTI)", "libcupti", DEGRADED if others else OK, found, advice, asked, facts)
+    advice = "install CUDA's CUPTI (the nvidia-cuda-cupti wheel torch depends on, or the toolkit's extras/CUPTI), or set TBPIPE_CUPTI_LIBRARY"
+    return Check(
+        "cuda (CUPTI)",
+        "libcupti",
+        MISSING,
+        f"no CUPTI library loads (tried {len(tried)} places)",
+        advice,
+        asked,
+        {"tried": tried},
+    )
+
+
+def triton_check(asked: bool) -> Check:
+    if _package_dir("triton") is None:
+        return Check("triton", "triton", MISSING, "triton is not installed", "pip install triton", asked)
+    return Check(
+        "triton",
+        "triton",
+        OK,
+        f"triton {_version('triton')}: launches recorded through its launch-enter hook",
+        None,
+        asked,
+    )
+
+
+def compile_check(asked: bool) -> Check:
+    """torch.compile's hooks: Dynamo's structured trace and compile callbacks."""
+    torch_dir = _package_dir("torch")
+    if torch_dir is None:
+        return Check("torch.compile", "torch._dynamo", MISSING, "torch is not installed", None, asked)
+    needed = [torch_dir / "_dynamo" / "callback.py", torch_dir / "_logging" / "structured.py"]
+    absent = [str(path.relative_to(torch_dir)) for path in needed if not path.is_file()]
+    if absent:
+        found = f"torch {_version('torch')} lacks {', '.join(absent)}: compiled code is not followed"
+        return Check("torch.compile", "torch._dynamo", MISSING, found, "torch 2.3 or newer", asked)
+    found = f"torch {_version('torch')}: Dynamo's compile callbacks and structured trace are there"
+    return Check("torch.compile", "torch._dynamo", OK, found, None, asked)
+
+
+# ------------------------------------------------------------------------------------------ storage
+
+
+def _cache_dir() -> Path:
+    from tbpipe.capture.cache import default_cache_dir
+
+    return default_cache_dir()
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.1f} MiB"
+
+
+def store_check() -> Check:
+    root = _cache_dir()
+    if not root.exists():
+        return Check("symbol store", str(root), OK, "empty: the first ingest fills it", None, False, {"bytes": 0})
+    size = _size(root)
+    writable = os.access(root, os.W_OK)
+    status = OK if writable else MISSING
+    advice = None if writable else "set TBPIPE_CACHE_DIR to a writable folder"
+    found = f"{_mib(size)}" + ("" if writable else ", not writable")
+    return Check("symbol store", str(root), status, found, advice, False, {"bytes": size})
+
+
+def database_check(path: Path, asked: bool) -> tuple[Check, Any]:
+    """The database's size and schema version; and a read-only connection to it (None when absent)."""
+    import duckdb
+
+    from tbpipe.pipeline.db.schema import latest_version
+
+    latest = latest_version()
+    if not path.exists():
+        found = "no database yet: `tbpipe ingest` makes it"
+        return Check("database", str(path), MISSING, found, None, asked, {"latest": latest}), None
+    facts: dict[str, Any] = {"bytes": path.stat().st_size, "latest": latest}
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+        version = con.execute("SELECT max(version) FROM schema_versions").fetchone()[0]
+    except duckdb.Error as error:
+        found = f"{_mib(facts['bytes'])}; cannot open it: {str(error).splitlines()[0]}"
+        return Check(
+            "database", str(path), DEGRADED, found, "another process may hold it (tbpipe serve)", asked, facts
+        ), None
+    facts["schema_version"] = version
+    found = f"{_mib(facts['bytes'])}, schema version {version}"
+    if version < latest:
+        advice = f"this tbpipe's schema is version {latest}: `tbpipe ingest` upgrades the file"
+        return Check("database", str(path), DEGRADED, found, advice, asked, facts), con
+    return Check("database", str(path), OK, found, None, asked, facts), con
+
+
+# ------------------------------------------------------------------------------------------ all
+
+
+def diagnose(
+    db_path: Path,
+    *,
+    sources: Sequence[str] = (),
+    modules: Sequence[str] = (),
+    imports: Sequence[str] = (),
+    run_id: str | None = None,
+    debug_dirs: Sequence[str] = (),
+) -> Diagnosis:
+    """Every check. Modules: those named (asked for), else those a process importing `imports`
+    loads, else the modules of run `run_id` or of the newest run in the database, else this Python's."""
+    checks: list[Check] = []
+    database, con = database_check(db_path, asked=run_id is not None)
+    try:
+        if modules:
+            listed, where = [(m, None) for m in modules], "the modules named"
+        elif imports:
+            listed, where = loaded_modules(imports), f"a Python process importing {', '.join(imports)}"
+        elif con is not None and (run_id or _newest_run(con)):
+            run_id = run_id or _newest_run(con)
+            listed, where = run_modules(con, run_id), f"run {run_id}"
+        else:
+            listed, where = loaded_modules(), "this Python"
+    finally:
+        if con is not None:
+            con.close()
+    checks += module_checks(listed, asked=bool(modules), debug_dirs=debug_dirs)
+    checks.append(observer_check("torch-ops" in sources))
+    checks.append(cupti_check("cuda" in sources))
+    checks.append(triton_check("triton" in sources))
+    checks.append(compile_check(False))
+    checks.append(store_check())
+    checks.append(database)
+    return Diagnosis(checks, where)
+
+
+def _newest_run(con: Any) -> str | None:
+    row = con.execute("SELECT run_id FROM runs ORDER BY started_at DESC, run_id LIMIT 1").fetchone()
+    return row[0] if row else None
