@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # Command names, each the name of its module under tbpipe.pipeline.commands, in `--help` order.
 _COMMANDS = ("run", "demo", "ingest", "query", "runs", "show", "report", "export", "serve", "lake", "compact")
-_COMMANDS += ("addr2line", "debuginfo")
+_COMMANDS += ("addr2line", "debuginfo", "doctor")
 
 _app: typer.Typer | None = None
 
