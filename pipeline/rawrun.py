@@ -246,8 +246,8 @@ def _opened(
     path: Path, table: str, data: bytes | None = None, read_dictionary: list[str] | None = None
 ) -> pq.ParquetFile:
     """The part opened (its footer read, its schema checked), from `data` (its bytes) when given.
-    One ParquetFile a part, its footer parsed once, for every read after: opening one cost about as
-    much as reading a small part's column (60 us)."""
+    One ParquetFile a part, its footer parsed once, for every read after: opening one costs about as
+    much as reading a small part's column."""
     source = path if data is None else pa.BufferReader(data)
     try:
         try:
@@ -274,13 +274,12 @@ def _read_part(path: Path, table: str, verified: pq.ParquetFile | None = None) -
     try:
         if verified is not None:
             # Decoded on the calling thread: the ingest reads its runs on threads of its own, and
-            # handing a part's columns to Arrow's pool as well cost a third more CPU (stacks of
-            # 31k rows: 44-54 ms against 34, checksums included) for 10 ms less wall time.
+            # handing a part's columns to Arrow's pool as well costs more CPU than it saves time.
             part = verified.read(use_threads=False)
         else:
             # The capture writes page checksums: a flipped bit in an uncompressed
             # page (delta-encoded timestamps) is caught here, not loaded silently.
-            # One file: ParquetFile reads it without the dataset discovery of `pq.read_table` (~1 ms a part).
+            # One file: ParquetFile reads it without the dataset discovery of `pq.read_table`.
             with pq.ParquetFile(path, page_checksum_verification=True) as parquet:
                 part = parquet.read(use_threads=_threaded(parquet.metadata))
     except (OSError, pa.ArrowException, ValueError) as error:
@@ -309,8 +308,8 @@ def _columns_of(path: Path, parquet: pq.ParquetFile, columns: list[str]) -> pa.T
 
 
 # Parts of fewer rows are decoded on the calling thread: the ingest reads several runs at once on
-# threads of its own, and handing a small part's columns to Arrow's pool cost more than it saved
-# (0.5 ms of a 2,500-event part's 2.2). A big run's columns are still decoded side by side.
+# threads of its own, and handing a small part's columns to Arrow's pool costs more than it saves.
+# A big run's columns are still decoded side by side.
 _THREADED_ROWS = 20_000
 
 

@@ -111,51 +111,62 @@ def insert_gpu_activity(db: IngestDb, run_number: int, files: dict[str, list[Pat
             GROUP BY e.correlation_id
             """
         )
-        # Records in the order of the run's parts, and of their rows within a part.
-        con.execute(
-            f"""
-            INSERT INTO gpu_activity BY NAME
-            SELECT
-                {int(run_number)} AS run_number,
-                {first} + a.record - 1 AS activity_id,
-                a.kind, a.name, a.gpu_start, a.gpu_end, a.duration_ns,
-                a.device, a.context, a.stream, a.correlation_id,
-                l.event_id,
-                a.graph_id, a.graph_node_id,
-                cl.event_id AS capture_event_id,
-                a.bytes, a.grid_x, a.grid_y, a.grid_z, a.block_x, a.block_y, a.block_z,
-                a.registers_per_thread, a.static_shared_mem, a.dynamic_shared_mem
-            FROM ingest_gpu_records a
-            LEFT JOIN ingest_gpu_launches l ON l.correlation_id = a.correlation_id
-            LEFT JOIN ingest_gpu_captures c ON c.graph_node_id = a.graph_node_id
-            LEFT JOIN ingest_gpu_launches cl ON cl.correlation_id = c.capture_correlation_id
-            """
-        )
-        con.execute(
-            f"""
-            INSERT INTO gpu_time_counts BY NAME
-            SELECT
-                a.run_number, e.name_id, e.stack_id, ce.stack_id AS capture_stack_id, a.kind, a.name,
-                count(*) AS executions,
-                count(a.duration_ns) AS timed,
-                coalesce(sum(a.duration_ns), 0)::BIGINT AS gpu_time_ns,
-                coalesce(sum((a.duration_ns / 1000.0) ^ 2), 0) AS gpu_time_sq_us,
-                min(a.duration_ns) AS min_ns,
-                max(a.duration_ns) AS max_ns,
-                sum(a.bytes)::UBIGINT AS bytes
-            FROM gpu_activity a
-            LEFT JOIN event_rows e ON e.event_id = a.event_id
-            LEFT JOIN event_rows ce ON ce.event_id = a.capture_event_id
-            WHERE a.run_number = {int(run_number)}
-            GROUP BY a.run_number, e.name_id, e.stack_id, ce.stack_id, a.kind, a.name
-            """
-        )
+        _insert_activity(con, run_number, first)
+        _count_gpu_time(con, run_number)
         loaded = int(query_value(con, f"SELECT count(*) FROM gpu_activity WHERE run_number = {int(run_number)}"))
     finally:
         _drop_quietly(con, "ingest_gpu_launches")
         db.unregister("ingest_gpu_records")
         db.unregister("ingest_gpu_captures")
     return loaded
+
+
+def _insert_activity(con, run_number: int, first: int) -> None:
+    """The run's `gpu_activity` rows from `ingest_gpu_records`, each linked to its launch event (and
+    a replayed graph node's to the launch that captured it), ids from `first` on."""
+    # Records in the order of the run's parts, and of their rows within a part.
+    con.execute(
+        f"""
+        INSERT INTO gpu_activity BY NAME
+        SELECT
+            {int(run_number)} AS run_number,
+            {first} + a.record - 1 AS activity_id,
+            a.kind, a.name, a.gpu_start, a.gpu_end, a.duration_ns,
+            a.device, a.context, a.stream, a.correlation_id,
+            l.event_id,
+            a.graph_id, a.graph_node_id,
+            cl.event_id AS capture_event_id,
+            a.bytes, a.grid_x, a.grid_y, a.grid_z, a.block_x, a.block_y, a.block_z,
+            a.registers_per_thread, a.static_shared_mem, a.dynamic_shared_mem
+        FROM ingest_gpu_records a
+        LEFT JOIN ingest_gpu_launches l ON l.correlation_id = a.correlation_id
+        LEFT JOIN ingest_gpu_captures c ON c.graph_node_id = a.graph_node_id
+        LEFT JOIN ingest_gpu_launches cl ON cl.correlation_id = c.capture_correlation_id
+        """
+    )
+
+
+def _count_gpu_time(con, run_number: int) -> None:
+    """The run's `gpu_time_counts`: executions and GPU time per launch name, stack and kind."""
+    con.execute(
+        f"""
+        INSERT INTO gpu_time_counts BY NAME
+        SELECT
+            a.run_number, e.name_id, e.stack_id, ce.stack_id AS capture_stack_id, a.kind, a.name,
+            count(*) AS executions,
+            count(a.duration_ns) AS timed,
+            coalesce(sum(a.duration_ns), 0)::BIGINT AS gpu_time_ns,
+            coalesce(sum((a.duration_ns / 1000.0) ^ 2), 0) AS gpu_time_sq_us,
+            min(a.duration_ns) AS min_ns,
+            max(a.duration_ns) AS max_ns,
+            sum(a.bytes)::UBIGINT AS bytes
+        FROM gpu_activity a
+        LEFT JOIN event_rows e ON e.event_id = a.event_id
+        LEFT JOIN event_rows ce ON ce.event_id = a.capture_event_id
+        WHERE a.run_number = {int(run_number)}
+        GROUP BY a.run_number, e.name_id, e.stack_id, ce.stack_id, a.kind, a.name
+        """
+    )
 
 
 def _drop_quietly(con, table: str) -> None:
