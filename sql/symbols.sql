@@ -22,6 +22,8 @@ CREATE OR REPLACE MACRO reason_category(reason) AS
 -- @column addresses      distinct addresses of this module in `symbols`
 -- @column unsymbolized   of those, addresses without a function name
 -- @column reason         what was found, or why nothing was
+-- @column found_via      where the debug info came from: debug-dir, build-id-dir, debuginfod-cache, module, debuglink, or 'debuginfod URL' (that server)
+-- @column debug_file     the file the symbols were read from
 CREATE OR REPLACE VIEW symbol_coverage AS
 SELECT
     m.module_key,
@@ -30,10 +32,12 @@ SELECT
     m.quality,
     count(s.address) AS addresses,
     count(s.address) FILTER (WHERE s.function IS NULL) AS unsymbolized,
-    m.reason
+    m.reason,
+    m.found_via,
+    m.debug_file
 FROM modules m
 LEFT JOIN symbols s ON s.module_key = m.module_key AND s.depth = 0
-GROUP BY m.module_key, m.build_id, m.path, m.quality, m.reason;
+GROUP BY m.module_key, m.build_id, m.path, m.quality, m.reason, m.found_via, m.debug_file;
 
 -- Native frames of all stacks that have no function name, grouped by why (`reason_category`).
 -- @column reason     why the frames are unsymbolized

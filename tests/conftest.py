@@ -15,6 +15,10 @@ import pytest
 # The CLI as the tests run it: the same interpreter, no reliance on PATH.
 TBPIPE = [sys.executable, "-m", "tbpipe.pipeline"]
 
+# The machine's own debuginfod servers (Fedora and Ubuntu set DEBUGINFOD_URLS at login) are never
+# asked by the suite, nor by the processes it starts: the debuginfod tests name the servers they run.
+os.environ.pop("DEBUGINFOD_URLS", None)
+
 
 # Test modules of what is drawn from the database for people (reports, the service), whose code
 # nothing of the interpreter's internals reaches: run on the default interpreter only. They build

@@ -1,4 +1,5 @@
-"""`tbpipe ingest RUNS_DIR... [--db PATH] [--debug-dir DIR]... [--cache-dir DIR] [--user-code PREFIX]...`
+"""`tbpipe ingest RUNS_DIR... [--db PATH] [--debug-dir DIR]... [--debuginfod URL]... [--offline] [--cache-dir DIR]
+[--user-code PREFIX]...`
 
 `tbpipe ingest RUNS_DIR... --engine spark --lake DIR [--master URL] [--conf K=V]...`: the same into a lake.
 """
@@ -25,6 +26,19 @@ def register(app: typer.Typer) -> None:
         db: Path | None = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
         debug_dir: list[Path] | None = typer.Option(
             None, "--debug-dir", help="Folder searched (recursively, by build-ID) for debug files first; repeatable."
+        ),
+        debuginfod: list[str] | None = typer.Option(
+            None,
+            "--debuginfod",
+            metavar="URL",
+            help="debuginfod server asked (GET /buildid/ID/debuginfo) for the debug info of modules that no "
+            "local place has, before the servers of $DEBUGINFOD_URLS (space-separated, tried in order); "
+            "repeatable. Downloads go to the cache gdb and elfutils share ($DEBUGINFOD_CACHE_PATH, else "
+            "~/.cache/debuginfod_client); a build-ID no server has is asked again after <cache>/cache_miss_s "
+            "seconds (600); $DEBUGINFOD_TIMEOUT (90 s) bounds each wait.",
+        ),
+        offline: bool = typer.Option(
+            False, "--offline", help="Ask no debuginfod server (files already in its cache are still used)."
         ),
         cache_dir: Path | None = typer.Option(
             None, "--cache-dir", help="Symbol store (default: $TBPIPE_CACHE_DIR or the user cache dir)."
@@ -67,12 +81,23 @@ def register(app: typer.Typer) -> None:
         transaction), damaged runs quarantined."""
         from tbpipe.pipeline.db import IngestOptions, ingest_runs
         from tbpipe.pipeline.reports.ingest_summary import render_ingest_summary
+        from tbpipe.pipeline.symbols.debuginfod import DebuginfodSettings
 
         if not runs_dirs and not user_code:
             raise UsageError("nothing to ingest: give one or more run folders, e.g. tbpipe ingest runs/")
+        servers = DebuginfodSettings(urls=tuple(debuginfod or ()), offline=offline)
         if engine == "spark":
             _ingest_spark(
-                runs_dirs or [], lake, db, master, conf or [], debug_dir, cache_dir, user_code, recover_manifests
+                runs_dirs or [],
+                lake,
+                db,
+                master,
+                conf or [],
+                debug_dir,
+                cache_dir,
+                user_code,
+                recover_manifests,
+                servers,
             )
             return
         if engine != "duckdb":
@@ -88,6 +113,7 @@ def register(app: typer.Typer) -> None:
             progress=progress,
             recover_manifests=recover_manifests,
             runs_per_transaction=runs_per_transaction,
+            debuginfod=servers,
         )
         summary = ingest_runs(list(runs_dirs or []), options)
         render_ingest_summary(summary, Console())
@@ -95,7 +121,9 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(QUARANTINED_EXIT)
 
 
-def _ingest_spark(runs_dirs, lake, db, master, conf, debug_dir, cache_dir, user_code, recover_manifests) -> None:
+def _ingest_spark(
+    runs_dirs, lake, db, master, conf, debug_dir, cache_dir, user_code, recover_manifests, debuginfod
+) -> None:
     """`--engine spark`: the same steps as a Spark job writing the lake (tbpipe.pipeline.lake.spark_ingest)."""
     from tbpipe.pipeline.reports.ingest_summary import render_ingest_summary
 
@@ -121,6 +149,7 @@ def _ingest_spark(runs_dirs, lake, db, master, conf, debug_dir, cache_dir, user_
         cache_dir=cache_dir,
         user_code=list(user_code or []),
         recover_manifests=recover_manifests,
+        debuginfod=debuginfod,
     )
     summary = ingest_runs_spark(list(runs_dirs), options)
     render_ingest_summary(summary, Console())

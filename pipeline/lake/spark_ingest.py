@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +48,9 @@ from tbpipe.pipeline.db.ingest.outcomes import IngestSummary, RunOutcome
 from tbpipe.pipeline.lake import ids, steps, store
 from tbpipe.pipeline.lake.store import LakeError
 from tbpipe.schemas.lake import CONTENT, PARTITION, TABLES
+
+if TYPE_CHECKING:
+    from tbpipe.pipeline.symbols.debuginfod import DebuginfodSettings
 
 DEFAULT_SHARD_ADDRESSES = 200_000  # addresses of one module symbolized by one task, at most
 SHARD_CONF = "spark.tbpipe.symbolShardAddresses"  # --conf that sets it
@@ -61,6 +64,9 @@ class SparkIngestOptions:
     conf: dict[str, str] = field(default_factory=dict)
     debug_dirs: Sequence[Path] = ()
     cache_dir: Path | None = None  # each executor's symbol store (None: its default)
+    # debuginfod servers: read here ($DEBUGINFOD_URLS, DEBUGINFOD_TIMEOUT) and shipped, so that every
+    # executor asks the same ones, into its own debuginfod cache. None: $DEBUGINFOD_URLS.
+    debuginfod: DebuginfodSettings | None = None
     user_code: Sequence[str] = ()
     recover_manifests: bool = False
     shard_addresses: int = DEFAULT_SHARD_ADDRESSES
@@ -388,6 +394,7 @@ class _Job:
         )
         cache_dir = str(self.options.cache_dir) if self.options.cache_dir else None
         debug_dirs = [str(d) for d in self.options.debug_dirs]
+        debuginfod = steps.shipped_debuginfod(self.options.debuginfod)
         schema = SYMBOLIZED
 
         def symbolize_partition(batches):
@@ -395,7 +402,7 @@ class _Job:
             requests = pa.concat_tables(tables) if tables else steps.SYMBOL_REQUEST.empty_table()
             if requests.num_rows == 0:
                 return
-            symbolizer = steps.new_symbolizer(cache_dir, debug_dirs)
+            symbolizer = steps.new_symbolizer(cache_dir, debug_dirs, debuginfod)
             try:
                 symbols, modules = steps.symbolize(requests.cast(steps.SYMBOL_REQUEST), symbolizer)
             finally:

@@ -333,12 +333,20 @@ def symbol_requests(slots: pa.Table) -> pa.Table:
 # ------------------------------------------------------------------------------------------ 3. symbolize
 
 
-def new_symbolizer(cache_dir: str | None, debug_dirs: list[str]) -> Any:
+def new_symbolizer(cache_dir: str | None, debug_dirs: list[str], debuginfod: Any = None) -> Any:
     """A Symbolizer for one executor task: its own store (or the shared one), no worker pool (the
-    engine runs tasks side by side)."""
+    engine runs tasks side by side); `debuginfod`: `shipped_debuginfod`'s settings."""
     from tbpipe.pipeline.symbols import Symbolizer
 
-    return Symbolizer(cache_dir=cache_dir, debug_dirs=list(debug_dirs), jobs=1, progress=False)
+    return Symbolizer(cache_dir=cache_dir, debug_dirs=list(debug_dirs), jobs=1, progress=False, debuginfod=debuginfod)
+
+
+def shipped_debuginfod(settings: Any = None) -> Any:
+    """The debuginfod settings executors get: the servers and timeout read on the driver (executors
+    on other machines have other environments), each executor's own debuginfod cache."""
+    from tbpipe.pipeline.symbols.debuginfod import DebuginfodSettings
+
+    return (settings or DebuginfodSettings()).resolved()
 
 
 def symbolize(requests: pa.Table, symbolizer: Any) -> tuple[pa.Table, pa.Table]:

@@ -70,6 +70,8 @@ def render_ingest_summary(summary: IngestSummary, console: Console | None = None
             f"{len(summary.refreshed_modules):,}",
             "better debug info found: their old frames were redone",
         )
+    for line in summary.debuginfod:
+        table.add_row("debuginfod", "", escape(line))
     for prefix, is_user in summary.user_code:
         table.add_row("user code" if is_user else "not user code", "", escape(prefix))
     table.add_row("time", f"{summary.seconds:.1f} s", "")

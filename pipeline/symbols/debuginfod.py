@@ -353,7 +353,7 @@ class DebuginfodClient:
                 progress.start_file(expected)
                 counted = True
                 with os.fdopen(fd, "wb") as out:
-                    for chunk in response.iter_bytes(1 << 20):
+                    for chunk in response.iter_bytes():
                         out.write(chunk)
                         received += len(chunk)
                         progress.advance(len(chunk))

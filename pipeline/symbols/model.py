@@ -94,7 +94,8 @@ class ModuleStatus:
     quality: Quality
     reason: str
     debug_file: str | None = None  # the file the SymCache was built from
-    found_via: str | None = None  # e.g. "debug-dir", "build-id-dir", "debuginfod-cache", "module", "debuglink"
+    # "debug-dir", "build-id-dir", "debuginfod-cache", "module", "debuglink", or "debuginfod URL" (downloaded)
+    found_via: str | None = None
     module_path: str | None = None
     looked_in: list[str] = field(default_factory=list)
     source_key: str | None = None  # identity of the debug file the stored results come from

@@ -218,6 +218,12 @@ class Symbolizer:
         """What was found for `build_id` (DWARF / symbols only / nothing), where and why."""
         return self._state_for(ModuleRef(build_id, path)).status
 
+    def module_statuses(self, modules: Iterable[tuple[str, str | None]]) -> list[ModuleStatus]:
+        """`module_status` for many (build-ID, path) pairs, decided together (servers asked in parallel)."""
+        refs = [ModuleRef(build_id, path) for build_id, path in modules]
+        self._decide_states(refs)
+        return [self._states[self._state_key(ref)].status for ref in refs]
+
     def preload(self, modules: Iterable[ModuleRef]) -> None:
         """Find debug info, build missing SymCaches and load stored results for `modules` now
         (e.g. in a thread while the addresses are still being read)."""

@@ -38,9 +38,12 @@ class SymbolLoader:
         self.summary = summary
         self._symbolizer: Any = None
         self._refreshed: set[str] = set()
+        # Where downloads of debug info under way are told (the ingest's progress bar, when it has one).
+        self.describe: Any = None
 
     def close(self) -> None:
         if self._symbolizer is not None:
+            self.summary.debuginfod = self._symbolizer.debuginfod_report()
             self._symbolizer.close()
 
     @property
@@ -53,8 +56,14 @@ class SymbolLoader:
                 debug_dirs=list(self.options.debug_dirs),
                 jobs=self.options.jobs,
                 progress=False,
+                debuginfod=self.options.debuginfod,
+                on_download=self._downloading,
             )
         return self._symbolizer
+
+    def _downloading(self, text: str) -> None:
+        if self.describe is not None:
+            self.describe(text)
 
     # ---------------------------------------------------------------- new frames
 
@@ -159,8 +168,8 @@ class SymbolLoader:
         )
         if not rows:
             return
-        for key, path in rows:
-            self.symbolizer.module_status(ModuleKey.parse(key).symbolizer_build_id, path)
+        # All at once: the debuginfod servers are asked for every one of them in parallel.
+        self.symbolizer.module_statuses([(ModuleKey.parse(key).symbolizer_build_id, path) for key, path in rows])
         self.refresh_upgraded()
 
     def refresh_upgraded(self) -> None:
