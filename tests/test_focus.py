@@ -3,8 +3,12 @@ it on random stacks, and what the views built on it show (`tbpipe show --frames`
 
 from __future__ import annotations
 
+import re
+import subprocess
+
 import numpy as np
 import pytest
+from conftest import TBPIPE
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -146,3 +150,57 @@ def test_modes_of_frames_place_the_start_up_row_after_the_entry_point() -> None:
     for mode in focus.MODES:
         shown = [frame for frame, modes in rows if mode in modes]
         assert shown == focus_frames(THREAD_STACK, mode)
+
+
+# ------------------------------------------------------------------------------------------ CLI views
+
+
+@pytest.fixture(scope="module")
+def nights(tmp_path_factory, symbol_cache):
+    from support.serve import environment, nights_database
+
+    env = environment(symbol_cache)
+    return nights_database(tmp_path_factory.getbasetemp(), env), env
+
+
+def tbpipe(env: dict, *args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([*TBPIPE, *args], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_show_frames_modes(nights) -> None:
+    db, env = nights
+    (stack_id,) = tbpipe(env, "query", "--db", str(db), "-f", "csv", "SELECT min(stack_id) FROM stacks").stdout.split()[
+        1:
+    ]
+    program = tbpipe(env, "show", "--db", str(db), "--stack", stack_id).stdout.splitlines()
+    assert program[0].endswith("innermost first (program frames shown)")
+    assert re.fullmatch(r"\[start-up\] \d+ frames of process and interpreter start-up", program[-1])
+    assert all("/app.py:" in line for line in program[1:-1])  # the program's own frames, nothing else
+    everything = tbpipe(env, "show", "--db", str(db), "--stack", stack_id, "--frames", "all").stdout.splitlines()
+    folded = int(program[-1].split()[1])
+    assert len(everything) - 1 == len(program) - 2 + folded  # every frame is shown or folded
+    assert any(":Py_BytesMain" in line for line in everything)
+    native = tbpipe(env, "show", "--db", str(db), "--stack", stack_id, "--frames", "native").stdout
+    assert "/app.py:" not in native and ":Py_BytesMain" in native
+    wrong = subprocess.run([*TBPIPE, "show", "--db", str(db), "--stack", stack_id, "--frames", "mine"],
+                           capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert wrong.returncode == 2 and "--frames is one of program, python, native, all, not 'mine'" in wrong.stderr
+
+
+def test_exports_are_focused_and_keep_their_counts(nights) -> None:
+    db, env = nights
+    run = ("--db", str(db), "--run", "latest", "-f", "collapsed", "-o", "-")
+    counts = {}
+    for mode in focus.MODES:
+        lines = tbpipe(env, "export", *run, "--frames", mode).stdout.splitlines()
+        counts[mode] = sum(int(line.rsplit(" ", 1)[1]) for line in lines)
+        roots = {line.split(";", 1)[0] for line in lines}
+        if mode == "program":
+            assert roots == {"[start-up]"} and all(";<module> (" in line for line in lines)
+        if mode == "python":
+            assert all(root.startswith("<module> (") for root in roots)
+        if mode == "all":
+            assert all(root.startswith("_start") for root in roots)
+    assert len(set(counts.values())) == 1 and counts["all"] == 16  # the newest night's 16 events in every mode

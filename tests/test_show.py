@@ -114,7 +114,7 @@ def _compare_event(db: Path) -> int:
 def test_show_event_prints_the_combined_traceback(demo) -> None:
     db, _ = demo
     event_id = _compare_event(db)
-    result = cli("show", "--db", str(db), "--event", str(event_id))
+    result = cli("show", "--db", str(db), "--event", str(event_id), "--frames", "all")
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith(f"# event {event_id}: kernel_launch gemm_kernel\n")
     assert '"grid": 4' in result.stdout
@@ -143,9 +143,9 @@ def test_show_event_prints_the_combined_traceback(demo) -> None:
 def test_show_stack_and_site(demo) -> None:
     db, _ = demo
     event_id = _compare_event(db)
-    event = cli("show", "--db", str(db), "--event", str(event_id))
+    event = cli("show", "--db", str(db), "--event", str(event_id), "--frames", "all")
     stack_id = int(re.search(r"^# stack (\d+)$", event.stdout, re.MULTILINE).group(1))
-    stack = cli("show", "--db", str(db), "--stack", str(stack_id))
+    stack = cli("show", "--db", str(db), "--stack", str(stack_id), "--frames", "all")
     assert stack.exit_code == 0, stack.output
     assert _frames(stack.stdout) == _frames(event.stdout)
 
@@ -153,7 +153,7 @@ def test_show_stack_and_site(demo) -> None:
         "query", "--db", str(db), "-f", "csv", "SELECT site_key FROM kernel_launch_sites ORDER BY events DESC LIMIT 1"
     )
     site_key = key.stdout.splitlines()[1].strip('"')
-    site = cli("show", "--db", str(db), "--site", site_key, "--limit", "2")
+    site = cli("show", "--db", str(db), "--site", site_key, "--limit", "2", "--frames", "all")
     assert site.exit_code == 0, site.output
     head = site.stdout.splitlines()
     # Where the site was first seen: night 1's checkout, or night 2's for a site new tonight.

@@ -1,4 +1,5 @@
-"""`tbpipe export --run RUN [--kind K] [--name N] [--site KEY] --format pprof|collapsed|chrome-trace [--out FILE]`"""
+"""`tbpipe export --run RUN [--kind K] [--name N] [--site KEY] --format pprof|collapsed|chrome-trace [--out FILE|-]
+[--frames program|python|native|all]`"""
 
 from __future__ import annotations
 
@@ -20,7 +21,13 @@ def register(app: typer.Typer) -> None:
             help="A run id, 'latest', or 'latest:KEY=VALUE,...' (newest run with those labels); repeatable.",
         ),
         fmt: ExportFormat = typer.Option(..., "--format", "-f", help="Output format."),
-        out: Path | None = typer.Option(None, "--out", "-o", help="Write to this file (default: standard output)."),
+        out: Path | None = typer.Option(None, "--out", "-o", help="Write to this file; - or nothing: standard output."),
+        frames: str = typer.Option(
+            "all",
+            "--frames",
+            help="Which frames of each stack: all, program (start-up and CPython's own frames folded, tbpipe's "
+            "hidden), python or native.",
+        ),
         kind: str | None = typer.Option(
             None, "--kind", help="Only events of this kind (kernel_launch, op, user, ...)."
         ),
@@ -51,6 +58,7 @@ def register(app: typer.Typer) -> None:
                 fmt,
                 out,
                 traceback_args=traceback_args,
+                frames=frames,
             )
         finally:
             con.close()

@@ -49,17 +49,39 @@ def _cell(value: Any) -> str:
 
 
 def write_table(result, console: Console, max_rows: int) -> None:
+    """A table; on a terminal narrower than the table, each row as `column  value` lines instead
+    (folded cells of a dozen columns are unreadable)."""
     from rich.markup import escape
     from rich.table import Table
 
     table = Table(show_lines=False)
     for name in result.column_names:
         table.add_column(escape(name), overflow="fold")
-    for row in _records(result.slice(0, max_rows)):
+    records = _records(result.slice(0, max_rows))
+    for row in records:
         table.add_row(*(escape(_cell(v)) for v in row.values()), end_section=False)
-    console.print(table)
+    if console.is_terminal and _natural_width(console, table) > console.width:
+        write_records(records, console)
+    else:
+        console.print(table)
     if result.num_rows > max_rows:
         console.print(f"({result.num_rows - max_rows:,} more rows: use --max-rows, or --format csv)", style="dim")
+
+
+def _natural_width(console: Console, table) -> int:
+    """The width the table takes unfolded (rich measures within the console's width otherwise)."""
+    from rich.measure import Measurement
+
+    return Measurement.get(console, console.options.update_width(1 << 16), table).maximum
+
+
+def write_records(records: list[dict], console: Console) -> None:
+    """The narrow layout: one block per row, a line per column, long values wrapped under their name."""
+    width = max((len(name) for row in records[:1] for name in row), default=0)
+    for number, row in enumerate(records, 1):
+        console.print(f"-- row {number} " + "-" * max(0, min(console.width, 60) - 10), style="dim", highlight=False)
+        for name, value in row.items():
+            console.print(f"{name:<{width}}  {_cell(value)}", markup=False, highlight=False)
 
 
 def _sink(output: Path | None, binary_ok_on_tty: bool):
@@ -129,7 +151,9 @@ def register(app: typer.Typer) -> None:
         sql: str = typer.Argument(..., help="The SQL to run, or - to read it from stdin."),
         db: Path | None = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
         fmt: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f", help="Output format."),
-        output: Path | None = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+        output: Path | None = typer.Option(
+            None, "--output", "-o", help="Write to this file; - or nothing: standard output."
+        ),
         max_rows: int = typer.Option(1000, "--max-rows", help="Rows shown by --format table."),
         wait: float = typer.Option(30.0, "--wait", help="Seconds to wait while an ingest is writing the database."),
         lake: Path | None = typer.Option(
@@ -140,6 +164,8 @@ def register(app: typer.Typer) -> None:
         from tbpipe.pipeline.db import open_database
 
         text = sys.stdin.read() if sql == "-" else sql
+        if output is not None and str(output) == "-":
+            output = None
         if not text.strip():
             raise UsageError("no SQL given")
         say = Console(stderr=True)

@@ -47,7 +47,9 @@ def register(app: typer.Typer) -> None:
             None, "--vary", help="Labels the window's runs may differ in from the candidate (default: commit)."
         ),
         output_format: ReportFormat = typer.Option(ReportFormat.md, "--format", "-f", help="md, html or json."),
-        out: Path | None = typer.Option(None, "--out", "-o", help="Write the report here instead of stdout."),
+        out: Path | None = typer.Option(
+            None, "--out", "-o", help="Write the report to this file; - or nothing: standard output."
+        ),
         fail_on_regression: bool = typer.Option(
             False, "--fail-on-regression", help="Exit with status 1 when a regression is flagged."
         ),
@@ -132,7 +134,7 @@ def register(app: typer.Typer) -> None:
         finally:
             con.close()
         text = render(result, output_format)
-        if out is not None:
+        if out is not None and str(out) != "-":
             try:
                 out.write_text(text, encoding="utf-8")
             except OSError as error:

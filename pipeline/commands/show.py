@@ -1,5 +1,5 @@
-"""`tbpipe show [--db PATH] --event ID [--site-of forward] | --stack ID | --site KEY`: a combined traceback,
-one frame a line."""
+"""`tbpipe show [--db PATH] --event ID [--site-of forward] | --stack ID | --site KEY [--frames MODE]`: a
+combined traceback, one frame a line, focused by a mode of `stacks.focus`."""
 
 from __future__ import annotations
 
@@ -24,11 +24,18 @@ def register(app: typer.Typer) -> None:
             help="With --event: 'own' (its own stack) or 'forward' (a backward op's, or a launch in one: the stack of "
             "the forward op that made its autograd node; view `backward_op_sites`).",
         ),
+        frames: str = typer.Option(
+            "program",
+            "--frames",
+            help="Which frames: program (start-up and CPython's own frames folded, tbpipe's hidden), python, "
+            "native or all.",
+        ),
         db: Path | None = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
     ) -> None:
         """Print the combined Python + native traceback of an event, a stack or a call site (innermost first)."""
         from tbpipe.pipeline.db import open_database
         from tbpipe.pipeline.reports import traceback
+        from tbpipe.pipeline.stacks.focus import MODES
 
         chosen = [
             name for name, value in (("--event", event), ("--stack", stack), ("--site", site)) if value is not None
@@ -39,16 +46,18 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--site-of is 'own' or 'forward', not {site_of!r}")
         if site_of == "forward" and event is None:
             raise UsageError("--site-of forward goes with --event ID")
+        if frames not in MODES:
+            raise UsageError(f"--frames is one of {', '.join(MODES)}, not {frames!r}")
         console = Console(soft_wrap=True)
         con = open_database(db, read_only=True)
         try:
             if event is not None and site_of == "forward":
-                traceback.show_forward_of_event(con, event, console)
+                traceback.show_forward_of_event(con, event, console, frames)
             elif event is not None:
-                traceback.show_event(con, event, console)
+                traceback.show_event(con, event, console, frames)
             elif stack is not None:
-                traceback.show_stack(con, stack, console)
+                traceback.show_stack(con, stack, console, frames)
             else:
-                traceback.show_site(con, site, limit, console)
+                traceback.show_site(con, site, limit, console, frames)
         finally:
             con.close()

@@ -87,14 +87,18 @@ def export(
     out: Path | str | None = None,
     *,
     traceback_args: bool = False,
+    frames: str = "all",
 ) -> ExportSummary:
     """Exports the events `choice` names from the database behind `con` as `fmt` to the file `out`
-    (None: standard output). Raises NoEventsError, RunSelectionError or ExportOutputError."""
+    (None or '-': standard output), their stacks focused by `frames` (a mode of `stacks.focus`).
+    Raises NoEventsError, RunSelectionError or ExportOutputError."""
     fmt = ExportFormat(fmt)
+    if str(out) == "-":
+        out = None
     if out is None and fmt.binary and sys.stdout.isatty():
         raise UsageError(f"--format {fmt.value} writes binary data: give --out FILE or redirect standard output")
     path = Path(out) if out is not None else None
-    with ExportSource(con, choice) as source:
+    with ExportSource(con, choice, frames) as source:
         if path is None:
             stream = sys.stdout.buffer
             events = export_to(source, fmt, stream, traceback_args=traceback_args)

@@ -3,14 +3,20 @@
 `ExportSource` resolves an `ExportFilter` (runs, kind, name, call site) once, keeps the choice in
 temporary tables of the (read-only) connection, and serves it as Arrow tables and record
 batches; the writers in this package render those and never run SQL themselves. Everything is
-counted in DuckDB (`event_counts` already holds the counts per run, name and stack; the per-thread
-counts pprof labels its samples with come from one GROUP BY over `events`), and per-event data
-comes as record batches, so memory stays bounded by the number of distinct stacks and frames,
-never by the number of events.
+counted in DuckDB (`run_stack_counts` holds the counts per run, name and stack, and
+`run_thread_counts` the per-thread counts pprof labels its samples with, of runs that keep their
+events and of runs `tbpipe retain` rolled up alike), and per-event data comes as record batches, so
+memory stays bounded by the number of distinct stacks and frames, never by the number of events.
+Per-event data (the Chrome trace) needs the runs' events: a rolled-up run is refused with a
+`RolledUpError` saying so.
 
 A *location* is one entry of a combined stack before inline expansion (a `stack_frames.slot`):
 a native return address with its inline chain (innermost first), a Python frame (function, file,
 line) or a marker. Equal locations of different stacks are one location, numbered from 1.
+
+Stacks are focused by a mode of `stacks.focus` (`frames`: all by default) before any writer sees
+them; a location counts as the frame that holds its address (its chain's outermost), and start-up
+frames folded by program mode become one marker location named `start-up`.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ import numpy as np
 import pyarrow as pa
 
 from tbpipe.pipeline.db.connection import query_arrow, query_rows
+from tbpipe.pipeline.db.read import RolledUpError
 from tbpipe.pipeline.db.selectors import resolve_runs
 from tbpipe.pipeline.errors import UsageError
+from tbpipe.pipeline.stacks import focus
 
 BATCH_ROWS = 1 << 18
 
@@ -124,10 +132,64 @@ def _locations(frames: pa.Table) -> pa.Table:
     return pa.table(columns)
 
 
+def focused_locations(located: StackLocations, mode: str, rules: focus.FrameRules) -> StackLocations:
+    """The stacks' location lists focused by `mode` (`focus.focus_matrix`); a `start-up` marker
+    location is added where program mode folds start-up frames."""
+    table = located.locations
+    heads = [chain[-1] if chain else {"function": None, "file": None} for chain in table["lines"].to_pylist()]
+    classes = np.array(
+        [
+            rules.classify(kind, head["function"], head["file"], module)
+            for kind, head, module in zip(table["kind"].to_pylist(), heads, table["module"].to_pylist())
+        ],
+        dtype=np.int64,
+    ).reshape(-1)
+    lists = located.stacks["location_ids"].combine_chunks()
+    if isinstance(lists, pa.ChunkedArray):  # no stacks
+        return located
+    offsets = lists.offsets.to_numpy() - lists.offsets[0].as_py()
+    values = lists.flatten().to_numpy()
+    lengths = np.diff(offsets)
+    width = int(lengths.max(initial=0))
+    ids = np.full((len(lengths), width + 1), -1, dtype=np.int64)
+    columns = np.arange(width + 1)
+    inside = columns[None, :] < lengths[:, None]
+    ids[inside] = values
+    rows = focus.focus_matrix(
+        np.where(ids[:, :width] >= 0, classes[np.maximum(ids[:, :width], 1) - 1], focus.PAD), mode
+    )
+    kept = np.where(rows.columns >= 0, np.take_along_axis(ids[:, :width], np.maximum(rows.columns, 0), axis=1), -1)
+    start_up_id = table.num_rows + 1
+    folds = rows.start_up > 0
+    shown = np.full((len(lengths), width + 1), -1, dtype=np.int64)
+    shown[:, :width] = kept
+    shown[np.flatnonzero(folds), rows.lengths[folds]] = start_up_id
+    new_lengths = rows.lengths + folds
+    flat = shown[columns[None, :] < new_lengths[:, None]]
+    new_offsets = np.concatenate([[0], np.cumsum(new_lengths)]).astype(np.int64)
+    stacks = pa.table(
+        {
+            "stack_id": located.stacks["stack_id"],
+            "location_ids": pa.LargeListArray.from_arrays(pa.array(new_offsets), pa.array(flat, lists.type.value_type)),
+        }
+    )
+    if folds.any():
+        start_up = {
+            "location_id": start_up_id, "kind": "marker", "module_key": None, "module": None, "build_id": None,
+            "address": None, "exact": None,
+            "lines": [{"function": "start-up", "file": None, "line": None, "inlined": False}],
+        }  # fmt: skip
+        table = pa.concat_tables([table, pa.Table.from_pylist([start_up], schema=table.schema)])
+    return StackLocations(table, stacks)
+
+
 class ExportSource:
     """The events an `ExportFilter` chooses, read from an open tbpipe database."""
 
-    def __init__(self, con: Any, choice: ExportFilter) -> None:
+    def __init__(self, con: Any, choice: ExportFilter, frames: str = "all") -> None:
+        if frames not in focus.MODES:
+            raise UsageError(f"frames must be one of {', '.join(focus.MODES)}, not {frames!r}")
+        self.frames = frames
         if not choice.runs:
             raise UsageError("no run given: name one or more with --run (a run id, 'latest' or 'latest:K=V,...')")
         self.con = con
@@ -154,9 +216,11 @@ class ExportSource:
         choice = self.choice
         runs = self._create(
             "runs",
-            "SELECT run_id, run_number FROM runs WHERE list_contains(?, run_id)",
+            "SELECT run_id, run_number, rolled_up_at FROM runs WHERE list_contains(?, run_id)",
             [self.run_ids],
         )
+        # The run numbers as literals: a constant filter reaches the rolled-up runs' blocks.
+        numbers = ", ".join(str(int(n)) for (n,) in query_rows(self.con, f"SELECT run_number FROM {runs}")) or "NULL"
         names = self._create(
             "names",
             "SELECT name_id, kind, name FROM event_names WHERE (? IS NULL OR kind = ?) AND (? IS NULL OR name = ?)",
@@ -182,8 +246,8 @@ class ExportSource:
             "counts",
             f"""
             SELECT c.run_number, c.name_id, c.stack_id, c.events
-            FROM event_counts c
-            WHERE c.run_number IN (SELECT run_number FROM {runs}) AND c.name_id IN (SELECT name_id FROM {names})
+            FROM run_stack_counts c
+            WHERE c.run_number IN ({numbers}) AND c.name_id IN (SELECT name_id FROM {names})
             {self._count_filter}
             """,
         )
@@ -194,6 +258,13 @@ class ExportSource:
                 f"no events{what} in run{'s' if len(self.run_ids) > 1 else ''} {', '.join(self.run_ids)}"
             )
         self.runs = self._run_infos()
+        self.numbers = numbers
+        self.rolled_up = [
+            run_id
+            for (run_id,) in query_rows(
+                self.con, f"SELECT run_id FROM {runs} WHERE rolled_up_at IS NOT NULL ORDER BY run_id"
+            )
+        ]
         self.names: dict[int, tuple[str, str]] = {
             name_id: (kind, name)
             for name_id, kind, name in query_rows(
@@ -245,13 +316,11 @@ class ExportSource:
         yield from _arrow_batches(
             self.con,
             f"""
-            SELECT r.run_number, n.name_id, e.thread_id, e.stack_id, count(*)::BIGINT AS events
-            FROM events e
-            JOIN {self._table("runs")} r USING (run_id)
-            JOIN {self._table("names")} n ON n.kind = e.kind AND n.name = e.name
-            WHERE true {self._event_filter}
-            GROUP BY ALL
-            ORDER BY e.stack_id NULLS FIRST, r.run_number, n.name_id, e.thread_id
+            SELECT e.run_number, e.name_id, e.thread_id, e.stack_id, e.events
+            FROM run_thread_counts e
+            WHERE e.run_number IN ({self.numbers})
+              AND e.name_id IN (SELECT name_id FROM {self._table("names")}) {self._event_filter}
+            ORDER BY e.stack_id NULLS FIRST, e.run_number, e.name_id, e.thread_id
             """,
             [],
             rows,
@@ -261,6 +330,7 @@ class ExportSource:
         """event_id, run_number, ts_us (Unix epoch microseconds), thread_id, name_id, stack_id, attrs (JSON text):
         every chosen event, in no particular order. `numbers_as_text`: event_id, ts_us and thread_id come
         as decimal text (DuckDB converts them on all cores, for writers of text formats)."""
+        self.require_events("the events themselves (a Chrome trace has one entry per event)")
         as_text = (lambda column: f"CAST({column} AS VARCHAR)") if numbers_as_text else (lambda column: column)
         yield from _arrow_batches(
             self.con,
@@ -278,6 +348,7 @@ class ExportSource:
 
     def event_threads(self) -> list[tuple[int, int]]:
         """(run_number, thread_id) of every thread with chosen events."""
+        self.require_events("the events themselves (a Chrome trace has one entry per event)")
         return query_rows(
             self.con,
             f"""
@@ -289,6 +360,16 @@ class ExportSource:
             ORDER BY ALL
             """,
         )
+
+    def require_events(self, what: str) -> None:
+        """RolledUpError naming the chosen runs that `tbpipe retain` rolled up (their events are gone)."""
+        if self.rolled_up:
+            shown = ", ".join(self.rolled_up[:3]) + (", ..." if len(self.rolled_up) > 3 else "")
+            raise RolledUpError(
+                f"run{'s' if len(self.rolled_up) > 1 else ''} {shown} {'were' if len(self.rolled_up) > 1 else 'was'} "
+                f"rolled up (`tbpipe retain`): this export needs {what}, which are gone; their counts remain "
+                "(-f pprof or -f collapsed export them)"
+            )
 
     # ------------------------------------------------------------------------------ frames
 
@@ -338,7 +419,11 @@ class ExportSource:
             ORDER BY k.location_id, f.chain_depth
             """,
         )
-        return StackLocations(_locations(frames), _grouped(slots, "stack_id", "location_id", "location_ids"))
+        located = StackLocations(_locations(frames), _grouped(slots, "stack_id", "location_id", "location_ids"))
+        if self.frames == "all":
+            return located
+        prefixes = [r[0] for r in query_rows(self.con, "SELECT prefix FROM user_code WHERE origin = 'tbpipe'")]
+        return focused_locations(located, self.frames, focus.rules_from(prefixes))
 
     def stack_sites(self) -> pa.Table:
         """stack_id, site: the call site of every chosen stack as `file:line:function` (NULL when it has none)."""

@@ -1,4 +1,5 @@
-"""`tbpipe show`: one event, stack or call site with its combined traceback (`format_frames`)."""
+"""`tbpipe show`: one event, stack or call site with its combined traceback (`format_frames`), focused
+by a mode of `stacks.focus` (program, python, native, all)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,26 @@ from rich.console import Console
 
 from tbpipe.pipeline.db import read
 from tbpipe.pipeline.reports.units import format_duration
+from tbpipe.pipeline.stacks import focus
 from tbpipe.pipeline.stacks.render import format_frames
 
 
-def _traceback(console: Console, con: Any, stack_id: int) -> None:
-    console.print(format_frames(read.stack_frames(con, stack_id)), highlight=False, markup=False, soft_wrap=True)
+def focused_text(con: Any, frames: list[dict[str, Any]], mode: str) -> str:
+    """`format_frames` of the frames `mode` shows; the start-up frames folded into one line."""
+    if mode == "all":
+        return format_frames(frames)
+    rules = focus.rules_from(
+        r[0] for r in con.execute("SELECT prefix FROM user_code WHERE origin = 'tbpipe'").fetchall()
+    )
+    lines = []
+    for frame in focus.focus_frames(frames, mode, rules):
+        lines.append(frame.text if isinstance(frame, focus.StartUp) else format_frames([frame]))
+    return "\n".join(lines)
+
+
+def _traceback(console: Console, con: Any, stack_id: int, mode: str = focus.DEFAULT_MODE) -> None:
+    text = focused_text(con, read.stack_frames(con, stack_id), mode)
+    console.print(text, highlight=False, markup=False, soft_wrap=True)
 
 
 _NOUNS = {"kernel": "kernel", "memcpy": "copy", "memset": "set", "sync": "synchronization"}
@@ -39,7 +55,7 @@ def _print_gpu_time(console: Console, times: list[read.GpuTime]) -> None:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
-def show_event(con: Any, event_id: int, console: Console) -> None:
+def show_event(con: Any, event_id: int, console: Console, mode: str = focus.DEFAULT_MODE) -> None:
     info = read.event(con, event_id)
     thread = f"{info.thread_id}" + (f" ({info.thread_name})" if info.thread_name else "")
     console.print(f"# event {info.event_id}: {info.kind} {info.name}", highlight=False, markup=False, soft_wrap=True)
@@ -61,7 +77,7 @@ def show_event(con: Any, event_id: int, console: Console) -> None:
     note = _enclosing_op_note(con, info)
     if note:
         console.print(note, highlight=False, markup=False, soft_wrap=True)
-    _traceback(console, con, info.stack_id)
+    _traceback(console, con, info.stack_id, mode)
 
 
 def _enclosing_op_note(con: Any, info: read.EventInfo) -> str | None:
@@ -83,7 +99,7 @@ def _enclosing_op_note(con: Any, info: read.EventInfo) -> str | None:
     return f"{called_by}; Python code ran between the two ops, so it has a stack of its own"
 
 
-def show_forward_of_event(con: Any, event_id: int, console: Console) -> None:
+def show_forward_of_event(con: Any, event_id: int, console: Console, mode: str = focus.DEFAULT_MODE) -> None:
     """A backward event sited at its forward op: the event, then the forward op's traceback."""
     info = read.event(con, event_id)
     forward = read.forward_op(con, event_id)
@@ -99,17 +115,18 @@ def show_forward_of_event(con: Any, event_id: int, console: Console) -> None:
         console.print("# no stack was recorded for the forward op", highlight=False, markup=False)
         return
     console.print(f"# stack {forward.stack_id} (the forward op's)", highlight=False, markup=False)
-    _traceback(console, con, forward.stack_id)
+    _traceback(console, con, forward.stack_id, mode)
 
 
-def show_stack(con: Any, stack_id: int, console: Console) -> None:
+def show_stack(con: Any, stack_id: int, console: Console, mode: str = focus.DEFAULT_MODE) -> None:
     frames = read.stack_frames(con, stack_id)
-    console.print(f"# stack {stack_id}: {len(frames)} frames, innermost first", highlight=False, markup=False)
+    shown = "" if mode == "all" else f" ({mode} frames shown)"
+    console.print(f"# stack {stack_id}: {len(frames)} frames, innermost first{shown}", highlight=False, markup=False)
     _print_gpu_time(console, read.stack_gpu_time(con, stack_id))
-    console.print(format_frames(frames), highlight=False, markup=False, soft_wrap=True)
+    console.print(focused_text(con, frames, mode), highlight=False, markup=False, soft_wrap=True)
 
 
-def show_site(con: Any, site_key: str, limit: int, console: Console) -> None:
+def show_site(con: Any, site_key: str, limit: int, console: Console, mode: str = focus.DEFAULT_MODE) -> None:
     info = read.site(con, site_key, limit)
     where = f"{info.file or '??'}:{info.line if info.line is not None else '?'}:{info.function}"
     kind = "user frame" if info.is_user else "no user frame; innermost symbolized frame"
@@ -130,4 +147,4 @@ def show_site(con: Any, site_key: str, limit: int, console: Console) -> None:
             soft_wrap=True,
         )
         _print_gpu_time(console, read.stack_gpu_time(con, entry.stack_id))
-        _traceback(console, con, entry.stack_id)
+        _traceback(console, con, entry.stack_id, mode)

@@ -1,0 +1,61 @@
+"""`-` means standard output for every `--out`/`-o` that names a file; `tbpipe query`'s narrow layout."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import TBPIPE
+from rich.console import Console
+
+from tbpipe.pipeline.commands.query import write_table
+
+
+@pytest.fixture(scope="module")
+def nights(tmp_path_factory, symbol_cache):
+    from support.serve import environment, nights_database
+
+    env = environment(symbol_cache)
+    return nights_database(tmp_path_factory.getbasetemp(), env), env
+
+
+def run(env: dict, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([*TBPIPE, *args], capture_output=True, cwd=cwd, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr.decode()
+    return done
+
+
+def test_dash_is_standard_output(nights, tmp_path: Path) -> None:
+    db, env = nights
+    report = run(env, tmp_path, "report", "--db", str(db), "--candidate", "commit=c4", "--baseline", "commit=c3",
+                 "--format", "json", "--out", "-")  # fmt: skip
+    assert json.loads(report.stdout)["verdict"].startswith("3 regressions")
+    html = run(env, tmp_path, "report", "--db", str(db), "--candidate", "commit=c4", "--baseline", "commit=c3",
+               "--format", "html", "-o", "-")  # fmt: skip
+    assert html.stdout.startswith(b"<!DOCTYPE html>")
+    pprof = run(env, tmp_path, "export", "--db", str(db), "--run", "latest", "-f", "pprof", "--out", "-")
+    assert gzip.decompress(pprof.stdout)  # a whole gzip stream on standard output
+    query = run(env, tmp_path, "query", "--db", str(db), "-f", "csv", "-o", "-", "SELECT count(*) AS n FROM runs")
+    assert query.stdout.decode().split() == ['"n"', "4"]
+    assert not (tmp_path / "-").exists()  # no file named '-' anywhere
+
+
+def test_query_picks_a_narrow_layout_on_a_narrow_terminal() -> None:
+    import pyarrow as pa
+
+    result = pa.table({"function": ["a_rather_long_function_name" * 2], "file": ["/srv/app/model.py"], "line": [12]})
+    narrow = Console(width=40, force_terminal=True, record=True, color_system=None)
+    write_table(result, narrow, 10)
+    text = narrow.export_text()
+    assert text.startswith("-- row 1 ") and "line      12\n" in text and "file      /srv/app/model.py\n" in text
+    assert "a_rather_long_function_name" * 2 in text.replace("\n", "")  # wrapped, whole
+    assert "┃" not in text  # not a folded table
+    wide = Console(width=200, force_terminal=True, record=True, color_system=None)
+    write_table(result, wide, 10)
+    assert "┃" in wide.export_text()
+    piped = Console(width=40, force_terminal=False, record=True, color_system=None)
+    write_table(result, piped, 10)
+    assert "┃" in piped.export_text()  # a pipe keeps the table (scripts read --format csv)
