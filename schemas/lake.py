@@ -14,6 +14,10 @@ Layout, one folder per table under the lake's root:
     <lake>/site_counts/run_number=<n>/part-*.parquet
     <lake>/runs/part-*.parquet, <lake>/stacks/...       the other tables, unpartitioned
 
+A run rolled up by `tbpipe retain --lake` has no events, GPU activity, event counts or site counts
+partitions; its counts are in `rolled_up_counts` (and `rolled_up_threads`, `rolled_up_forward_counts`)
+partitions, and `runs.rolled_up_at` says so (the views read each run from one side, by that column).
+
 Tables of kind RUN are keyed by run (a re-ingested run replaces its rows); tables of kind CONTENT
 are keyed by a content id (rows are only ever added, each key once); WHOLE tables are small and
 rewritten as a whole.
@@ -96,6 +100,7 @@ TABLES: dict[str, LakeTable] = {
                 ("parts", pa.string()),
                 ("ingested_at", _TS),
                 ("manifest", pa.string()),  # JSON
+                ("rolled_up_at", _TS),  # NULL while the run keeps its events (`tbpipe retain`)
             ],
             doc="one row per ingested run, from its manifest",
         ),
@@ -303,6 +308,42 @@ TABLES: dict[str, LakeTable] = {
             ],
             partitioned=True,
             doc="GPU time per run, launch name and stack (lake export only)",
+        ),
+        _table(
+            "rolled_up_counts",
+            RUN,
+            (PARTITION,),
+            [
+                ("stack_id", pa.int64()),
+                ("name_id", pa.int64()),
+                ("thread", pa.int32()),  # the thread's number in its run (`rolled_up_threads`)
+                ("run_number", pa.int64()),
+                ("events", pa.int64()),
+            ],
+            partitioned=True,
+            doc="events of rolled-up runs counted per run, kind/name, stack and thread (`tbpipe retain`)",
+        ),
+        _table(
+            "rolled_up_threads",
+            RUN,
+            (PARTITION,),
+            [("run_number", pa.int64()), ("thread", pa.int32()), ("thread_id", pa.int64())],
+            partitioned=True,
+            doc="the threads of each rolled-up run, numbered in the order of their first events",
+        ),
+        _table(
+            "rolled_up_forward_counts",
+            RUN,
+            (PARTITION,),
+            [
+                ("run_number", pa.int64()),
+                ("name_id", pa.int64()),
+                ("stack_id", pa.int64()),
+                ("forward_stack_id", pa.int64()),
+                ("events", pa.int64()),
+            ],
+            partitioned=True,
+            doc="backward events of rolled-up runs counted per own stack and forward op's stack",
         ),
         _table(
             "sites",

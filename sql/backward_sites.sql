@@ -19,6 +19,7 @@
 -- Events the session left out (sampling, the per-stack limit) leave gaps: a backward op whose
 -- forward op was not recorded has no forward site (NULL), nor has AccumulateGrad (no forward op).
 -- @requires events
+-- @requires counts
 
 -- The forward op of each autograd sequence number in each run: the last op recorded with that
 -- (seq_thread, seq).
@@ -171,18 +172,46 @@ LEFT JOIN sites own_site ON own_site.site_id = own.site_id
 LEFT JOIN stack_sites fwd ON fwd.stack_id = b.forward_stack_id
 LEFT JOIN sites forward_site ON forward_site.site_id = fwd.site_id;
 
--- `event_counts` with backward work counted at its forward op: each event whose forward op was
+-- The backward events whose forward op was recorded, counted per run, name, own stack and forward
+-- op's stack: what `--site-of forward` moves from one stack to the other. Computed from the events
+-- of a run that keeps them, read from `rolled_up_forward_counts` for a rolled-up one.
+-- @column run_number        `runs.run_number`
+-- @column name_id           `event_names.name_id`
+-- @column stack_id          the event's own stack
+-- @column forward_stack_id  its forward op's stack
+-- @column events            number of events
+CREATE OR REPLACE VIEW backward_forward_counts AS
+SELECT r.run_number, n.name_id, b.stack_id, b.forward_stack_id, count(*)::BIGINT AS events
+FROM backward_forward_ops b
+JOIN runs r ON r.run_id = b.run_id AND r.rolled_up_at IS NULL
+JOIN event_names n ON n.kind = b.kind AND n.name = b.name
+WHERE b.forward_stack_id IS NOT NULL
+GROUP BY r.run_number, n.name_id, b.stack_id, b.forward_stack_id
+UNION ALL
+SELECT c.run_number, c.name_id, c.stack_id, c.forward_stack_id, c.events
+FROM rolled_up_forward_counts c
+JOIN runs r ON r.run_number = c.run_number AND r.rolled_up_at IS NOT NULL;
+
+-- `run_stack_counts` with backward work counted at its forward op: each event whose forward op was
 -- recorded counts under that op's stack instead of its own (`tbpipe report --site-of forward`).
--- Computed from every event when read, where `event_counts` is kept by the ingest.
 -- @column run_number  `runs.run_number`
 -- @column name_id     `event_names.name_id`
 -- @column stack_id    the event's own stack, or its forward op's
 -- @column events      number of events
 CREATE OR REPLACE VIEW event_counts_at_forward AS
-SELECT e.run_number, e.name_id, coalesce(b.forward_stack_id, e.stack_id) AS stack_id, count(*)::BIGINT AS events
-FROM event_rows e
-LEFT JOIN backward_forward_ops b ON b.event_id = e.event_id AND b.forward_stack_id IS NOT NULL
-GROUP BY ALL;
+WITH moved AS MATERIALIZED (
+    SELECT * FROM backward_forward_counts
+)
+SELECT run_number, name_id, stack_id, sum(events)::BIGINT AS events
+FROM (
+    SELECT run_number, name_id, stack_id, events FROM run_stack_counts
+    UNION ALL
+    SELECT run_number, name_id, stack_id, -events FROM moved
+    UNION ALL
+    SELECT run_number, name_id, forward_stack_id, events FROM moved
+)
+GROUP BY run_number, name_id, stack_id
+HAVING sum(events) <> 0;
 
 -- `site_counts` from `event_counts_at_forward`: backward work at the site of its forward op.
 -- @column run_number    `runs.run_number`

@@ -12,6 +12,7 @@
 -- file (`site_identity_key`): never by an absolute path or an address.
 -- @requires user_code
 -- @requires stacks
+-- @requires counts
 
 -- Key of a call site by what it means, 16 hex digits. A Python site: its file relative to its
 -- import root, its function's qualified name, and its line as an offset from the function's first
@@ -119,7 +120,8 @@ SELECT
         AS site_key
 FROM located;
 
--- Events per run, kind, name and call site, with where the site was in that run.
+-- Events per run, kind, name and call site, with where the site was in that run (rolled-up runs
+-- too: `run_site_counts`).
 -- @column run_id              `runs.run_id`
 -- @column kind                event kind
 -- @column name                event name (kernel, op, ...)
@@ -142,7 +144,7 @@ SELECT
     t.site_key,
     t.portable_file AS site_portable_file,
     p.site_is_user
-FROM site_counts p
+FROM run_site_counts p
 JOIN runs r USING (run_number)
 JOIN event_names n USING (name_id)
 LEFT JOIN sites t USING (site_id);

@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
             None, "--label", "-l", help="Only runs with this KEY=VALUE label; repeatable."
         ),
     ) -> None:
-        """List the ingested runs, oldest first, with their labels."""
+        """List the ingested runs, oldest first, with their labels (and when `tbpipe retain` rolled them up)."""
         from tbpipe.pipeline.db import open_database, read
 
         con = open_database(db, read_only=True)
@@ -36,6 +36,7 @@ def register(app: typer.Typer) -> None:
         table.add_column("run", no_wrap=True)
         table.add_column("started (UTC)", no_wrap=True)
         table.add_column("complete", no_wrap=True)
+        table.add_column("rolled up", no_wrap=True)
         table.add_column("events", justify="right", no_wrap=True)
         table.add_column("stacks", justify="right", no_wrap=True)
         table.add_column("host:pid", overflow="fold")
@@ -47,6 +48,7 @@ def register(app: typer.Typer) -> None:
                 row["run_id"],
                 started,
                 "yes" if row["complete"] else "[yellow]no[/]",
+                row["rolled_up_at"].strftime("%Y-%m-%d") if row["rolled_up_at"] else "",
                 f"{row['events']:,}",
                 f"{row['stacks']:,}",
                 escape(f"{row['host']}:{row['pid']}"),

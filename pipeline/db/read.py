@@ -20,6 +20,10 @@ class NotFoundError(UsageError):
     """An event, stack or call site the database does not have."""
 
 
+class RolledUpError(NotFoundError):
+    """Something that needs a run's events, asked of a run `tbpipe retain` rolled up (its counts stay)."""
+
+
 def _native_name(function: str | None, module: str | None, address: int | None) -> str:
     if function:
         return function
@@ -60,6 +64,7 @@ class Lookups:
         self._names: dict[int, tuple[str, str]] = {}
         self._generated: dict[str, bool] = {}
         self._runs: dict[int, tuple] = {}
+        self._rolled_up: bool | None = None
 
     @staticmethod
     def _fill(kept: dict, wanted: Any, fetch: Any) -> dict:
@@ -89,6 +94,46 @@ class Lookups:
             return {row[0]: row[1:] for row in lookup(con, "runs", columns, "run_number", missing)}
 
         return self._fill(self._runs, run_numbers, fetch)
+
+    def any_rolled_up(self, con: Any) -> bool:
+        """Whether `tbpipe retain` rolled up any run (then counts are read from its tables too)."""
+        if self._rolled_up is None:
+            self._rolled_up = any_rolled_up(con)
+        return self._rolled_up
+
+
+def any_rolled_up(con: Any) -> bool:
+    return bool(query_rows(con, "SELECT 1 FROM runs WHERE rolled_up_at IS NOT NULL LIMIT 1"))
+
+
+def _literals(values: Any) -> str:
+    """Integers as a literal list for `IN (...)`: a constant filter reaches a table's zone maps
+    through the views of sql/counts.sql, where a parameter list or a join would not."""
+    return ", ".join(str(int(v)) for v in values) or "NULL"
+
+
+def stack_counts(con: Any, stack_ids: list[int], lookups: Lookups | None = None) -> list[tuple[int, int, int]]:
+    """(stack_id, name_id, events) rows of these stacks, a row per run and name, in every run: the
+    ingest's `event_counts` through its index, and the rolled-up runs' counts (`rolled_up_stack_counts`,
+    whose blocks are sorted by stack), the same rows as `run_stack_counts`."""
+    rows = lookup(con, "event_counts", "stack_id, name_id, events", "stack_id", stack_ids)
+    if stack_ids and (lookups or Lookups()).any_rolled_up(con):
+        rows += query_rows(
+            con,
+            f"SELECT stack_id, name_id, events FROM rolled_up_stack_counts WHERE stack_id IN ({_literals(stack_ids)})",
+        )
+    return rows
+
+
+def site_run_counts(con: Any, site_id: int, lookups: Lookups | None = None) -> list[tuple]:
+    """(run_number, name_id, events, site_file, site_line) of a site in every run that has it: the
+    ingest's `site_counts` through its index, and the rolled-up runs' (`rolled_up_site_counts`), the
+    same rows as `run_site_counts`."""
+    columns = "run_number, name_id, events::BIGINT, site_file, site_line"
+    rows = lookup(con, "site_counts", columns, "site_id", [site_id])
+    if (lookups or Lookups()).any_rolled_up(con):
+        rows += query_rows(con, f"SELECT {columns} FROM rolled_up_site_counts WHERE site_id = ?", [site_id])
+    return rows
 
 
 def _frames_by_id(con: Any, frame_ids: set[int], lookups: Lookups) -> dict[int, tuple]:
@@ -167,6 +212,22 @@ def event(con: Any, event_id: int) -> EventInfo:
         [event_id],
     )
     if not rows:
+        rolled = query_rows(
+            con,
+            """
+            SELECT r.run_id, strftime(r.rolled_up_at AT TIME ZONE 'UTC', '%Y-%m-%d %H:%M UTC')
+            FROM rolled_up_runs u JOIN runs r USING (run_number)
+            WHERE ? BETWEEN u.first_event_id AND u.last_event_id AND r.rolled_up_at IS NOT NULL
+            """,
+            [event_id],
+        )
+        if rolled:
+            run_id, when = rolled[0]
+            raise RolledUpError(
+                f"event {event_id} was an event of run {run_id}, rolled up on {when} (`tbpipe retain`): its events "
+                "are gone, its counts per stack and site remain (`tbpipe report`, `tbpipe show --site`, "
+                "`tbpipe export -f pprof`)"
+            )
         raise NotFoundError(f"no event {event_id} in the database")
     return EventInfo(*rows[0])
 
@@ -336,7 +397,7 @@ def site(con: Any, site_key: str, limit: int, lookups: Lookups | None = None) ->
     events: dict[int, int] = {}
     names: dict[int, set[int]] = {}
     stack_ids = [stack_id for stack_id, _ in members]
-    for stack_id, name_id, count in lookup(con, "event_counts", "stack_id, name_id, events", "stack_id", stack_ids):
+    for stack_id, name_id, count in stack_counts(con, stack_ids, lookups):
         events[stack_id] = events.get(stack_id, 0) + count
         names.setdefault(stack_id, set()).add(name_id)
     heaviest = sorted(events, key=lambda stack_id: (-events[stack_id], stack_id))[:limit]
@@ -404,7 +465,7 @@ def runs(con: Any, labels: dict[str, str] | None = None) -> list[dict[str, Any]]
         -- As UTC wall-clock times: a TIMESTAMPTZ fetched into Python needs pytz with DuckDB 1.x.
         SELECT run_id, started_at AT TIME ZONE 'UTC', ended_at AT TIME ZONE 'UTC', complete, host, pid, argv, labels,
                events, stacks, new_stacks,
-               python_version, torch_version, ingest_notes
+               python_version, torch_version, ingest_notes, rolled_up_at AT TIME ZONE 'UTC'
         FROM runs
         {"WHERE " + " AND ".join(where) if where else ""}
         ORDER BY started_at, run_id
@@ -426,5 +487,6 @@ def runs(con: Any, labels: dict[str, str] | None = None) -> list[dict[str, Any]]
         "python_version",
         "torch_version",
         "ingest_notes",
+        "rolled_up_at",  # when `tbpipe retain` let its events go (UTC); None while it has them
     )
     return [dict(zip(keys, row)) for row in rows]

@@ -71,6 +71,9 @@ def _maps(con: Any) -> dict[str, pa.Table]:
 _FIRST_EVENTS = "(SELECT run_number, min(event_id) AS first FROM event_rows GROUP BY ALL)"
 
 
+_ROLLED = "WHERE t.run_number IN (SELECT run_number FROM runs WHERE rolled_up_at IS NOT NULL)"
+
+
 def _in_run(column: str, first: str = "f.first") -> str:
     return f"t.{column} - {first} + 1"
 
@@ -128,6 +131,21 @@ def _queries() -> dict[str, str]:
             "event_counts", {"run_number": run, "name_id": name, "stack_id": stack}, "event_counts t"
         ),
         "site_counts": _select("site_counts", {"run_number": run, "name_id": name, "site_id": site}, "site_counts t"),
+        # Rolled-up runs' counts (`tbpipe retain`), of the runs rolled up (not of one ingested again since).
+        "rolled_up_counts": _select(
+            "rolled_up_counts", {"run_number": run, "name_id": name, "stack_id": stack}, f"rolled_up_counts t {_ROLLED}"
+        ),
+        "rolled_up_threads": _select("rolled_up_threads", {"run_number": run}, f"rolled_up_threads t {_ROLLED}"),
+        "rolled_up_forward_counts": _select(
+            "rolled_up_forward_counts",
+            {
+                "run_number": run,
+                "name_id": name,
+                "stack_id": stack,
+                "forward_stack_id": "(SELECT new FROM map_stacks m WHERE m.old = t.forward_stack_id)",
+            },
+            f"rolled_up_forward_counts t {_ROLLED}",
+        ),
         "sites": _select("sites", {"site_id": site}, "sites t"),
         "stack_sites": _select("stack_sites", {"stack_id": stack, "site_id": site}, "stack_sites t"),
         "source_files": _select("source_files", {}, "source_files t"),

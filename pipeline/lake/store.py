@@ -148,18 +148,32 @@ def duckdb_type(type_: pa.DataType) -> str:
     raise LakeError(f"no DuckDB type for {type_}")
 
 
+def _stored_columns(table: LakeTable, files: list[Path]) -> tuple[set[str], bool] | None:
+    """The columns an unpartitioned table's files hold, and whether some file lacks one of them: a
+    lake written before a column was added (`runs.rolled_up_at`) reads it as NULL. None: not looked at."""
+    if table.partitioned or not files:
+        return None
+    import pyarrow.parquet as pq
+
+    held = [set(pq.read_schema(path).names) for path in files]
+    every = set().union(*held)
+    return every, any(names != every for names in held)
+
+
 def table_view_sql(root: Path, table: LakeTable) -> str:
     """SELECT over a lake table's files (or over no rows, when it has none), in its columns and types."""
+    files = data_files(table_dir(root, table.name))
+    stored = _stored_columns(table, files)
     columns = []
     for field_ in table.schema:
-        expression = f"CAST({field_.name} AS {duckdb_type(field_.type)})"
-        if (table.name, field_.name) in _JSON_COLUMNS:
-            expression = f"CAST({field_.name} AS JSON)"
-        columns.append(f"{expression} AS {field_.name}")
+        type_ = "JSON" if (table.name, field_.name) in _JSON_COLUMNS else duckdb_type(field_.type)
+        if stored is not None and field_.name not in stored[0]:
+            columns.append(f"CAST(NULL AS {type_}) AS {field_.name}")
+        else:
+            columns.append(f"CAST({field_.name} AS {type_}) AS {field_.name}")
     derived = _DERIVED_COLUMNS.get(table.name)
     if derived:
         columns.append(f"{derived[1]} AS {derived[0]}")
-    files = data_files(table_dir(root, table.name))
     if not files:
         nulls = ", ".join(
             f"CAST(NULL AS {'JSON' if (table.name, f.name) in _JSON_COLUMNS else duckdb_type(f.type)}) AS {f.name}"
@@ -169,6 +183,8 @@ def table_view_sql(root: Path, table: LakeTable) -> str:
         return f"SELECT {nulls}{extra} WHERE false"
     pattern = str(table_dir(root, table.name).resolve()) + ("/*/*.parquet" if table.partitioned else "/*.parquet")
     options = "hive_partitioning = true"
+    if stored is not None and stored[1]:
+        options += ", union_by_name = true"
     if table.partitioned:
         options += f", hive_types = {{'{PARTITION}': BIGINT}}"
     return f"SELECT {', '.join(columns)} FROM read_parquet({sql_text(pattern)}, {options})"

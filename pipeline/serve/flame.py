@@ -212,8 +212,9 @@ def _tree(
 
 def _weights(cursor: Any, run_numbers: list[int], kinds: list[str] | None, name: str | None) -> tuple[list, float]:
     """The heaviest (kind, name, stack_id, events) rows of these runs, and the events of all of them."""
-    where = ["c.run_number IN (SELECT unnest(?::INTEGER[]))"]
-    params: list[Any] = [run_numbers]
+    # The runs as literals: a constant filter reaches the rolled-up runs' blocks (sql/counts.sql).
+    where = [f"c.run_number IN ({', '.join(str(int(n)) for n in run_numbers) or 'NULL'})"]
+    params: list[Any] = []
     if kinds:
         where.append("list_contains(?, n.kind)")
         params.append(list(kinds))
@@ -224,7 +225,7 @@ def _weights(cursor: Any, run_numbers: list[int], kinds: list[str] | None, name:
         cursor,
         f"""
         SELECT n.kind, n.name, c.stack_id, sum(c.events)::DOUBLE AS events, sum(sum(c.events)) OVER ()::DOUBLE AS total
-        FROM event_counts c JOIN event_names n USING (name_id)
+        FROM run_stack_counts c JOIN event_names n USING (name_id)
         WHERE {" AND ".join(where)}
         GROUP BY ALL
         ORDER BY events DESC, c.stack_id

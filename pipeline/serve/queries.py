@@ -28,6 +28,9 @@ def _run_json(run: dict[str, Any]) -> dict[str, Any]:
     out["status"] = "complete" if run["complete"] else "incomplete"
     out["argv"] = list(run["argv"] or [])
     out["ingest_notes"] = list(run["ingest_notes"] or [])
+    # Rolled up by `tbpipe retain`: its counts stay, its events (and so its event pages) are gone.
+    out["rolled_up_at"] = _iso(run["rolled_up_at"])
+    out["rolled_up"] = run["rolled_up_at"] is not None
     return out
 
 
@@ -79,18 +82,22 @@ class SiteDirectory:
 
 
 def _counts(cursor: Any, run_ids: list[str] | None) -> dict[str, dict[str, int]]:
+    # The runs' numbers as literals: a constant filter reaches the rolled-up runs' blocks (sql/counts.sql).
+    where = ""
+    if run_ids is not None:
+        numbers = query_rows(cursor, "SELECT run_number FROM runs WHERE list_contains(?, run_id)", [run_ids])
+        where = f"WHERE c.run_number IN ({', '.join(str(int(n)) for (n,) in numbers) or 'NULL'})"
     rows = query_rows(
         cursor,
         f"""
         SELECT r.run_id, n.kind, sum(c.events)::BIGINT
-        FROM event_counts c
+        FROM run_stack_counts c
         JOIN event_names n USING (name_id)
         JOIN runs r USING (run_number)
-        {"WHERE c.run_number IN (SELECT run_number FROM runs WHERE list_contains(?, run_id))" if run_ids is not None else ""}
+        {where}
         GROUP BY ALL
         ORDER BY 1, 3 DESC
         """,
-        [run_ids] if run_ids is not None else None,
     )
     out: dict[str, dict[str, int]] = {run_id: {} for run_id in run_ids or []}
     for run_id, kind, events in rows:
@@ -139,7 +146,7 @@ def run(cursor: Any, run_id: str) -> dict[str, Any]:
         SELECT run_id, run_number, parent_run_id, started_at AT TIME ZONE 'UTC', ended_at AT TIME ZONE 'UTC', complete,
                host, pid, argv, cwd, labels, python_version, torch_version, cuda_version, tbpipe_version, sources,
                events_recorded, events_dropped, events, stacks, new_stacks, capture_errors, ingest_notes, source_dir,
-               ingested_at AT TIME ZONE 'UTC'
+               ingested_at AT TIME ZONE 'UTC', rolled_up_at AT TIME ZONE 'UTC'
         FROM runs WHERE run_id = ?
         """,
         [run_id],
@@ -149,10 +156,11 @@ def run(cursor: Any, run_id: str) -> dict[str, Any]:
     keys = (
         "run_id run_number parent_run_id started_at ended_at complete host pid argv cwd labels python_version "
         "torch_version cuda_version tbpipe_version sources events_recorded events_dropped events stacks new_stacks "
-        "capture_errors ingest_notes source_dir ingested_at"
+        "capture_errors ingest_notes source_dir ingested_at rolled_up_at"
     ).split()
     out = dict(zip(keys, rows[0]))
-    for key in ("started_at", "ended_at", "ingested_at"):
+    out["rolled_up"] = out["rolled_up_at"] is not None
+    for key in ("started_at", "ended_at", "ingested_at", "rolled_up_at"):
         out[key] = _iso(out[key])
     out["labels"] = dict(out["labels"] or {})
     out["status"] = "complete" if out["complete"] else "incomplete"
@@ -257,7 +265,7 @@ def _sites_page(
         cursor,
         f"""
         SELECT p.site_id, n.kind, n.name, p.site_file, p.site_line, p.events::BIGINT
-        FROM site_counts p JOIN event_names n USING (name_id)
+        FROM run_site_counts p JOIN event_names n USING (name_id)
         WHERE {" AND ".join(where)}
         ORDER BY {_SITES_ORDER}
         LIMIT {int(limit)} OFFSET {int(offset)}
@@ -346,15 +354,14 @@ def site_history(
     cursor: Any, site_key: str, limit: int, site_id: int | None = None, generation: tuple | None = None
 ) -> dict[str, Any]:
     """The site's events in every run that has it (oldest first), per event kind and name, and where it was."""
-    # The site's rows through its index (sql/migrations/007), then their runs and names.
-    counts = read.lookup(
-        cursor,
-        "site_counts",
-        "run_number, name_id, events::BIGINT, site_file, site_line",
-        "site_id",
-        [site_id if site_id is not None else read.site_id(cursor, site_key)],  # the caller may know it
-    )
+    # The site's rows through its index (sql/migrations/007) and from the rolled-up runs' blocks,
+    # then their runs and names.
     kept = lookups(generation)
+    counts = read.site_run_counts(
+        cursor,
+        site_id if site_id is not None else read.site_id(cursor, site_key),
+        kept,  # the caller may know it
+    )
     names = kept.event_names(cursor, {row[1] for row in counts})
     of_run = kept.runs(cursor, {row[0] for row in counts})
     rows = []

@@ -93,8 +93,22 @@ def _order(site: SiteChange) -> tuple:
 # ------------------------------------------------------------------------------------------ values
 
 
-# What the counts are read from, by `ReportRequest.site_of`: (events per stack, events per site).
-_COUNTS = {"own": ("event_counts", "site_counts"), "forward": ("event_counts_at_forward", "site_counts_at_forward")}
+# What the counts are read from, by `ReportRequest.site_of`: (events per stack, events per site), of
+# every run alike, rolled up or not (sql/counts.sql).
+_COUNTS = {
+    "own": ("run_stack_counts", "run_site_counts"),
+    "forward": ("event_counts_at_forward", "site_counts_at_forward"),
+}
+# Where a site was, among several runs' rows: the one with the most events, among equals the greatest
+# (file, line), so that the choice depends on the rows and not on the order they come in.
+_PLACE = "struct_pack(n := p.events, f := coalesce(p.site_file, ''), l := coalesce(p.site_line, -1))"
+
+
+def _run_numbers(con: Any, run_ids: list[str]) -> str:
+    """`run_number IN (...)`'s list for these runs, as literals: a constant filter reaches the count
+    tables' scans through the views (a join on the runs would count every rolled-up run first)."""
+    rows = query_rows(con, "SELECT run_number FROM runs WHERE list_contains(?, run_id)", [run_ids])
+    return ", ".join(str(int(row[0])) for row in rows) or "NULL"
 
 
 def _site_values(con: Any, sets: list[RunSet], request: ReportRequest) -> pa.Table:
@@ -112,6 +126,7 @@ def _site_values(con: Any, sets: list[RunSet], request: ReportRequest) -> pa.Tab
     if request.per is not None:
         where.append("NOT (c.kind = ? AND c.name = ?)")
         params += list(request.per)
+    numbers = _run_numbers(con, membership["run_id"].to_pylist())
     con.register("report_sets", membership)
     try:
         # `site_counts` holds each run's events per name and site: sum them over each set's runs.
@@ -120,13 +135,13 @@ def _site_values(con: Any, sets: list[RunSet], request: ReportRequest) -> pa.Tab
             f"""
             SELECT s.set_index, c.kind, c.name, t.site_key, sum(p.events)::DOUBLE AS events,
                    any_value(t.function) AS site_function, any_value(t.portable_file) AS site_portable_file,
-                   arg_max(p.site_file, p.events) AS site_file, arg_max(p.site_line, p.events) AS site_line
+                   arg_max(p.site_file, {_PLACE}) AS site_file, arg_max(p.site_line, {_PLACE}) AS site_line
             FROM {_COUNTS[request.site_of][1]} p
             JOIN runs r USING (run_number)
             JOIN report_sets s ON s.run_id = r.run_id
             JOIN event_names c USING (name_id)
             LEFT JOIN sites t USING (site_id)
-            {"WHERE " + " AND ".join(where) if where else ""}
+            WHERE p.run_number IN ({numbers}) {"AND " + " AND ".join(where) if where else ""}
             GROUP BY s.set_index, c.kind, c.name, t.site_key
             """,
             params,
@@ -135,13 +150,13 @@ def _site_values(con: Any, sets: list[RunSet], request: ReportRequest) -> pa.Tab
             markers = dict(
                 query_rows(
                     con,
-                    """
+                    f"""
                     SELECT s.set_index, sum(c.events)::DOUBLE
-                    FROM event_counts c
+                    FROM run_stack_counts c
                     JOIN event_names n USING (name_id)
                     JOIN runs r USING (run_number)
                     JOIN report_sets s ON s.run_id = r.run_id
-                    WHERE n.kind = ? AND n.name = ?
+                    WHERE c.run_number IN ({numbers}) AND n.kind = ? AND n.name = ?
                     GROUP BY s.set_index
                     """,
                     list(request.per),
@@ -296,17 +311,16 @@ def _attach_tracebacks(con: Any, candidate: RunSet, sites: list[SiteChange], req
         heaviest = query_rows(
             con,
             f"""
-            SELECT n.kind, n.name, t.site_key, arg_max(c.stack_id, c.events) AS stack_id
+            SELECT n.kind, n.name, t.site_key,
+                   arg_max(c.stack_id, struct_pack(n := c.events, s := -c.stack_id)) AS stack_id
             FROM {_COUNTS[request.site_of][0]} c
-            JOIN runs r USING (run_number)
             JOIN event_names n USING (name_id)
             JOIN stack_sites ss USING (stack_id)
             JOIN sites t USING (site_id)
             SEMI JOIN report_wanted w ON w.kind = n.kind AND w.name = n.name AND w.site_key = t.site_key
-            WHERE list_contains(?, r.run_id)
+            WHERE c.run_number IN ({_run_numbers(con, candidate.run_ids)})
             GROUP BY n.kind, n.name, t.site_key
             """,
-            [candidate.run_ids],
         )
     finally:
         con.unregister("report_wanted")

@@ -1,0 +1,292 @@
+"""`tbpipe retain`: old runs rolled up (events gone, counts kept) read exactly as before.
+
+Five nights of two ranks are captured for real (a main thread and a loader thread, forward and
+backward ops linked by autograd sequence numbers, a night whose code changed) and ingested once;
+copies of that database are rolled up by the CLI, by a retain killed at its last moment, and by the
+service on its schedule, and every report, site history and count export of the rolled-up runs is
+compared with the same read of the database before.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+from conftest import TBPIPE
+
+from tbpipe.pipeline.db import IngestOptions, ingest_runs, open_database
+from tbpipe.pipeline.db.connection import query_rows
+from tbpipe.pipeline.db.retain import RetainPolicy, retain
+from tbpipe.pipeline.export import ExportFilter, export
+from tbpipe.pipeline.reports.regression import ReportRequest, compare
+from tbpipe.pipeline.serve import queries
+
+# Night N, rank R: `softmax` launches vary by night (a window's band), night 4 on adds a kernel at
+# the gemm site, backward ops (and a launch inside each) are linked to their forward ops.
+WORKLOAD = """
+import sys, threading
+from tbpipe import capture
+
+
+def gemms(night):
+    for name in ["gemm"] * 3 + (["gemm_splitk"] if night >= 4 else []):
+        capture.record("kernel_launch", name)  # the gemm site
+
+
+def softmaxes(n):
+    for _ in range(n):
+        capture.record("kernel_launch", "softmax")  # the softmax site
+
+
+def forward(step):
+    capture.record("op", "aten::mm", seq=step, seq_thread=1)  # the forward site
+
+
+def backward(step):
+    capture.record("op", "MmBackward0", bwd_seq=step, fwd_thread=1, bwd_node="MmBackward0")  # the backward site
+    capture.record("kernel_launch", "gemm_bwd")
+
+
+def loader(n):
+    for _ in range(n):
+        capture.record("kernel_launch", "copy")  # on a thread of its own
+
+
+for night in range(1, 6):
+    for rank in range(2):
+        labels = {"suite": "app", "commit": f"c{night}", "rank": str(rank)}
+        with capture.session(sys.argv[1], labels=labels):
+            capture.record("step", "train")
+            gemms(night)
+            softmaxes(4 + 4 * (night % 2) + rank)
+            for step in range(3):
+                forward(step)
+            for step in range(3):
+                backward(step)
+            thread = threading.Thread(target=loader, args=(2 + rank,), name="loader")
+            thread.start()
+            thread.join()
+"""
+
+POLICY = RetainPolicy(keep_runs=2, by=("rank",))  # nights 4 and 5 keep their events
+
+
+def tbpipe(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    full = dict(os.environ, COLUMNS="200", **(env or {}))
+    return subprocess.run([*TBPIPE, *args], capture_output=True, text=True, timeout=timeout, env=full)
+
+
+def rows(db: Path, sql: str, params: list | None = None) -> list[tuple]:
+    con = open_database(db, read_only=True)
+    try:
+        return query_rows(con, sql, params)
+    finally:
+        con.close()
+
+
+def snapshot(db: Path) -> dict[str, tuple]:
+    """Every table's row count and an order-independent hash of its rows."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        tables = [t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()]
+        return {t: con.execute(f"SELECT count(*), coalesce(sum(hash(x)), 0) FROM {t} x").fetchone() for t in tables}
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory, symbol_cache) -> Path:
+    """The ten runs captured and ingested: the database before any retain."""
+    root = tmp_path_factory.mktemp("retain")
+    script = root / "workload.py"
+    script.write_text(WORKLOAD)
+    runs = root / "runs"
+    result = subprocess.run([sys.executable, str(script), str(runs)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    db = root / "full.duckdb"
+    summary = ingest_runs([runs], IngestOptions(db_path=db, cache_dir=symbol_cache, progress=False, wait_s=30))
+    assert summary.ingested == 10, summary.outcomes
+    return db
+
+
+def copy(db: Path, to: Path) -> Path:
+    to.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(db, to)
+    return to
+
+
+@pytest.fixture(scope="module")
+def rolled(full, tmp_path_factory) -> tuple[Path, str]:
+    """A copy of the database rolled up by the CLI (nights 1-3), and what it printed."""
+    db = copy(full, tmp_path_factory.mktemp("rolled") / "rolled.duckdb")
+    result = tbpipe("retain", "--db", str(db), "--keep-runs", "2", "--by", "rank")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return db, result.stdout
+
+
+def run_ids(db: Path, rolled_up: bool) -> list[str]:
+    condition = "IS NOT NULL" if rolled_up else "IS NULL"
+    return [r[0] for r in rows(db, f"SELECT run_id FROM runs WHERE rolled_up_at {condition} ORDER BY run_number")]
+
+
+# ------------------------------------------------------------------------------------------ reads alike
+
+
+REPORTS = [
+    ReportRequest(candidate="latest", window=4, group_by="commit"),  # a window of mostly rolled-up nights
+    ReportRequest(candidate="latest:rank=0", window=4),
+    ReportRequest(candidate="commit=c5", baseline="commit=c1"),  # one rolled-up baseline, a group
+    ReportRequest(candidate="commit=c3", baseline="commit=c2"),  # both sides rolled up
+    ReportRequest(candidate="commit=c4", baseline="commit=c3", site_of="forward"),
+    ReportRequest(candidate="commit=c5", baseline="commit=c1", per=("step", "train")),
+    ReportRequest(candidate="latest", window=3, group_by="commit", site_of="forward"),
+]
+
+
+def reads(db: Path, rolled_up: list[str]) -> dict:
+    """Everything that reads counts, for the runs `rolled_up` and the reports over them."""
+    out: dict = {}
+    con = open_database(db, read_only=True)
+    try:
+        out["reports"] = [compare(con, request).to_json() for request in REPORTS]
+        keys = [k for (k,) in query_rows(con, "SELECT site_key FROM sites ORDER BY site_key")]
+        out["histories"] = {k: queries.site_history(con, k, 500) for k in keys}
+        out["sites"] = {k: queries.site(con, k, 5) for k in keys}
+        numbers = [
+            n for (n,) in query_rows(con, "SELECT run_number FROM runs WHERE list_contains(?, run_id)", [rolled_up])
+        ]
+        chosen = f"run_number IN ({', '.join(map(str, numbers))})"
+        for view in ("run_stack_counts", "run_site_counts", "run_thread_counts", "event_counts_at_forward",
+                     "site_counts_at_forward"):  # fmt: skip
+            out[view] = sorted(query_rows(con, f"SELECT * FROM {view} WHERE {chosen}"), key=repr)
+        out["call_sites"] = sorted(query_rows(con, "SELECT * FROM call_sites"), key=repr)
+        out["gpu_time_sites"] = sorted(query_rows(con, "SELECT * FROM gpu_time_sites"), key=repr)
+        out["run pages"] = {r: queries.run_sites(con, r, None, None, 50, 0) for r in rolled_up}
+        out["kinds"] = queries.counts_by_kind(con, rolled_up)
+        for fmt in ("pprof", "collapsed"):
+            for runs in [(r,) for r in rolled_up] + [tuple(rolled_up)]:
+                path = db.with_name(f"export-{len(out)}.{fmt}")
+                export(con, ExportFilter(runs), fmt, path)
+                out[f"{fmt} {runs}"] = path.read_bytes()
+                path.unlink()
+    finally:
+        con.close()
+    return out
+
+
+def test_counts_read_the_same_before_and_after_retain(full, rolled) -> None:
+    db, printed = rolled
+    gone = run_ids(db, rolled_up=True)
+    assert len(gone) == 6 and len(run_ids(db, rolled_up=False)) == 4
+    assert "rolled up 6 runs" in printed and "events" in printed
+    assert rows(db, "SELECT count(*) FROM event_rows WHERE run_number IN (SELECT run_number FROM runs "
+                    "WHERE rolled_up_at IS NOT NULL)") == [(0,)]  # fmt: skip
+    before, after = reads(full, gone), reads(db, gone)
+    assert before["reports"][3]["sites"] and before["run_thread_counts"]
+    # The backward work moved to the forward line, and the loader thread's own samples.
+    assert before["event_counts_at_forward"] != before["run_stack_counts"]
+    assert len({row[2] for row in before["run_thread_counts"]}) >= 4  # two threads in each of two processes
+    for key in before:
+        assert after[key] == before[key], key
+
+
+def test_kept_runs_keep_their_events_untouched(full, rolled) -> None:
+    db, _ = rolled
+    kept = run_ids(db, rolled_up=False)
+    for table, key in (("event_rows", "run_number"), ("event_counts", "run_number"), ("site_counts", "run_number")):
+        sql = f"SELECT * FROM {table} WHERE {key} IN (SELECT run_number FROM runs WHERE list_contains(?, run_id))"
+        assert sorted(rows(db, sql, [kept]), key=repr) == sorted(rows(full, sql, [kept]), key=repr), table
+    assert rows(db, "SELECT count(*) FROM event_rows")[0][0] > 0
+    assert rows(db, "SELECT count(*) FROM rolled_up_counts")[0][0] > 0  # read from the roll-up, not from leftovers
+
+
+def test_retain_again_changes_nothing_and_dry_run_changes_nothing(full, rolled, tmp_path) -> None:
+    db, _ = rolled
+    before = snapshot(db)
+    again = tbpipe("retain", "--db", str(db), "--keep-runs", "2", "--by", "rank")
+    assert again.returncode == 0, again.stderr
+    assert "nothing to roll up" in again.stdout and "6 rolled up before" in again.stdout
+    assert snapshot(db) == before
+
+    fresh = copy(full, tmp_path / "dry.duckdb")
+    untouched = snapshot(fresh)
+    dry = tbpipe("retain", "--db", str(fresh), "--keep-runs", "2", "--by", "rank", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would roll up 6 runs" in dry.stdout and "would be freed" in dry.stdout
+    assert all(run_id in dry.stdout for run_id in run_ids(db, rolled_up=True))
+    assert snapshot(fresh) == untouched
+
+
+KILLED_RETAIN = """
+import sys, time
+from pathlib import Path
+from tbpipe.pipeline.db.retain import RetainHooks, RetainPolicy, retain
+
+db, marker, release = sys.argv[1:4]
+
+
+def pause():
+    Path(marker).write_text("inside the transaction")
+    deadline = time.monotonic() + 300
+    while not Path(release).exists():
+        if time.monotonic() > deadline:
+            sys.exit("never released")
+        time.sleep(0.02)
+
+
+retain(db, RetainPolicy(keep_runs=2, by=("rank",)), hooks=RetainHooks(before_commit=pause))
+"""
+
+
+def test_a_killed_retain_loses_nothing(full, rolled, tmp_path) -> None:
+    db = copy(full, tmp_path / "killed.duckdb")
+    before = snapshot(db)
+    script, marker = tmp_path / "killed_retain.py", tmp_path / "marker"
+    script.write_text(KILLED_RETAIN)
+    child = subprocess.Popen([sys.executable, str(script), str(db), str(marker), str(tmp_path / "release")])
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert child.poll() is None, "the retain ended before its commit"
+            assert time.monotonic() < deadline, "the retain never reached its commit"
+            time.sleep(0.02)
+        child.send_signal(signal.SIGKILL)  # every change made, none committed
+    finally:
+        child.wait(30)
+    assert snapshot(db) == before
+    # The lock died with it; the next retain does the whole job, as the uninterrupted one did.
+    result = retain(db, POLICY, wait_s=30)
+    assert len(result.runs) == 6
+    done, expected = snapshot(db), snapshot(rolled[0])
+    assert {t: v for t, v in done.items() if t != "runs"} == {t: v for t, v in expected.items() if t != "runs"}
+    assert rows(db, "SELECT run_id, rolled_up_at IS NOT NULL FROM runs ORDER BY ALL") == rows(
+        rolled[0], "SELECT run_id, rolled_up_at IS NOT NULL FROM runs ORDER BY ALL"
+    )
+
+
+def test_what_needs_events_says_the_run_is_rolled_up(rolled, tmp_path) -> None:
+    db, _ = rolled
+    (first, last) = rows(db, "SELECT first_event_id, last_event_id FROM rolled_up_runs ORDER BY run_number LIMIT 1")[0]
+    run_id = run_ids(db, rolled_up=True)[0]
+    shown = tbpipe("show", "--db", str(db), "--event", str((first + last) // 2))
+    assert shown.returncode == 2
+    assert run_id in shown.stderr and "rolled up" in shown.stderr and "counts" in shown.stderr
+    trace = tmp_path / "trace.json"
+    refused = tbpipe("export", "--db", str(db), "--run", run_id, "-f", "chrome-trace", "-o", str(trace))
+    assert refused.returncode == 2 and "rolled up" in refused.stderr and not trace.exists()
+    kept = run_ids(db, rolled_up=False)[0]
+    assert tbpipe("export", "--db", str(db), "--run", kept, "-f", "chrome-trace", "-o", str(trace)).returncode == 0
+    listed = tbpipe("runs", "--db", str(db))
+    assert listed.returncode == 0
+    lines = {line.split()[1]: line for line in listed.stdout.splitlines() if line.startswith("│ 2")}
+    assert len(lines) == 10  # each run's line: the day it started, and the day it was rolled up
+    dated = {run_id for run_id, line in lines.items() if len(re.findall(r"\d{4}-\d\d-\d\d", line)) == 2}
+    assert dated == set(run_ids(db, rolled_up=True))
