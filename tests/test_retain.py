@@ -9,12 +9,15 @@ compared with the same read of the database before.
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -290,3 +293,132 @@ def test_what_needs_events_says_the_run_is_rolled_up(rolled, tmp_path) -> None:
     assert len(lines) == 10  # each run's line: the day it started, and the day it was rolled up
     dated = {run_id for run_id, line in lines.items() if len(re.findall(r"\d{4}-\d\d-\d\d", line)) == 2}
     assert dated == set(run_ids(db, rolled_up=True))
+
+
+# ------------------------------------------------------------------------------------------ the service
+
+
+@pytest.fixture(scope="module")
+def served(full, tmp_path_factory, symbol_cache):
+    """`tbpipe serve` over a copy of the database, rolling it up on its schedule (at its start)."""
+    from support.serve import Server, environment, wait_until
+
+    root = tmp_path_factory.mktemp("served")
+    db = copy(full, root / "served.duckdb")
+    token = root / "token.txt"
+    token.write_text("retain-test-token\n")
+    args = ("--retain-keep-runs", "2", "--retain-by", "rank", "--token-file", str(token), "--max-upload-mb", "8")
+    with Server(db, *args, env=environment(symbol_cache)) as server:
+        import httpx
+
+        def retained():
+            jobs = httpx.get(server.url + "/api/ingest", timeout=30).json()["jobs"]
+            return next((j for j in jobs if j["source"] == "retain" and j["status"] in ("done", "failed")), None)
+
+        job = wait_until(retained, timeout_s=120, what="the scheduled retain")
+        assert job["status"] == "done", job
+        server.retain_job = job
+        yield server
+    assert "Traceback" not in server.output()
+
+
+def test_the_service_rolls_up_on_its_schedule_and_lists_rolled_up_runs(served, full, rolled) -> None:
+    import httpx
+
+    assert served.retain_job["summary"].startswith("rolled up 6 runs")
+    listed = httpx.get(served.url + "/api/runs", params={"limit": 100}, timeout=30).json()["runs"]
+    assert len(listed) == 10
+    assert {r["run_id"] for r in listed if r["rolled_up"]} == set(run_ids(rolled[0], rolled_up=True))
+    con = open_database(full, read_only=True)
+    try:
+        for run in listed:
+            pages = httpx.get(served.url + f"/api/runs/{run['run_id']}/sites", timeout=30).json()["sites"]
+            assert pages == queries.run_sites(con, run["run_id"], None, None, 50, 0), run["run_id"]
+            assert run["counts"] == queries.counts_by_kind(con, [run["run_id"]])[run["run_id"]]
+        for (key,) in query_rows(con, "SELECT site_key FROM sites"):
+            history = httpx.get(served.url + f"/api/sites/{key}/history", timeout=30).json()
+            assert history == json.loads(json.dumps(queries.site_history(con, key, 500))), key
+    finally:
+        con.close()
+    one = httpx.get(served.url + f"/api/runs/{listed[-1]['run_id']}", timeout=30).json()
+    assert one["rolled_up"] and one["rolled_up_at"] and one["counts"]
+
+
+def _zeros_archive(megabytes: int) -> bytes:
+    """A tar.gz of one run-like folder whose only part is `megabytes` MB of zeros: a few tens of kB."""
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w:gz") as tar:
+        info = tarfile.TarInfo("run/events-000001.parquet")
+        info.size = megabytes << 20
+        tar.addfile(info, io.BytesIO(bytes(info.size)))
+    return packed.getvalue()
+
+
+def test_an_upload_past_the_expansion_cap_is_refused_and_leaves_nothing(served) -> None:
+    import httpx
+
+    archive = _zeros_archive(24)  # under the unpacked limit (32 MiB), far past 10 times its own size
+    assert len(archive) < 1 << 20
+    response = httpx.post(
+        served.url + "/api/runs",
+        content=archive,
+        headers={"authorization": "Bearer retain-test-token"},
+        timeout=60,
+    )
+    assert response.status_code == 413, response.text
+    assert "10 times the archive" in response.json()["error"] and "nothing was kept" in response.json()["error"]
+    uploads = served.db.with_name(served.db.name + ".uploads")
+    assert [p for p in uploads.rglob("*") if p.is_file()] == []
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium package is not installed (.ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+
+
+@pytest.mark.default_interpreter_only
+def test_rolled_up_runs_and_their_pages_in_the_browser(browser, served) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(f"console: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("response", lambda r: problems.append(f"{r.status}: {r.url}") if r.status >= 400 else None)
+    try:
+        page.goto(served.url + "/")
+        rows_ = page.locator("#runs tr.run")
+        assert rows_.count() == 10
+        marked = [i for i in range(10) if "rolled up" in rows_.nth(i).inner_text()]
+        assert marked == [4, 5, 6, 7, 8, 9]  # newest first: nights 3 to 1 are rolled up
+        page.screenshot(path=str(ARTIFACTS / "retain-runs.png"), full_page=True)
+
+        rows_.nth(9).locator("a.run-link").click()  # the oldest run
+        page.wait_for_url("**/runs/**")
+        assert "rolled up" in page.locator("dl.grid").inner_text()
+        page.wait_for_selector("#run-icicle .icicle-node[data-name='softmaxes']")
+        kernels = page.locator("#sites-kernel_launch tr.site")
+        assert kernels.first.inner_text().startswith("softmax")  # 8 launches on night 1, rank 0: the heaviest
+        page.screenshot(path=str(ARTIFACTS / "retain-run.png"), full_page=True)
+
+        kernels.first.locator("a.site-link").click()
+        page.wait_for_url("**/sites/**")
+        assert page.locator("#history tr").count() == 1 + 10  # every night's runs, rolled up or not
+        assert page.locator(".history svg rect").count() == 10
+        assert page.locator("details.traceback").count() >= 1
+        page.screenshot(path=str(ARTIFACTS / "retain-site.png"), full_page=True)
+    finally:
+        page.close()
+    assert problems == []

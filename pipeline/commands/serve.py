@@ -36,6 +36,34 @@ def register(app: typer.Typer) -> None:
         repo: Path | None = typer.Option(
             None, "--repo", help="Git repository the comparison's suspects are read from, as for tbpipe report."
         ),
+        max_unpacked_mb: int | None = typer.Option(
+            None, "--max-unpacked-mb", help="Most an upload may unpack to, in MiB (default: 4 x --max-upload-mb)."
+        ),
+        max_expansion: float = typer.Option(
+            10.0, "--max-expansion", help="Most bytes an upload may unpack to per byte of archive (0: no such limit)."
+        ),
+        retain_keep_runs: int | None = typer.Option(
+            None,
+            "--retain-keep-runs",
+            help="Roll up, on a schedule, all but the newest N runs of each --retain-by group.",
+        ),
+        retain_by: list[str] | None = typer.Option(
+            None,
+            "--retain-by",
+            help="Label grouping the runs for --retain-keep-runs; repeatable (as tbpipe retain --by).",
+        ),
+        retain_keep_days: float | None = typer.Option(
+            None, "--retain-keep-days", help="Roll up, on a schedule, the runs started more than D days ago."
+        ),
+        retain_every: float = typer.Option(24.0, "--retain-every", help="Hours between two scheduled retains."),
+        keep_quarantined_days: float | None = typer.Option(
+            None, "--keep-quarantined-days", help="On the schedule, delete quarantined uploads older than D days."
+        ),
+        delete_ingested: float | None = typer.Option(
+            None,
+            "--delete-ingested-runs-after-days",
+            help="On the schedule, delete run folders (watched, uploaded) ingested more than D days ago, unchanged since.",
+        ),
     ) -> None:
         """Serve the database: web UI, JSON API, and the ingest service (--watch, uploads)."""
         import logging
@@ -43,6 +71,7 @@ def register(app: typer.Typer) -> None:
         import uvicorn
 
         from tbpipe.pipeline.db import IngestOptions, resolve_db_path
+        from tbpipe.pipeline.db.retain import RetainPolicy
         from tbpipe.pipeline.serve import ServeConfig, create_app
         from tbpipe.pipeline.serve.security import read_token
 
@@ -50,6 +79,12 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--port {port}: not a port number")
         if idle < 0 or query_timeout <= 0 or query_rows < 1 or max_upload_mb < 1:
             raise UsageError("--idle, --query-timeout, --query-rows and --max-upload-mb must be positive")
+        if (max_unpacked_mb is not None and max_unpacked_mb < 1) or max_expansion < 0 or retain_every <= 0:
+            raise UsageError("--max-unpacked-mb and --retain-every must be positive, --max-expansion 0 or more")
+        retain = None
+        if retain_keep_runs is not None or retain_keep_days is not None or retain_by:
+            retain = RetainPolicy(retain_keep_runs, tuple(retain_by or ()), retain_keep_days)
+            retain.check()
         for folder in watch or []:
             if folder.exists() and not folder.is_dir():
                 raise UsageError(f"--watch {folder}: not a folder")
@@ -75,6 +110,12 @@ def register(app: typer.Typer) -> None:
             query_max_rows=query_rows,
             ingest=IngestOptions(debug_dirs=list(debug_dir or []), cache_dir=cache_dir),
             repo=repo.absolute() if repo is not None else None,
+            max_unpacked_bytes=max_unpacked_mb << 20 if max_unpacked_mb is not None else None,
+            max_expansion=max_expansion or None,
+            retain=retain,
+            retain_every_s=retain_every * 3600,
+            keep_quarantined_days=keep_quarantined_days,
+            delete_ingested_runs_after_days=delete_ingested,
         )
         app = create_app(config)
         # Opened here, so that a database another process holds is one clear line, not a failed start-up.

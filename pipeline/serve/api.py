@@ -317,8 +317,9 @@ def ingest_job(request: Request, job_id: str) -> dict[str, Any]:
         201: {"description": "ingested (with ?wait=)"},
         202: {"description": "accepted: the job URL tells the outcome"},
         401: {"description": "no or wrong token"},
-        413: {"description": "too large"},
+        413: {"description": "too large, or unpacks to too much"},
         422: {"description": "damaged run, quarantined"},
+        507: {"description": "not enough free disk to unpack it"},
     },
 )
 async def upload_run(
@@ -346,7 +347,7 @@ async def upload_run(
                 out.write(chunk)
         if size == 0:
             raise UploadRefused("empty upload: send the archive as the request body (curl --data-binary @run.tar)")
-        upload = await run_in_threadpool(receive, archive, config.uploads, config.unpacked_limit)
+        upload = await run_in_threadpool(receive, archive, config.uploads, config.unpacked_limit, config.max_expansion)
     finally:
         archive.unlink(missing_ok=True)
     job = service.ingest.submit(upload.run_dirs, "upload")

@@ -15,6 +15,7 @@ from tbpipe.pipeline.serve.cache import ResponseCache
 from tbpipe.pipeline.serve.config import ServeConfig
 from tbpipe.pipeline.serve.database import CLOSED, ServedDatabase
 from tbpipe.pipeline.serve.ingest import IngestService
+from tbpipe.pipeline.serve.retain import Retainer, folder_policy
 from tbpipe.pipeline.serve.security import SecurityHeaders, StaticFiles, is_loopback
 from tbpipe.pipeline.serve.warm import Warmer
 from tbpipe.pipeline.serve.watch import Watcher
@@ -30,6 +31,7 @@ class Service:
     watcher: Watcher | None
     static: StaticFiles
     warmer: Warmer
+    retainer: Retainer | None = None  # `--retain-*`: retention on a schedule
 
     def start(self) -> None:
         self.config.uploads.mkdir(parents=True, exist_ok=True)
@@ -39,9 +41,13 @@ class Service:
         self.warmer.start()
         if self.watcher is not None:
             self.watcher.start()
+        if self.retainer is not None:
+            self.retainer.start()
         log.info("serving %s on %s", self.config.db_path, self.config.base_url)
 
     def stop(self) -> None:
+        if self.retainer is not None:
+            self.retainer.stop()
         if self.watcher is not None:
             self.watcher.stop()
         self.warmer.stop()
@@ -57,7 +63,8 @@ def build_service(config: ServeConfig) -> Service:
     options = replace(config.ingest, db_path=config.db_path, progress=False, wait_s=config.open_wait_s)
     ingest = IngestService(database, options)
     watcher = Watcher(config.watch, ingest, config.idle_s, config.poll_s) if config.watch else None
-    return Service(config, database, ingest, watcher, StaticFiles(), Warmer(database))
+    retainer = Retainer(config, ingest) if config.retain is not None or folder_policy(config).active else None
+    return Service(config, database, ingest, watcher, StaticFiles(), Warmer(database), retainer)
 
 
 def service_of(request: Request) -> Service:

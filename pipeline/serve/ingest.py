@@ -1,7 +1,8 @@
 """The ingest service: one thread that loads runs into the database, the only writer while the service runs.
 
-Jobs come from the watcher (run folders that appeared or changed under `--watch` folders) and from
-uploads (`POST /api/runs`). Each job is one `ingest_runs` call, exactly what `tbpipe ingest` does
+Jobs come from the watcher (run folders that appeared or changed under `--watch` folders), from
+uploads (`POST /api/runs`) and from the retention schedule (`tbpipe serve --retain-*`: a task run in
+the writer's turn like an ingest, `retain.Retainer`). Each ingest job is one `ingest_runs` call, exactly what `tbpipe ingest` does
 (validation, quarantine, each run whole or not at all), inside `ServedDatabase.writing()`. Jobs are
 kept (the last `KEEP_JOBS`) so that `GET /api/ingest/jobs/{id}` can say what came of each run.
 """
@@ -37,7 +38,7 @@ def _now() -> str:
 @dataclass
 class IngestJob:
     job_id: str
-    source: str  # 'watch' or 'upload'
+    source: str  # 'watch', 'upload' or 'retain'
     paths: list[Path]
     status: str = QUEUED
     queued_at: str = field(default_factory=_now)
@@ -46,6 +47,8 @@ class IngestJob:
     error: str | None = None
     on_done: Callable[[IngestJob], None] | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    task: Callable[[], str] | None = None  # run instead of an ingest (the database writable): its summary
+    summary: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +58,7 @@ class IngestJob:
             "queued_at": self.queued_at,
             "finished_at": self.finished_at,
             "error": self.error,
+            "summary": self.summary,
             "runs": [
                 {
                     "path": str(o.path),
@@ -95,13 +99,21 @@ class IngestService:
     def submit(
         self, paths: Sequence[Path], source: str, on_done: Callable[[IngestJob], None] | None = None
     ) -> IngestJob:
-        job = IngestJob(f"{int(time.time())}-{next(self._counter)}", source, list(paths), on_done=on_done)
+        return self._queued(
+            IngestJob(f"{int(time.time())}-{next(self._counter)}", source, list(paths), on_done=on_done)
+        )
+
+    def _queued(self, job: IngestJob) -> IngestJob:
         with self._jobs_lock:
             self._jobs[job.job_id] = job
             while len(self._jobs) > KEEP_JOBS:
                 self._jobs.popitem(last=False)
         self._queue.put(job)
         return job
+
+    def submit_task(self, task: Callable[[], str], source: str) -> IngestJob:
+        """`task` run in the writer's turn, the database writable (a retain); its line is the job's summary."""
+        return self._queued(IngestJob(f"{int(time.time())}-{next(self._counter)}", source, [], task=task))
 
     def job(self, job_id: str) -> IngestJob | None:
         with self._jobs_lock:
@@ -123,10 +135,15 @@ class IngestService:
             job.status = RUNNING
             try:
                 with self.database.writing():
-                    summary = ingest_runs(job.paths, self.options, on_message=lambda text: log.info("%s", text))
-                job.outcomes = summary.outcomes
+                    if job.task is not None:
+                        job.summary = job.task()
+                    else:
+                        summary = ingest_runs(job.paths, self.options, on_message=lambda text: log.info("%s", text))
+                        job.outcomes = summary.outcomes
                 job.status = DONE
-                for outcome in summary.outcomes:
+                if job.summary:
+                    log.info("%s: %s", job.source, job.summary)
+                for outcome in job.outcomes:
                     if outcome.status == "quarantined":
                         log.warning("quarantined %s: %s", outcome.path, outcome.reason)
                     elif outcome.status != "present":

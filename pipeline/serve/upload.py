@@ -3,11 +3,14 @@
 An archive is a tar (plain, gzip, bzip2 or xz) or a zip holding one or more run folders. Unpacking
 writes only regular files and folders, each strictly inside the upload's own folder: an entry with
 an absolute name, a `..` part, a backslash or NUL, a link (symbolic or hard), a device or a FIFO
-refuses the whole archive, and so do more than `MAX_ENTRIES` entries or more than `max_unpacked`
-bytes unpacked (whatever the archive's headers claim). Each run folder is then checked with the
-ingest's own validation (`rawrun`: manifest, listed parts present, every part's footer, table,
-schema and version); a damaged run answers 422 naming the problem, and its upload is moved to
-`quarantine/` with the reason beside it.
+refuses the whole archive, and so do more than `MAX_ENTRIES` entries, more than `max_unpacked` bytes
+unpacked, or more than `max_expansion` times the archive's own size (a few MB of compressed zeros
+would otherwise fill the disk), whatever the archive's headers claim: the bytes are counted as they
+are written, and a refused archive leaves nothing on disk. An archive whose largest allowed unpacked
+size does not fit on the disk is refused before anything is unpacked (507). Each run folder is then
+checked with the ingest's own validation (`rawrun`: manifest, listed parts present, every part's
+footer, table, schema and version); a damaged run answers 422 naming the problem, and its upload is
+moved to `quarantine/` with the reason beside it (`tbpipe retain --keep-quarantined-days` ages those out).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from typing import BinaryIO
 from tbpipe.pipeline.rawrun import DamagedRunError, check_part, find_run_dirs, part_files, read_manifest
 
 MAX_ENTRIES = 10_000
+# Unpacked bytes per byte of archive at most: a run folder is zstd Parquet, which gzip or zip hardly
+# shrink further (its manifest, a few kB of JSON, shrinks more, but it is small).
+MAX_EXPANSION = 10.0
 _CHUNK = 1 << 20
 
 
@@ -64,11 +70,12 @@ def _entry_path(name: str) -> PurePosixPath:
 
 
 class _Writer:
-    """Writes entries under `root`, counting bytes against the unpacked limit."""
+    """Writes entries under `root`, counting bytes against the unpacked limit (`limit` says which it is)."""
 
-    def __init__(self, root: Path, max_unpacked: int):
+    def __init__(self, root: Path, max_unpacked: int, limit: str = "the limit"):
         self.root = root
         self.max_unpacked = max_unpacked
+        self.limit = limit
         self.written = 0
         self.entries = 0
 
@@ -101,7 +108,8 @@ class _Writer:
                 self.written += len(chunk)
                 if self.written > self.max_unpacked:
                     raise UploadRefused(
-                        f"the archive unpacks to more than {self.max_unpacked:,} bytes (the limit)", 413
+                        f"the archive unpacks to more than {self.max_unpacked:,} bytes ({self.limit}); nothing was kept",
+                        413,
                     )
                 out.write(chunk)
 
@@ -161,14 +169,31 @@ def archive_kind(head: bytes) -> str | None:
     return None
 
 
-def unpack(archive: Path, into: Path, max_unpacked: int) -> None:
+def unpack_limit(archive_bytes: int, max_unpacked: int, max_expansion: float | None) -> tuple[int, str]:
+    """The most bytes an archive of this size may unpack to, and which limit that is, in words."""
+    if max_expansion is not None and archive_bytes * max_expansion < max_unpacked:
+        limit = int(archive_bytes * max_expansion)
+        return limit, f"{max_expansion:g} times the archive's {archive_bytes:,} bytes, the most an archive may expand"
+    return max_unpacked, "the limit"
+
+
+def unpack(archive: Path, into: Path, max_unpacked: int, max_expansion: float | None = MAX_EXPANSION) -> None:
     with open(archive, "rb") as f:
         head = f.read(512)
     kind = archive_kind(head)
     if kind is None:
         raise UploadRefused("the upload is not a tar or zip archive (send a run folder as .tar, .tar.gz or .zip)", 415)
+    limit, which = unpack_limit(archive.stat().st_size, max_unpacked, max_expansion)
+    free = shutil.disk_usage(into.parent if into.parent.is_dir() else archive.parent).free
+    if free < limit:
+        raise UploadRefused(
+            f"the disk holding the uploads has {free:,} bytes free, less than the {limit:,} this archive may unpack "
+            f"to ({which}): free some space (tbpipe retain --keep-quarantined-days, "
+            "--delete-ingested-runs-after-days)",
+            507,
+        )
     into.mkdir(parents=True)
-    writer = _Writer(into, max_unpacked)
+    writer = _Writer(into, limit, which)
     try:
         (_unpack_zip if kind == "zip" else _unpack_tar)(archive, writer)
     except OSError as error:  # e.g. a file entry where an earlier entry made a folder
@@ -184,7 +209,7 @@ def validate_run(run_dir: Path) -> str:
     return manifest["run_id"]
 
 
-def receive(archive: Path, uploads: Path, max_unpacked: int) -> Upload:
+def receive(archive: Path, uploads: Path, max_unpacked: int, max_expansion: float | None = MAX_EXPANSION) -> Upload:
     """Unpacks `archive` into `uploads/<id>/` and validates every run folder in it.
 
     UploadRefused when the archive is refused (nothing kept) or a run is damaged (the upload kept
@@ -192,7 +217,7 @@ def receive(archive: Path, uploads: Path, max_unpacked: int) -> Upload:
     upload_id = new_upload_id()
     folder = uploads / upload_id
     try:
-        unpack(archive, folder, max_unpacked)
+        unpack(archive, folder, max_unpacked, max_expansion)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
