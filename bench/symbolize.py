@@ -3,6 +3,7 @@
     python bench/symbolize.py                 # 20k random libc + 100k random libpython addresses
     python bench/symbolize.py --quick         # 5k + 20k, for a smoke run
     python bench/symbolize.py --torch         # also libtorch_cpu.so (symbols only): time, peak memory
+    python bench/symbolize.py --debuginfod-only   # only the debuginfod comparison below
 
 Each address set is uniform over the module's executable segments (fixed seed). Every tool reads
 the same file of addresses on stdin and writes to a file; wall times are the best of --repeat
@@ -16,6 +17,10 @@ runs, measured in this run, and ratios are against binutils `addr2line -afiC` fr
 - tbpipe warm, new addresses: stored SymCache, addresses it has not seen (another seed)
 - bulk, known:  `Symbolizer.symbolize_arrow` / `symbolize_many` in this process on addresses the
                 store already knows (what an ingest of old modules costs), in addresses/s
+
+- debuginfod:   the cold libc run with its debug file downloaded from elfutils' `debuginfod`
+                on a loopback port (empty store, empty debuginfod cache, no local debug root)
+                against the same with the local debug file, as a ratio; both outputs must match
 
 Accuracy is checked against llvm-symbolizer (JSON output): the inline chain, file and line of
 every address. Targets: cold <= 1.5x binutils (goal 1.0x), warm <= 1.0x (goal 0.2x), bulk known
@@ -193,6 +198,48 @@ def _timed_call(call) -> float:
     return time.perf_counter() - start
 
 
+def bench_debuginfod(args, tbpipe: list[str], workdir: Path) -> list[str]:
+    """Cold libc with its debug file from a local debuginfod server against the local debug file."""
+    from support.debuginfod import DebuginfodServer, debuginfod_missing
+
+    from tbpipe.pipeline.symbols.elf import read_build_id
+
+    missing = debuginfod_missing()
+    if missing or not os.path.exists(LIBC):
+        return [f"debuginfod: skipped ({missing or LIBC + ' not found'})"]
+    build_id = read_build_id(LIBC)
+    debug_file = Path("/usr/lib/debug/.build-id") / build_id[:2] / f"{build_id[2:]}.debug"
+    if not debug_file.exists():
+        return [f"debuginfod: skipped ({debug_file} not found: Debian's libc6-dbg)"]
+    served = workdir / "served"
+    served.mkdir()
+    shutil.copy(debug_file, served / debug_file.name)
+    address_file = workdir / "debuginfod-libc.txt"
+    address_file.write_text("".join(f"{a:#x}\n" for a in sample_code_addresses(LIBC, args.libc_count, seed=1)))
+    command = tbpipe + ["addr2line", "-afiC", "-e", LIBC]
+    lines = []
+    with DebuginfodServer(served, workdir / "server") as server:
+        walls: dict[str, list[float]] = {"local": [], "server": []}
+        for attempt in range(args.repeat):
+            for place in ("local", "server"):  # alternately, so that both see the same machine
+                fresh = workdir / f"debuginfod-{place}-{attempt}"
+                env = dict(os.environ, DEBUGINFOD_CACHE_PATH=str(fresh / "debuginfod"))
+                where = ["--offline"] if place == "local" else ["--debug-root", str(fresh), "--debuginfod", server.url]
+                argv = command + ["--cache-dir", str(fresh / "store"), *where]
+                wall, _rss = timed(argv, address_file, workdir / f"debuginfod-{place}.out", env=env)
+                walls[place].append(wall)
+        same = (workdir / "debuginfod-local.out").read_bytes() == (workdir / "debuginfod-server.out").read_bytes()
+        downloads = server.requests()
+    local, remote = min(walls["local"]), min(walls["server"])
+    size = debug_file.stat().st_size / 1e6
+    lines.append(
+        f"debuginfod: cold libc, {args.libc_count:,} addresses, best of {args.repeat}: local debug file "
+        f"{local:.3f} s, downloaded from the local server ({size:.1f} MB) {remote:.3f} s: "
+        f"{remote / local:.2f}x the local file; outputs identical: {same}; files served: {downloads}"
+    )
+    return lines
+
+
 def bench_torch(args, tbpipe: list[str], workdir: Path) -> list[tuple]:
     try:
         import torch  # noqa: F401
@@ -229,6 +276,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=None)
     parser.add_argument("--quick", action="store_true", help="5k libc + 20k libpython addresses, one run each")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--debuginfod-only", action="store_true", help="only cold libc from a local debuginfod server vs the local file"
+    )
     args = parser.parse_args()
     if args.quick:
         args.libc_count, args.python_count, args.repeat = 5_000, 20_000, 1
@@ -238,15 +288,17 @@ def main() -> None:
     tbpipe = tbpipe_command()
     workdir = Path(tempfile.mkdtemp(prefix="tbpipe-bench-"))
     rows: list[tuple] = []
+    notes: list[str] = []
     try:
         targets = [("libc", LIBC, args.libc_count), ("libpython3.11", LIBPYTHON, args.python_count)]
-        for name, module, count in targets:
+        for name, module, count in [] if args.debuginfod_only else targets:
             if not os.path.exists(module):
                 rows.append((name, f"skipped: {module} not found", None, 0))
                 continue
             rows.extend(bench_module(name, module, count, args, tbpipe, workdir))
         if args.torch:
             rows.extend(bench_torch(args, tbpipe, workdir))
+        notes.extend(bench_debuginfod(args, tbpipe, workdir))
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -272,7 +324,10 @@ def main() -> None:
             f"{rss / 1024:.0f}" if rss else "",
             f"{rate / 1e6:.2f}M" if rate else "",
         )
-    Console(width=150).print(table)
+    if rows:
+        Console(width=150).print(table)
+    for note in notes:
+        print(note)
     print(
         f"(tbpipe command: {' '.join(tbpipe)}; {os.cpu_count()} CPUs; peak RSS of this process "
         f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB)"
