@@ -27,7 +27,7 @@ from conftest import TBPIPE
 
 from tbpipe.pipeline.db import IngestOptions, ingest_runs, open_database
 from tbpipe.pipeline.db.connection import query_rows
-from tbpipe.pipeline.db.retain import RetainPolicy, retain
+from tbpipe.pipeline.db.retain import FolderPolicy, RetainPolicy, age_out_folders, retain
 from tbpipe.pipeline.export import ExportFilter, export
 from tbpipe.pipeline.reports.regression import ReportRequest, compare
 from tbpipe.pipeline.serve import queries
@@ -422,3 +422,109 @@ def test_rolled_up_runs_and_their_pages_in_the_browser(browser, served) -> None:
     finally:
         page.close()
     assert problems == []
+
+
+# ------------------------------------------------------------------------------------------ folders
+
+
+def test_old_quarantined_uploads_and_ingested_run_folders_are_aged_out(full, tmp_path) -> None:
+    db = copy(full, tmp_path / "folders.duckdb")
+    runs = sorted(Path(r[0]) for r in rows(db, "SELECT source_dir FROM runs"))
+    watched = tmp_path / "watched"
+    shutil.copytree(runs[0].parent, watched)  # the runs, as a watched folder holds them
+    con = duckdb.connect(str(db))
+    try:  # the runs as ingested from there, a week ago
+        con.execute("UPDATE runs SET source_dir = replace(source_dir, ?, ?)", [str(runs[0].parent), str(watched)])
+        con.execute("UPDATE runs SET ingested_at = now() - INTERVAL 7 DAYS")
+    finally:
+        con.close()
+    moved = watched / runs[1].name
+    (moved / "events-000009.parquet").write_bytes((moved / "manifest.json").read_bytes())  # written since: kept
+    manifest = json.loads((moved / "manifest.json").read_text())
+    manifest["files"].setdefault("events", []).append("events-000009.parquet")
+    (moved / "manifest.json").write_text(json.dumps(manifest))
+    uploads = tmp_path / "folders.duckdb.uploads"
+    old, recent = uploads / "quarantine" / "20260101T000000-aaaa", uploads / "quarantine" / "20261206T000000-bbbb"
+    for folder in (old, recent):
+        folder.mkdir(parents=True)
+        (folder / "reason.txt").write_text("damaged\n")
+    os.utime(old / "reason.txt", (time.time() - 10 * 86400,) * 2)
+
+    dry = tbpipe(
+        "retain", "--db", str(db), "--keep-quarantined-days", "5", "--delete-ingested-runs-after-days", "3",
+        "--runs-dir", str(watched), "--dry-run",
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.count("would delete ingested run folder") == 9 and "would delete quarantined upload" in dry.stdout
+    assert old.exists() and len(list(watched.iterdir())) == 10
+    done = tbpipe(
+        "retain", "--db", str(db), "--keep-quarantined-days", "5", "--delete-ingested-runs-after-days", "3",
+        "--runs-dir", str(watched),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert not old.exists() and recent.exists()
+    assert sorted(p.name for p in watched.iterdir()) == [moved.name]
+    assert all(r.exists() for r in runs)  # not under --runs-dir: never touched
+    # Nothing is old enough under a longer limit; and the rule needs its folders.
+    again = age_out_folders(None, FolderPolicy(uploads=uploads, keep_quarantined_days=30))
+    assert again == []
+    refused = tbpipe("retain", "--db", str(db), "--delete-ingested-runs-after-days", "3")
+    assert refused.returncode == 2 and "--runs-dir" in refused.stderr
+
+
+# ------------------------------------------------------------------------------------------ the lake
+
+
+@pytest.fixture(scope="module")
+def lakes(full, rolled, tmp_path_factory) -> tuple[Path, Path]:
+    """(the full database exported and then rolled up as a lake, the rolled-up database exported)."""
+    root = tmp_path_factory.mktemp("lakes")
+    for db, lake in ((full, root / "retained"), (rolled[0], root / "exported")):
+        result = tbpipe("lake", "export", "--db", str(db), "--lake", str(lake))
+        assert result.returncode == 0, result.stderr
+    result = tbpipe("retain", "--lake", str(root / "retained"), "--keep-runs", "2", "--by", "rank")
+    assert result.returncode == 0 and "rolled up 6 runs" in result.stdout, result.stdout + result.stderr
+    return root / "retained", root / "exported"
+
+
+LAKE_READS = {
+    view: f"SELECT * FROM {view}"
+    for view in ("run_stack_counts", "run_site_counts", "run_thread_counts", "call_sites", "event_counts_at_forward")
+}
+LAKE_READS["runs"] = "SELECT run_id, rolled_up_at IS NOT NULL FROM runs"
+
+
+def test_the_lake_rolls_up_as_the_database_does(lakes, rolled) -> None:
+    from tbpipe.pipeline.lake import store
+
+    retained, exported = lakes
+    for lake in lakes:
+        assert len(list((lake / "event_rows").iterdir())) == 4 and len(list((lake / "rolled_up_counts").iterdir())) == 6
+    cons = [store.connect(lake) for lake in lakes]
+    try:
+        for name, sql in LAKE_READS.items():
+            answers = [sorted(con.execute(sql).fetchall(), key=repr) for con in cons]
+            assert answers[0] == answers[1] and answers[0], name
+        db_sites = sorted(r[1:] for r in rows(rolled[0], "SELECT run_id, kind, name, site_key, events FROM call_sites"))
+        assert sorted(cons[0].execute("SELECT kind, name, site_key, events FROM call_sites").fetchall()) == db_sites
+    finally:
+        for con in cons:
+            con.close()
+    again = tbpipe("retain", "--lake", str(retained), "--keep-runs", "2", "--by", "rank")
+    assert again.returncode == 0 and "nothing to roll up" in again.stdout
+
+
+def test_spark_reads_a_rolled_up_lake_as_duckdb_does(lakes, spark) -> None:
+    from tbpipe.pipeline.lake import store
+    from tbpipe.pipeline.lake.sparksql import register_lake
+
+    retained = lakes[0]
+    register_lake(spark, retained)
+    con = store.connect(retained)
+    try:
+        for name in ("run_site_counts", "run_thread_counts", "call_sites"):
+            in_duckdb = sorted(con.execute(LAKE_READS[name]).fetchall(), key=repr)
+            in_spark = sorted((tuple(row) for row in spark.sql(LAKE_READS[name]).collect()), key=repr)
+            assert in_spark == in_duckdb and in_duckdb, name
+    finally:
+        con.close()
