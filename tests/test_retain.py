@@ -24,6 +24,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from conftest import TBPIPE
+from test_gpu_activity import double_library, workload  # noqa: F401 - fixtures: a run with GPU activity, ingested
 
 from tbpipe.pipeline.db import IngestOptions, ingest_runs, open_database
 from tbpipe.pipeline.db.connection import query_rows
@@ -528,3 +529,28 @@ def test_spark_reads_a_rolled_up_lake_as_duckdb_does(lakes, spark) -> None:
             assert in_spark == in_duckdb and in_duckdb, name
     finally:
         con.close()
+
+
+# ------------------------------------------------------------------------------------------ GPU time
+
+
+GPU_READS = {
+    "gpu_time_sites": "SELECT * FROM gpu_time_sites",
+    "memcpy_sites": "SELECT * FROM memcpy_sites",
+    "stack_gpu_time": "SELECT * FROM stack_gpu_time",
+    "call_sites": "SELECT * FROM call_sites",
+}
+
+
+def test_gpu_time_per_site_outlives_the_events(workload, tmp_path) -> None:  # noqa: F811
+    _result, run, con = workload
+    (source,) = [row[2] for row in con.execute("PRAGMA database_list").fetchall() if row[2]]
+    db = copy(Path(source), tmp_path / "gpu.duckdb")
+    before = {name: sorted(rows(db, sql), key=repr) for name, sql in GPU_READS.items()}
+    assert before["gpu_time_sites"] and rows(db, "SELECT count(*) FROM gpu_activity")[0][0] > 0
+    result = retain(db, RetainPolicy(keep_runs=0), wait_s=30)
+    assert [r.run_id for r in result.runs] == [run.manifest["run_id"]] and result.runs[0].gpu_records > 0
+    assert rows(db, "SELECT count(*) FROM gpu_activity") == [(0,)] and rows(
+        db, "SELECT count(*) FROM event_gpu_time"
+    ) == [(0,)]
+    assert {name: sorted(rows(db, sql), key=repr) for name, sql in GPU_READS.items()} == before
