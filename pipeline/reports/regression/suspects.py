@@ -169,8 +169,8 @@ def _attach(
             "the suspects are the commits only the candidate has"
         )
     history.commits = repo.commit_count(baseline, candidate) if baseline != candidate else 0
-    for run_set, side_states in ((candidate_set, states), (base_set, states)):
-        dirty = sorted(r for r in run_set.run_ids if side_states.get(r, {}).get("dirty") is True)
+    for run_set in (candidate_set, base_set):
+        dirty = [r for r in run_set.run_ids if states.get(r, {}).get("dirty") is True]
         if dirty:
             history.warnings.append(
                 f"{len(dirty)} run{'s' if len(dirty) > 1 else ''} of {run_set.name} ran with uncommitted changes: "
@@ -245,12 +245,17 @@ def _repository(
     return next((repo for repo in found if any(repo.commit(r) for r in revisions)), found[0])
 
 
+def _recorded(run_set: RunSet, states: dict[str, dict[str, Any]]) -> list[str]:
+    """The commits a side's runs were captured at, as the capture read them."""
+    return sorted({states[r]["commit"] for r in run_set.run_ids if states.get(r, {}).get("commit")})
+
+
 def _side_revisions(run_set: RunSet, states: dict[str, dict[str, Any]]) -> list[str]:
     """What names a side's commit: its `commit` label, then the revision its runs recorded."""
     revisions = []
     if run_set.labels.get("commit"):
         revisions.append(run_set.labels["commit"])
-    recorded = sorted({states[r]["commit"] for r in run_set.run_ids if states.get(r, {}).get("commit")})
+    recorded = _recorded(run_set, states)
     if len(recorded) == 1:
         revisions.append(recorded[0])
     return revisions
@@ -263,7 +268,7 @@ def _side_commit(
         commit = repo.commit(revision)
         if commit is not None:
             return commit
-    recorded = sorted({states[r]["commit"] for r in run_set.run_ids if states.get(r, {}).get("commit")})
+    recorded = _recorded(run_set, states)
     label = run_set.labels.get("commit")
     if not label and not recorded:
         history.note = (
@@ -274,7 +279,8 @@ def _side_commit(
         history.note = f"the {role} {run_set.name} was captured at {len(recorded)} different commits"
     else:
         names = [n for n in dict.fromkeys([*([label] if label else []), *recorded[:1]]) if n not in run_set.name]
-        history.note = f"the {role} {run_set.name}: {repo.root} has no {'commit ' + ' or '.join(names) if names else 'such commit'}"
+        what = f"commit {' or '.join(names)}" if names else "such commit"
+        history.note = f"the {role} {run_set.name}: {repo.root} has no {what}"
         if repo.is_shallow():
             history.note += " (a shallow clone: `git fetch --unshallow` brings the history)"
     return None
@@ -298,8 +304,6 @@ def _stacks(con: Any, wanted: list[tuple[Any, str]], run_ids: list[str]) -> dict
     out: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for source in dict.fromkeys(table for _, table in wanted):
         chosen = [(i, s) for i, (s, table) in enumerate(wanted) if table == source]
-        if not chosen:
-            continue
         keys = pa.table(
             {
                 "i": pa.array([i for i, _ in chosen], pa.int64()),
@@ -393,7 +397,8 @@ class _Paths:
         for root in self.roots:
             if file.startswith(root.rstrip("/") + "/"):
                 relative = file[len(root.rstrip("/")) + 1 :]
-                return relative if relative in self.tracked else None
+                if relative in self.tracked:
+                    return relative
         if frame.kind == "native":  # a build folder elsewhere: a path of at least two parts the tree has
             suffix = self._longest_suffix(file)
             return suffix if suffix is not None and "/" in suffix else None
@@ -413,20 +418,58 @@ class _Target:
     native_function: str | None = None  # native body: hunks git places in this function
 
 
+@dataclass(frozen=True)
+class _Scope:
+    """A function or class of a file: its first line (its first decorator's), last line, first body line."""
+
+    start: int
+    end: int
+    body: int
+
+
+@dataclass
+class _Outline:
+    """What a Python file's regions are made of, read from its syntax tree once."""
+
+    scopes: list[_Scope]
+    statements: list[tuple[int, int]]  # each statement's lines (a compound statement's header only)
+    module: frozenset[int]  # the lines of top-level statements other than definitions
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _outline(source: bytes) -> _Outline | None:
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):  # newer syntax than this interpreter's, or not Python
+        return None
+    scopes, statements = [], []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.stmt):
+            continue
+        end = node.end_lineno or node.lineno
+        first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+        body = getattr(node, "body", None)
+        compound = isinstance(body, list) and body and isinstance(body[0], ast.stmt)
+        if isinstance(node, _SCOPES):
+            inline = not compound or body[0].lineno == node.lineno  # `def f(): ...` on one line
+            scopes.append(_Scope(first, end, end + 1 if inline else body[0].lineno))
+        statements.append((node.lineno, body[0].lineno - 1) if compound else (node.lineno, end))
+    module = frozenset(
+        line
+        for node in tree.body
+        if not isinstance(node, _SCOPES)
+        for line in range(node.lineno, (node.end_lineno or node.lineno) + 1)
+    )
+    return _Outline(scopes, [(a, b) for a, b in statements if a <= b], module)
+
+
 class _Regions:
-    """The regions of frames in the files of one commit (Python parsed with `ast`, once per file)."""
+    """The regions of frames in the files of one commit (Python files outlined with `ast`, once each)."""
 
     def __init__(self, repo: Repository, commit: str, python_paths: list[str]):
-        self.sources = repo.contents(commit, python_paths)
-        self.trees: dict[str, ast.Module | None] = {}
-
-    def _tree(self, path: str) -> ast.Module | None:
-        if path not in self.trees:
-            try:
-                self.trees[path] = ast.parse(self.sources[path]) if path in self.sources else None
-            except (SyntaxError, ValueError):  # newer syntax than this interpreter's, or not Python
-                self.trees[path] = None
-        return self.trees[path]
+        self.outlines = {path: _outline(source) for path, source in repo.contents(commit, python_paths).items()}
 
     def targets(self, path: str, frame: _Frame) -> list[_Target]:
         if frame.line is None:
@@ -437,12 +480,11 @@ class _Regions:
             if name:
                 out.append(_Target(path, frozenset([frame.line]), FUNCTION, name))
             return out
-        tree = self._tree(path)
-        if tree is None:
+        outline = self.outlines.get(path)
+        if outline is None:
             return [_Target(path, frozenset([frame.line]), LINE)]
-        body = _body(tree, frame)
-        line = _statement(tree, frame.line)
-        return [_Target(path, line, LINE), _Target(path, body | line, FUNCTION)]
+        line = _statement(outline, frame.line)
+        return [_Target(path, line, LINE), _Target(path, _body(outline, frame) | line, FUNCTION)]
 
 
 def _native_name(function: str | None) -> str | None:
@@ -462,58 +504,31 @@ def _native_name(function: str | None) -> str | None:
     return name or None
 
 
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-
-
-def _start(node: ast.AST) -> int:
-    return min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
-
-
-def _body(tree: ast.Module, frame: _Frame) -> frozenset[int]:
+def _body(outline: _Outline, frame: _Frame) -> frozenset[int]:
     """The lines of the frame's function that run when it runs: its lines less the bodies of the
     functions and classes defined inside it; for a module's frame, its top-level statements other
     than definitions (a function added to the module is not a change to what the module runs)."""
-    scope: ast.AST = tree
-    lines = {
-        line
-        for node in tree.body
-        if not isinstance(node, _SCOPES)
-        for line in range(_start(node), (node.end_lineno or node.lineno) + 1)
-    }
-    if frame.function != "<module>":
-        containing = [
-            node
-            for node in ast.walk(tree)
-            if isinstance(node, _SCOPES) and _start(node) <= frame.line <= (node.end_lineno or node.lineno)
-        ]
-        exact = [n for n in containing if frame.first_line is not None and _start(n) == frame.first_line]
-        chosen = exact or containing
-        if not chosen:
-            return frozenset([frame.line])
-        scope = min(chosen, key=lambda n: (n.end_lineno or n.lineno) - _start(n))
-        lines = set(range(_start(scope), (scope.end_lineno or scope.lineno) + 1))
-    for node in ast.walk(scope):
-        if node is not scope and isinstance(node, _SCOPES) and node.body and node.body[0].lineno > node.lineno:
-            lines -= set(range(node.body[0].lineno, (node.end_lineno or node.lineno) + 1))
+    if frame.function == "<module>":
+        return outline.module
+    containing = [s for s in outline.scopes if s.start <= frame.line <= s.end]
+    exact = [s for s in containing if s.start == frame.first_line]  # co_firstlineno: the first decorator's
+    if not (exact or containing):
+        return frozenset([frame.line])
+    scope = min(exact or containing, key=lambda s: s.end - s.start)
+    lines = set(range(scope.start, scope.end + 1))
+    for inner in outline.scopes:
+        if inner != scope and scope.start <= inner.start and inner.end <= scope.end:
+            lines.difference_update(range(inner.body, inner.end + 1))
     return frozenset(lines)
 
 
-def _statement(tree: ast.Module, line: int) -> frozenset[int]:
+def _statement(outline: _Outline, line: int) -> frozenset[int]:
     """The lines of the innermost statement at `line` (for a compound statement, its header)."""
-    best: tuple[int, int] | None = None
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.stmt) or not node.lineno <= line <= (node.end_lineno or node.lineno):
-            continue
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
-            span = (node.lineno, body[0].lineno - 1)
-            if not span[0] <= line <= span[1]:
-                continue
-        else:
-            span = (node.lineno, node.end_lineno or node.lineno)
-        if best is None or span[1] - span[0] < best[1] - best[0]:
-            best = span
-    return frozenset(range(best[0], best[1] + 1)) if best else frozenset([line])
+    spans = [(a, b) for a, b in outline.statements if a <= line <= b]
+    if not spans:
+        return frozenset([line])
+    first, last = min(spans, key=lambda span: span[1] - span[0])
+    return frozenset(range(first, last + 1))
 
 
 # ------------------------------------------------------------------------------------------ following regions
@@ -629,12 +644,15 @@ def _explain(
     files = sorted(set(named.values()))
     if not files:
         return
-    regions = _Regions(repo, commit, sorted({p for f, p in named.items() if f.kind == "python"}))
-    targets_of = {frame: regions.targets(path, frame) for frame, path in named.items()}
     commits = repo.first_parent_commits(baseline, candidate, files)
     lead = None
     if not backwards and commits and commits[0].parents and commits[0].parents[0] != baseline:
         lead = {p: d.hunks for p, d in repo.diff(baseline, commits[0].parents[0], files).items()}
+    # Only the frames of files the range changed can have suspects: only those files are read and parsed.
+    changed = {path for c in commits for path in c.files}
+    named = {frame: path for frame, path in named.items() if path in changed}
+    regions = _Regions(repo, commit, sorted({p for f, p in named.items() if f.kind == "python"}))
+    targets_of = {frame: regions.targets(path, frame) for frame, path in named.items()}
     hits = _follow({t for ts in targets_of.values() for t in ts}, commits, backwards, lead)
     for index, (site, _) in enumerate(wanted):
         site.suspects = _rank(stacks.get(index, []), frames, named, targets_of, hits, commits)
