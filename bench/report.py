@@ -12,17 +12,26 @@ sites and adds a few new ones. Then times, each best of --repeat:
   - the in-process phases of the window comparison, to say what dominates.
 The anchor is DuckDB's own scan of the same event counts (a sum per site over the window) in the
 same run: the floor for any report that reads them.
+
+Suspects: a git repository is built beside the database (the 200 files the frames name, a function
+every ten lines, --commits commits a night, each night's last one tagged with its commit label, the
+candidate night's changing the doubled sites' functions), and both reports are timed with suspects
+read from it (`--repo`) and without (`--no-suspects`), with the in-process suspects step alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+FILES, LINES = 200, 420  # the frames' files (model/layer_K.py) and their length
 
 
 def parse_args() -> argparse.Namespace:
@@ -32,6 +41,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sites", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "tbpipe-bench-report")
+    parser.add_argument("--commits", type=int, default=4, help="commits a night in the suspects' repository")
     parser.add_argument("--quick", action="store_true", help="5 nights x 4 ranks")
     args = parser.parse_args()
     if args.quick:
@@ -80,7 +90,7 @@ def build(path: Path, nights: int, ranks: int, sites: int) -> None:
     con.execute(
         """
         INSERT INTO frames BY NAME
-        SELECT row_number() OVER () AS frame_id, hash(s.i, d.depth) AS frame_hash,
+        SELECT row_number() OVER (ORDER BY s.i, d.depth) AS frame_id, hash(s.i, d.depth) AS frame_hash,
                CASE WHEN d.depth < 2 THEN 'python' ELSE 'native' END AS kind,
                CASE d.depth WHEN 0 THEN 'site_' || s.i WHEN 1 THEN 'train_step' ELSE 'cudaLaunchKernel' END AS function,
                CASE WHEN d.depth < 2 THEN '/builds/1/repo/model/layer_' || (s.i % 200) || '.py' END AS file,
@@ -142,6 +152,50 @@ def build(path: Path, nights: int, ranks: int, sites: int) -> None:
     con.close()
 
 
+def build_repository(path: Path, nights: int, commits: int) -> None:
+    """The repository the frames' files come from: night N's last commit tagged nN (its commit label)."""
+    if path.exists():
+        shutil.rmtree(path)
+    (path / "model").mkdir(parents=True)
+    env = dict(
+        os.environ, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1", GIT_AUTHOR_NAME="bench",
+        GIT_AUTHOR_EMAIL="bench@example.com", GIT_COMMITTER_NAME="bench", GIT_COMMITTER_EMAIL="bench@example.com",
+    )  # fmt: skip
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=path, env=env, check=True, capture_output=True)
+
+    # A function every ten lines: `def f_M(x):` and nine statements.
+    files = [
+        [f"def f_{n // 10}(x):" if n % 10 == 0 else f"    x = x + {n}" for n in range(LINES)] for _ in range(FILES)
+    ]
+
+    def write(indexes) -> None:
+        for k in indexes:
+            (path / "model" / f"layer_{k}.py").write_text("\n".join(files[k]) + "\n")
+
+    git("init", "-q", "-b", "main")
+    write(range(FILES))
+    git("add", "-A")
+    git("commit", "-q", "-m", "first")
+    draw = random.Random(7)
+    for night in range(1, nights + 1):
+        for c in range(commits):
+            # The candidate's first commit changes the doubled sites' functions (site k < 10: file k, line
+            # 10 + k, list index 9 + k), a statement of each.
+            if night == nights and c == 0:
+                changed = [(k, (9 + k) // 10 * 10 + 5) for k in range(10)]
+            else:
+                changed = [
+                    (draw.randrange(FILES), 1 + 10 * draw.randrange(LINES // 10) + draw.randrange(8)) for _ in range(5)
+                ]
+            for k, line in changed:
+                files[k][line] = files[k][line].rstrip("0123456789") + str(night * 100 + c)
+            write({k for k, _ in changed})
+            git("commit", "-q", "-a", "-m", f"night {night}, change {c}")
+        git("tag", f"n{night}")
+
+
 def best(repeat: int, run) -> float:
     times = []
     for _ in range(repeat):
@@ -149,6 +203,17 @@ def best(repeat: int, run) -> float:
         run()
         times.append(time.perf_counter() - started)
     return min(times)
+
+
+def best_of_pair(repeat: int, first, second) -> tuple[float, float]:
+    """The best time of each of two runs, taken in turns."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeat):
+        for run, out in ((first, times[0]), (second, times[1])):
+            started = time.perf_counter()
+            run()
+            out.append(time.perf_counter() - started)
+    return min(times[0]), min(times[1])
 
 
 def main() -> None:
@@ -162,6 +227,11 @@ def main() -> None:
         f"database: {args.nights} nights x {args.ranks} runs x {args.sites:,} sites = {runs * args.sites:,} "
         f"event-count rows, built in {time.perf_counter() - started:.1f} s"
     )
+    repo = args.work / "repo"
+    started = time.perf_counter()
+    build_repository(repo, args.nights, args.commits)
+    print(f"repository: {args.nights * args.commits + 1} commits over {FILES} files, built in "
+          f"{time.perf_counter() - started:.1f} s")  # fmt: skip
     candidate = f"commit=n{args.nights}"
     window = args.nights - 1
     tbpipe = [sys.executable, "-m", "tbpipe.pipeline", "report", "--db", str(db), "--candidate", candidate]
@@ -175,11 +245,13 @@ def main() -> None:
 
     first = cli("--baseline-window", str(window), "--group-by", "commit").stdout.splitlines()[0]
     print(f"verdict: {first}")
+    without, with_suspects = ("--no-suspects",), ("--repo", str(repo))
 
     import duckdb
 
     from tbpipe.pipeline.db import open_database
     from tbpipe.pipeline.reports.regression import ReportRequest, compare, compute, select
+    from tbpipe.pipeline.reports.regression.suspects import attach_suspects
     from tbpipe.pipeline.reports.regression_markdown import render_markdown
 
     con = duckdb.connect(str(db), read_only=True)
@@ -190,8 +262,15 @@ def main() -> None:
         ).fetchall(),
     )
     con.close()
-    window_cli = best(args.repeat, lambda: cli("--baseline-window", str(window), "--group-by", "commit"))
-    pair_cli = best(args.repeat, lambda: cli("--baseline", f"commit=n{args.nights - 1}"))
+    window_args = ("--baseline-window", str(window), "--group-by", "commit")
+    pair_args = ("--baseline", f"commit=n{args.nights - 1}")
+    # Without and with suspects alternately, so that both see the same moments of a noisy machine.
+    window_cli, window_suspects = best_of_pair(
+        args.repeat, lambda: cli(*window_args, *without), lambda: cli(*window_args, *with_suspects)
+    )
+    pair_cli, pair_suspects = best_of_pair(
+        args.repeat, lambda: cli(*pair_args, *without), lambda: cli(*pair_args, *with_suspects)
+    )
 
     con = open_database(db, read_only=True)
     request = ReportRequest(candidate=candidate, window=window, group_by="commit")
@@ -207,16 +286,22 @@ def main() -> None:
     phases["whole compare()"] = best(args.repeat, lambda: compare(con, request))
     report = compare(con, request)
     phases["render Markdown"] = best(args.repeat, lambda: render_markdown(report))
+    phases["suspects (git)"] = best(args.repeat, lambda: attach_suspects(con, report, str(repo)))
     con.close()
 
     print(f"tbpipe report, window of {window} groups x {args.ranks} runs (new process): {window_cli:.2f} s")
     print(f"tbpipe report, against the previous night (new process):                {pair_cli:.2f} s")
+    print(f"  the same with suspects (--repo): window {window_suspects:.2f} s ({window_suspects / window_cli:.2f}x), "
+          f"previous night {pair_suspects:.2f} s ({pair_suspects / pair_cli:.2f}x)")  # fmt: skip
     print(f"anchor, DuckDB summing the same event counts per stack:                    {floor:.3f} s")
     print(f"window report / anchor: {window_cli / floor:.1f}x   (target: tbpipe report <= 3 s)")
     print("where the window report's time goes (in process, best of", args.repeat, "):")
     for name, seconds in phases.items():
         print(f"  {name:<20} {seconds:6.3f} s")
     print(f"  {len(report.sites):,} sites compared, {len(report.regressions)} flagged")
+    explained = [s for s in report.regressions if s.suspects]
+    print(f"  suspects: {report.history.commits} commits in the range, {len(explained)} of the flagged sites have some; "
+          f"top suspect of the first: {explained[0].suspects[0].subject if explained else '-'}")  # fmt: skip
 
 
 if __name__ == "__main__":
