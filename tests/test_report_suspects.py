@@ -197,30 +197,35 @@ def summary(result: dict) -> dict[str, list[tuple]]:
     }
 
 
-def test_the_capture_records_the_checkout(history, tmp_path) -> None:
+def test_git_state_is_read_from_the_checkouts_files(tmp_path) -> None:
+    """HEAD from the files (a branch, packed refs, a worktree's own HEAD), dirty from `git status`."""
+    env = git_env(tmp_path)
+    repo = tmp_path / "repo"
+    (repo / "sub").mkdir(parents=True)
+    git(env, repo, "init", "-q", "-b", "main")
+    (repo / "app.py").write_text("print(1)\n")
+    first = commit_all(env, repo, "first")
+    (repo / "app.py").write_text("print(2)\n")
+    second = commit_all(env, repo, "second")
+    git(env, repo, "pack-refs", "--all")
+    assert git_state(str(repo / "sub")) == {"commit": second, "branch": "main", "dirty": False, "root": str(repo)}
+    (repo / "app.py").write_text("changed\n")
+    assert git_state(str(repo))["dirty"] is True
+    git(env, repo, "worktree", "add", "-q", "--detach", str(tmp_path / "tree"), first)
+    assert git_state(str(tmp_path / "tree")) == {
+        "commit": first, "branch": None, "dirty": False, "root": str(tmp_path / "tree"),
+    }  # fmt: skip
+    assert git_state(str(tmp_path)) is None
+
+
+@pytest.mark.default_interpreter_only
+def test_the_runs_manifests_say_where_they_ran(history) -> None:
     manifests = [json.loads(p.read_text()) for p in (history.root / "runs").glob("*/manifest.json")]
     by_folder = {m["cwd"]: m["git"] for m in manifests}
     assert by_folder[str(history.root / "build-2" / "repo")] == {
         "commit": history.loop, "branch": None, "dirty": False, "root": str(history.root / "build-2" / "repo"),
     }  # fmt: skip
     assert by_folder[str(history.root / "plain-1" / "src")] is None
-    # Read from the files: a branch, packed refs, a worktree; a change to a tracked file is dirty.
-    env = history.env
-    repo = history.clone(tmp_path / "clone", "main")
-    git(env, repo, "pack-refs", "--all")
-    (repo / "sub").mkdir()
-    assert git_state(str(repo / "sub")) == {
-        "commit": history.added,
-        "branch": "main",
-        "dirty": False,
-        "root": str(repo),
-    }
-    (repo / "app.py").write_text("changed\n")
-    assert git_state(str(repo))["dirty"] is True
-    git(env, repo, "worktree", "add", "-q", "--detach", str(tmp_path / "tree"), history.loop)
-    assert git_state(str(tmp_path / "tree")) == {
-        "commit": history.loop, "branch": None, "dirty": False, "root": str(tmp_path / "tree"),
-    }  # fmt: skip
 
 
 @pytest.mark.default_interpreter_only
