@@ -157,14 +157,6 @@ class Repository:
     def commit_count(self, base: str, candidate: str) -> int:
         return int(self.git(["rev-list", "--count", "--first-parent", f"{base}..{candidate}"]).strip() or 0)
 
-    def describe(self, shas: list[str]) -> dict[str, Commit]:
-        """Subject, author and date of commits (no diff)."""
-        if not shas:
-            return {}
-        out = self.git(["show", "-s", f"--format=%x00%H{_FIELD}%P{_FIELD}%an{_FIELD}%aI{_FIELD}%s", *shas])
-        commits = [_parse_commit(chunk) for chunk in out.split(b"\0")[1:]]
-        return {c.sha: c for c in commits}
-
     def diff(self, older: str, newer: str, paths: list[str]) -> dict[str, FileDiff]:
         """The `--unified=0` diff between two commits, restricted to `paths`, by path."""
         if not paths or older == newer:

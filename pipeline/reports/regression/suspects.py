@@ -702,7 +702,7 @@ def _rank(
                     len(commit.parents) > 1,
                     frame_list,
                     hunk_list,
-                ),  # fmt: skip
+                ),
             )
         )
     suspects.sort(key=lambda pair: pair[0])
