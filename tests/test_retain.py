@@ -451,18 +451,20 @@ def test_old_quarantined_uploads_and_ingested_run_folders_are_aged_out(full, tmp
         (folder / "reason.txt").write_text("damaged\n")
     os.utime(old / "reason.txt", (time.time() - 10 * 86400,) * 2)
 
-    dry = tbpipe(
-        "retain", "--db", str(db), "--keep-quarantined-days", "5", "--delete-ingested-runs-after-days", "3",
-        "--runs-dir", str(watched), "--dry-run",
-    )  # fmt: skip
-    assert dry.returncode == 0, dry.stderr
-    assert dry.stdout.count("would delete ingested run folder") == 9 and "would delete quarantined upload" in dry.stdout
+    policy = FolderPolicy(uploads, 5, (watched,), 3)
+    con = open_database(db, read_only=True)
+    try:
+        dry = age_out_folders(con, policy, dry_run=True)
+    finally:
+        con.close()
+    assert sorted(a.what for a in dry) == ["ingested run folder"] * 9 + ["quarantined upload"]
     assert old.exists() and len(list(watched.iterdir())) == 10
     done = tbpipe(
         "retain", "--db", str(db), "--keep-quarantined-days", "5", "--delete-ingested-runs-after-days", "3",
         "--runs-dir", str(watched),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert done.stdout.count("deleted ingested run folder") == 9 and "deleted quarantined upload" in done.stdout
     assert not old.exists() and recent.exists()
     assert sorted(p.name for p in watched.iterdir()) == [moved.name]
     assert all(r.exists() for r in runs)  # not under --runs-dir: never touched
@@ -479,10 +481,11 @@ def test_old_quarantined_uploads_and_ingested_run_folders_are_aged_out(full, tmp
 @pytest.fixture(scope="module")
 def lakes(full, rolled, tmp_path_factory) -> tuple[Path, Path]:
     """(the full database exported and then rolled up as a lake, the rolled-up database exported)."""
+    from tbpipe.pipeline.lake.export import export_database
+
     root = tmp_path_factory.mktemp("lakes")
     for db, lake in ((full, root / "retained"), (rolled[0], root / "exported")):
-        result = tbpipe("lake", "export", "--db", str(db), "--lake", str(lake))
-        assert result.returncode == 0, result.stderr
+        export_database(db, lake)
     result = tbpipe("retain", "--lake", str(root / "retained"), "--keep-runs", "2", "--by", "rank")
     assert result.returncode == 0 and "rolled up 6 runs" in result.stdout, result.stdout + result.stderr
     return root / "retained", root / "exported"
@@ -511,8 +514,13 @@ def test_the_lake_rolls_up_as_the_database_does(lakes, rolled) -> None:
     finally:
         for con in cons:
             con.close()
-    again = tbpipe("retain", "--lake", str(retained), "--keep-runs", "2", "--by", "rank")
-    assert again.returncode == 0 and "nothing to roll up" in again.stdout
+    from tbpipe.pipeline.lake.retain import retain_lake
+
+    before = sorted(str(p.relative_to(retained)) for p in retained.rglob("*.parquet"))
+    assert (
+        retain_lake(retained, POLICY).runs == []
+        and sorted(str(p.relative_to(retained)) for p in retained.rglob("*.parquet")) == before
+    )
 
 
 def test_spark_reads_a_rolled_up_lake_as_duckdb_does(lakes, spark) -> None:
@@ -523,7 +531,7 @@ def test_spark_reads_a_rolled_up_lake_as_duckdb_does(lakes, spark) -> None:
     register_lake(spark, retained)
     con = store.connect(retained)
     try:
-        for name in ("run_site_counts", "run_thread_counts", "call_sites"):
+        for name in ("run_thread_counts", "call_sites"):  # call_sites reads run_site_counts
             in_duckdb = sorted(con.execute(LAKE_READS[name]).fetchall(), key=repr)
             in_spark = sorted((tuple(row) for row in spark.sql(LAKE_READS[name]).collect()), key=repr)
             assert in_spark == in_duckdb and in_duckdb, name
