@@ -195,7 +195,7 @@ class _Counted:
     tables: list[str] = field(default_factory=list)  # to drop
 
     def table(self, name: str) -> str:
-        """A temporary table of this roll-up: grouped, threads (run_number, thread_id, thread), counts, block."""
+        """A temporary table of this roll-up: grouped, threads (run_number, thread_id, thread), counts."""
         self.tables.append(self.prefix + name)
         return self.prefix + name
 
@@ -291,27 +291,24 @@ def _blocks(con: Any, numbers: list[int], rows: dict[int, int]) -> tuple[dict[in
     return assigned, joined
 
 
-def _write_counts(con: Any, counted: _Counted, assigned: dict[int, int], joined: int | None) -> None:
-    """The new runs' rows into their blocks, each block written sorted (the newest one again, whole)."""
+def _write_counts(con: Any, counts: str, assigned: dict[int, int], joined: int | None) -> None:
+    """The new runs' rows (of the relation `counts`) into their blocks, each block written sorted
+    (the newest one again, whole)."""
     by_block: dict[int, list[int]] = {}
     for number, block in assigned.items():
         by_block.setdefault(block, []).append(number)
+    columns = "stack_id, name_id, thread, run_number, events"
     for block in sorted(by_block):
-        new = f"SELECT stack_id, name_id, thread, run_number, events FROM {counted.prefix}counts"
-        sources = [f"{new} WHERE run_number IN ({_numbers(by_block[block])})"]
+        sources = [f"SELECT {columns} FROM {counts} WHERE run_number IN ({_numbers(by_block[block])})"]
+        kept = None
         if block == joined:
-            kept = counted.table("block")
+            kept = f"tbpipe_retain_block_{next(_temporary)}"
+            members = f"SELECT run_number FROM rolled_up_runs WHERE block = {int(block)}"
             con.execute(
-                f"""
-                CREATE TEMP TABLE {kept} AS
-                SELECT stack_id, name_id, thread, run_number, events FROM rolled_up_counts
-                WHERE run_number IN (SELECT run_number FROM rolled_up_runs WHERE block = {int(block)})
-                """
+                f"CREATE TEMP TABLE {kept} AS SELECT {columns} FROM rolled_up_counts WHERE run_number IN ({members})"
             )
-            con.execute(
-                f"DELETE FROM rolled_up_counts WHERE run_number IN (SELECT run_number FROM rolled_up_runs WHERE block = {int(block)})"
-            )
-            sources.append(f"SELECT * FROM {kept}")
+            con.execute(f"DELETE FROM rolled_up_counts WHERE run_number IN ({members})")
+            sources.append(f"SELECT {columns} FROM {kept}")
         con.execute(
             f"""
             INSERT INTO rolled_up_counts BY NAME
@@ -319,6 +316,24 @@ def _write_counts(con: Any, counted: _Counted, assigned: dict[int, int], joined:
             ORDER BY stack_id, name_id, thread, run_number
             """
         )
+        if kept is not None:
+            con.execute(f"DROP TABLE {kept}")
+
+
+def store_rolled_up(con: Any, counts: str, threads: str, runs: dict[int, tuple[int | None, int | None, int]]) -> None:
+    """The rows of newly rolled-up runs, inside the caller's transaction: `counts` (a relation of
+    stack_id, name_id, thread, run_number, events) into `rolled_up_counts`, in blocks; `threads`
+    (run_number, thread, thread_id) into `rolled_up_threads`; `runs` {run_number: (first event id,
+    last event id, GPU records)} into `rolled_up_runs`. The roll-up writes its runs through it, and
+    so does the history bench for the runs it makes without events (the same layout)."""
+    rows = dict(query_rows(con, f"SELECT run_number, count(*) FROM {counts} GROUP BY ALL"))
+    assigned, joined = _blocks(con, list(runs), rows)
+    _write_counts(con, counts, assigned, joined)
+    con.execute(f"INSERT INTO rolled_up_threads SELECT run_number, thread, thread_id FROM {threads} ORDER BY ALL")
+    con.executemany(
+        "INSERT INTO rolled_up_runs VALUES (?, ?, ?, ?, ?)",
+        [[number, assigned[number], *runs[number]] for number in sorted(runs)],
+    )
 
 
 def _forward_counts(con: Any, runs: list[_Run]) -> None:
@@ -362,16 +377,13 @@ def roll_up(con: Any, runs: list[_Run], hooks: RetainHooks | None = None) -> lis
         _delete_orphans(con)
         counted = _count_events(con, numbers)
         gpu = _per_run(con, "gpu_activity", numbers)
-        assigned, joined = _blocks(con, numbers, {n: v[0] for n, v in counted.per_run.items()})
-        _write_counts(con, counted, assigned, joined)
-        con.execute(
-            f"INSERT INTO rolled_up_threads SELECT run_number, thread, thread_id FROM {counted.prefix}threads ORDER BY ALL"
+        store_rolled_up(
+            con,
+            f"{counted.prefix}counts",
+            f"{counted.prefix}threads",
+            {n: (*counted.per_run.get(n, (0, None, None))[1:], gpu.get(n, 0)) for n in numbers},
         )
         _forward_counts(con, runs)
-        con.executemany(
-            "INSERT INTO rolled_up_runs VALUES (?, ?, ?, ?, ?)",
-            [[n, assigned[n], *(counted.per_run.get(n, (0, None, None))[1:]), gpu.get(n, 0)] for n in sorted(numbers)],
-        )
         events = _per_run(con, "event_counts", numbers, "sum(events)")
         for table in ("event_rows", "gpu_activity", "event_counts", "site_counts"):
             con.execute(f"DELETE FROM {table} WHERE run_number IN ({_numbers(numbers)})")
