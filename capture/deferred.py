@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tbpipe.capture.manifest import write_manifest
+from tbpipe.capture.manifest import note_counters, write_manifest
 
 
 def nothing_to_write(drained: dict[str, Any] | None, gpu: dict[str, Any] | None, extra: dict[str, Any] | None) -> bool:
@@ -21,14 +21,6 @@ def nothing_to_write(drained: dict[str, Any] | None, gpu: dict[str, Any] | None,
     if gpu is not None or extra:
         return False
     return drained is None or (len(drained["ts_ns"]) == 0 and len(drained["stack_ids"]) == 0)
-
-
-def note_counters(manifest: dict[str, Any], counters: dict[str, int]) -> None:
-    """The recorder's totals and the process's thread names into the manifest (every flush)."""
-    totals = manifest["counters"]
-    totals["events_recorded"] = counters["recorded"]
-    totals["events_dropped"] = counters["dropped"]
-    manifest["threads"].update({str(t.native_id): t.name for t in threading.enumerate() if t.native_id is not None})
 
 
 class DeferredWriter:
@@ -64,16 +56,12 @@ class DeferredWriter:
     ) -> None:
         """One flush (`RunWriter.write`); `drained` None: the recorder had nothing (it was not drained)."""
         with self._lock:
-            if self._writer is None and nothing_to_write(drained, gpu, extra):
-                note_counters(self.manifest, counters)
-                self._manifest_written = write_manifest(self.run_dir, self.manifest, self._manifest_written)
-                return
-            if self._writer is None:
+            if self._writer is None and not nothing_to_write(drained, gpu, extra):
                 from tbpipe.capture.writer import RunWriter
 
                 self._writer = RunWriter(self.run_dir, self.manifest)
-            if drained is not None:
+            if self._writer is not None and drained is not None:
                 self._writer.write(drained, counters, gpu, extra)
-            else:
-                note_counters(self.manifest, counters)
-                self._manifest_written = write_manifest(self.run_dir, self.manifest, self._manifest_written)
+                return
+            note_counters(self.manifest, counters)
+            self._manifest_written = write_manifest(self.run_dir, self.manifest, self._manifest_written)

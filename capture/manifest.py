@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -210,6 +211,15 @@ def write_manifest(run_dir: Path, manifest: dict[str, Any], unless_same_as: str 
     temporary.write_text(json.dumps(manifest, indent=2, sort_keys=True))
     os.replace(temporary, target)
     return content
+
+
+def note_counters(manifest: dict[str, Any], counters: dict[str, int]) -> None:
+    """The recorder's totals and the process's thread names into the manifest (every flush, whether
+    it wrote parts or not)."""
+    totals = manifest["counters"]
+    totals["events_recorded"] = counters["recorded"]
+    totals["events_dropped"] = counters["dropped"]
+    manifest["threads"].update({str(t.native_id): t.name for t in threading.enumerate() if t.native_id is not None})
 
 
 def mark_closed(manifest: dict[str, Any]) -> None:

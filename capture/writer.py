@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from tbpipe import _native
 from tbpipe.capture import columns
-from tbpipe.capture.manifest import write_manifest
+from tbpipe.capture.manifest import note_counters, write_manifest
 from tbpipe.schemas import raw
 from tbpipe.schemas.identity import code_hashes, module_hashes
 
@@ -150,11 +150,9 @@ class RunWriter:
             totals = self.manifest["counters"]
             totals["events_written"] += tables["events"].num_rows
             totals["stacks_written"] += tables["stacks"].num_rows
-            totals["events_recorded"] = counters["recorded"]
-            totals["events_dropped"] = counters["dropped"]
+            note_counters(self.manifest, counters)
             if gpu is not None:
                 self._gpu_counters(gpu, tables["gpu_activity"].num_rows)
-            self.manifest["threads"].update(_thread_names())
             self._manifest_written = write_manifest(self.run_dir, self.manifest, self._manifest_written)
 
     def _write_parquet(self, table: pa.Table, file_name: str) -> None:
@@ -364,7 +362,3 @@ class RunWriter:
         return pa.Table.from_arrays(
             [*stacks.columns, columns.fixed_width(hashes, pa.uint64())], schema=raw.stacks_schema()
         )
-
-
-def _thread_names() -> dict[str, str]:
-    return {str(t.native_id): t.name for t in threading.enumerate() if t.native_id is not None}
