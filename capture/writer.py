@@ -22,7 +22,7 @@ from tbpipe import _native
 from tbpipe.capture import columns
 from tbpipe.capture.manifest import note_counters, write_manifest
 from tbpipe.schemas import raw
-from tbpipe.schemas.identity import code_hashes, module_hashes
+from tbpipe.schemas.identity import code_hashes, hash_stack_lists, module_hashes
 
 # zstd level 3 keeps the flusher cheap; repeated stack ids and names are
 # dictionary-encoded by Parquet, timestamps delta-encoded.
@@ -345,17 +345,8 @@ class RunWriter:
         """The stacks with their portable hash (`stack_hash`), the function the ingest computes over
         the run's modules and code objects: these are all written by now (this flush's with the
         stacks), so the ingest of a run whose stacks it stores already need not read their frames."""
-        status, native, python = (stacks.column(name).chunk(0) for name in ("status", "native", "python"))
-        hashes = _native.hash_raw_stacks(
-            columns.values_of(status),
-            columns.values_of(native.offsets).view(np.int32),
-            columns.values_of(native.values.field("module")).view(np.int32),
-            columns.values_of(native.values.field("offset")),
-            columns.values_of(native.values.field("flags")),
-            columns.values_of(python.offsets).view(np.int32),
-            columns.values_of(python.values.field("code_id")),
-            columns.values_of(python.values.field("line")).view(np.int32),
-            columns.values_of(python.values.field("flags")),
+        hashes = hash_stack_lists(
+            *(stacks.column(name).chunk(0) for name in ("status", "native", "python")),
             *self._module_hashes,
             *self._code_hashes,
         )

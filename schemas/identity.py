@@ -1,25 +1,31 @@
 """The identities of the raw format's things, defined once for the capture and the pipeline.
 
-Three rules live here, each with its reference definition beside its fast path:
+Each rule has its reference definition (plain Python or numpy, written to be read) beside its fast
+paths, and tests/test_rules.py holds every fast path to the reference on random runs:
 
-- **module hash**: the MD5 (low 64 bits) of a module's key (`modulekey.ModuleKey`, its build-ID
-  else its path); `module_hashes` over Python values, `md5_low64` of `module_key_column` over Arrow.
-- **code hash**: a code object by (file, qualified name, first line): the MD5 (low 64 bits) of
-  `code_key_text`; `code_hashes` over Python values, `code_hash_column` over Arrow columns.
+- **MD5 (low 64 bits)**, what DuckDB's `md5_number_lower` gives: reference `md5_low64_of` (hashlib);
+  fast path `md5_low64` (the extension, over an Arrow string column's buffers or encoded texts).
+- **module hash**: the MD5 of a module's key (`modulekey.ModuleKey`, its build-ID else its path).
+  Reference `md5_low64_of(str(ModuleKey.of(build_id, path)))`; fast paths `module_hashes` (Python
+  values: the capture) and `md5_low64` of `module_key_column` (Arrow columns: the ingest).
+- **code hash**: a code object by (file, qualified name, first line): the MD5 of `code_key_text`.
+  Fast paths `code_hashes` (Python values: the capture) and `code_hash_column` (Arrow: the ingest).
 - **stack hash**: a stack's portable 64-bit identity over what its frames mean. Raw stack ids are
   content hashes too, but over per-process things (module indices, interned code ids); here native
   frames count by (module hash, ELF address, flags) and Python frames by (code hash, line, entry
-  flag), so equal stacks of any run, process or host hash equally and are stored once. The
-  reference is `stack_hashes` in numpy (splitmix64 per frame, then a polynomial over each frame list,
-  all in wrapping uint64 arithmetic); the fast path is the extension's `hash_raw_stacks`, which the
+  flag), so equal stacks of any run, process or host hash equally and are stored once. Reference
+  `raw_stack_hashes` (a run's tables, frame by frame, through `stack_hashes`: splitmix64 per frame,
+  then a polynomial over each frame list, all in wrapping uint64 arithmetic); fast path
+  `hash_stack_lists` (native/stack_identity.cpp, one pass over a chunk's Arrow buffers), which the
   capture (`capture/writer.py`) and the ingest (`pipeline/stacks/flatten.py`) both call.
 
 Every hash must stay the same across tbpipe and DuckDB versions: it keys rows of old databases and
-lakes. `md5_low64` is what DuckDB's `md5_number_lower` gives.
+lakes.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 
 import numpy as np
@@ -28,6 +34,7 @@ import pyarrow.compute as pc
 
 from tbpipe import _native
 from tbpipe.schemas.modulekey import ModuleKey
+from tbpipe.schemas.raw import NATIVE_FRAME_BY_FRAME_POINTER, NATIVE_FRAME_EVAL_LOOP, PYTHON_FRAME_LINE_RESOLVED
 
 # ------------------------------------------------------------------------------- md5 and stack hash
 
@@ -41,6 +48,12 @@ _PYTHON_TAG = _U64(0x27D4EB2F165667C5)
 _STATUS_MUL = _U64(0xD6E8FEB86659FD93)
 _LENGTH_MUL = _U64(0xFF51AFD7ED558CCD)
 MISSING = _U64(0x5BD1E9955BD1E995)  # stands for a module or code object the run does not describe
+
+
+def md5_low64_of(text: str) -> int:
+    """The reference: the low 64 bits of the text's MD5 (of its UTF-8 bytes, a lone surrogate as
+    Python's `surrogatepass` writes it), read little-endian."""
+    return int.from_bytes(hashlib.md5(text.encode("utf-8", "surrogatepass")).digest()[8:], "little")
 
 
 def md5_low64(texts: pa.Array | pa.ChunkedArray | Iterable[str]) -> np.ndarray:
@@ -138,6 +151,93 @@ def stack_hashes(
             + status.astype(_U64) * _STATUS_MUL
         )
         return mix64(mix64(native ^ _NATIVE_TAG) + mix64(python ^ _PYTHON_TAG) + mix64(shape))
+
+
+def raw_stack_hashes(stacks: pa.Table, modules: pa.Table, code: pa.Table) -> np.ndarray:
+    """The reference: the portable hash of each row of a raw run's `stacks` (schemas.raw), from the
+    run's `modules` and `code` tables, frame by frame.
+
+    - A native frame counts by its module's hash (of the first `modules` row of its index; MISSING
+      for an index the run does not describe, a marker's -1 too), its address (0 for an eval-loop
+      frame: where in the loop it was is noise) and its flags but how it was found (frame pointer).
+    - A Python frame counts by its code object's hash (of the first `code` row of its id; for an id
+      the run does not describe, mix64(id ^ MISSING)), its line and its flags but whether the line
+      was resolved at capture.
+    - A stack is `stack_hashes` of those keys, its two lists' lengths and its status bits.
+    """
+    module_hash: dict[int, int] = {}
+    for index, build_id, path in zip(*(modules[name].to_pylist() for name in ("module_index", "build_id", "path"))):
+        module_hash.setdefault(index, md5_low64_of(str(ModuleKey.of(build_id, path))))
+    code_hash: dict[int, int] = {}
+    for code_id, *key in zip(*(code[name].to_pylist() for name in ("code_id", "filename", "qualname", "first_line"))):
+        code_hash.setdefault(code_id, md5_low64_of(code_key_text(*key)))
+
+    def unknown_code(code_id: int) -> int:
+        return int(mix64(np.array([code_id], _U64) ^ MISSING)[0])
+
+    native_lists, python_lists = stacks["native"].to_pylist(), stacks["python"].to_pylist()
+    native = [frame for frames in native_lists for frame in frames]
+    python = [frame for frames in python_lists for frame in frames]
+    native_keys = native_frame_keys(
+        np.array([module_hash.get(f["module"], int(MISSING)) for f in native], _U64),
+        np.array([0 if f["flags"] & NATIVE_FRAME_EVAL_LOOP else f["offset"] for f in native], _U64),
+        np.array([f["flags"] & ~NATIVE_FRAME_BY_FRAME_POINTER for f in native], _U64),
+    )
+    python_keys = python_frame_keys(
+        np.array([code_hash[c] if c in code_hash else unknown_code(c) for c in (f["code_id"] for f in python)], _U64),
+        np.array([f["line"] for f in python], np.int64),
+        np.array([f["flags"] & ~PYTHON_FRAME_LINE_RESOLVED for f in python], _U64),
+    )
+    return stack_hashes(
+        native_keys,
+        np.array([len(frames) for frames in native_lists], np.int64),
+        python_keys,
+        np.array([len(frames) for frames in python_lists], np.int64),
+        np.array(stacks["status"].to_pylist(), np.uint32),
+    )
+
+
+def hash_stack_lists(
+    status: pa.Array,
+    native: pa.ListArray,
+    python: pa.ListArray,
+    module_index: np.ndarray,
+    module_hash: np.ndarray,
+    code_ids: np.ndarray,
+    code_hash: np.ndarray,
+) -> np.ndarray:
+    """The fast path of `raw_stack_hashes`, in the extension: one pass over one chunk of a raw
+    `stacks` table (its `status`, `native` and `python` columns), read in place from Arrow's buffers
+    (no pyarrow.compute: the capture's writer calls it, where that would import pandas). The frames
+    refer to modules by index (`module_index[i]` hashes to `module_hash[i]`) and to code objects by
+    id (`code_ids[i]` to `code_hash[i]`); the first of a repeated index or id counts."""
+    native_frames, python_frames = native.values, python.values
+    hashed = _native.hash_raw_stacks(
+        _values(status, pa.uint32(), np.uint32),
+        _values(native.offsets, pa.int32(), np.int32),
+        _values(native_frames.field("module"), pa.int32(), np.int32),
+        _values(native_frames.field("offset"), pa.uint64(), np.uint64),
+        _values(native_frames.field("flags"), pa.uint32(), np.uint32),
+        _values(python.offsets, pa.int32(), np.int32),
+        _values(python_frames.field("code_id"), pa.uint64(), np.uint64),
+        _values(python_frames.field("line"), pa.int32(), np.int32),
+        _values(python_frames.field("flags"), pa.uint32(), np.uint32),
+        np.ascontiguousarray(module_index, dtype=np.int64),
+        np.ascontiguousarray(module_hash, dtype=_U64),
+        np.ascontiguousarray(code_ids, dtype=_U64),
+        np.ascontiguousarray(code_hash, dtype=_U64),
+    )
+    return np.frombuffer(hashed, dtype=_U64)
+
+
+def _values(array: pa.Array, arrow_type: pa.DataType, dtype: type) -> np.ndarray:
+    """A fixed-width column without nulls as a numpy view of its buffer (cast first if its type differs)."""
+    if array.type != arrow_type:
+        array = array.cast(arrow_type)
+    data = array.buffers()[1]
+    if data is None or not len(array):
+        return np.zeros(0, dtype=dtype)
+    return np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * np.dtype(dtype).itemsize)
 
 
 # ------------------------------------------------------------------------------ module and code hash

@@ -2,9 +2,9 @@
 
 Every raw stack of every run is hashed (its portable identity), but only the few stacks the
 database has not seen yet are laid out, so the frames are not flattened up front: `FlatRun.frames`
-gives the frames of the stacks asked for. The hash runs in the extension, one pass over the Arrow
-columns (`tbpipe._native.hash_raw_stacks`), the function `schemas/identity.py` defines; the
-module keys and code objects it refers to are hashed by that module's rules, from the Arrow columns.
+gives the frames of the stacks asked for. The hash is `schemas/identity.py`'s fast path
+(`hash_stack_lists`, one pass over the Arrow columns in the extension); the module keys and code
+objects it refers to are hashed by that module's rules, from the Arrow columns.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tbpipe import _native
 from tbpipe.pipeline.stacks.origins import splice_origins
 from tbpipe.schemas import raw
-from tbpipe.schemas.identity import code_hash_column, md5_low64
+from tbpipe.schemas.identity import code_hash_column, hash_stack_lists, md5_low64
 from tbpipe.schemas.modulekey import module_key_column
 
 
@@ -226,32 +225,19 @@ def _list_parts(chunk: pa.Array, fields: tuple[str, ...], dtypes: tuple) -> tupl
 def _hash_stacks(
     stacks: pa.Table, module_index: np.ndarray, module_hash: np.ndarray, code_ids: np.ndarray, code_hash: np.ndarray
 ) -> np.ndarray:
-    """The portable hash of every row of a raw `stacks` table (schemas/identity.py's function, in the extension)."""
-    out = []
-    for batch in stacks.to_batches():
-        status, native, python = (batch.column(name) for name in ("status", "native", "python"))
-        n_offsets, n_module, n_address, n_flags = _list_parts(
-            native, ("module", "offset", "flags"), (np.int32, np.uint64, np.uint32)
+    """The portable hash of every row of a raw `stacks` table (schemas/identity.py's fast path)."""
+    out = [
+        hash_stack_lists(
+            batch.column("status"),
+            batch.column("native"),
+            batch.column("python"),
+            module_index,
+            module_hash,
+            code_ids,
+            code_hash,
         )
-        p_offsets, p_code, p_line, p_flags = _list_parts(
-            python, ("code_id", "line", "flags"), (np.uint64, np.int32, np.uint32)
-        )
-        hashed = _native.hash_raw_stacks(
-            _numpy(status, np.uint32),
-            n_offsets,
-            n_module,
-            n_address,
-            n_flags,
-            p_offsets,
-            p_code,
-            p_line,
-            p_flags,
-            np.ascontiguousarray(module_index, dtype=np.int64),
-            np.ascontiguousarray(module_hash, dtype=np.uint64),
-            np.ascontiguousarray(code_ids, dtype=np.uint64),
-            np.ascontiguousarray(code_hash, dtype=np.uint64),
-        )
-        out.append(np.frombuffer(hashed, dtype=np.uint64))
+        for batch in stacks.to_batches()
+    ]
     return np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
 
 
