@@ -2,15 +2,13 @@
 
 Two steps, both over whole runs at once:
 
-- `combined_slots`: where each raw frame goes. Each native eval-loop frame stands for the run of
-  Python frames from the next unclaimed one up to and including the next entry frame
-  (`tbpipe.pipeline.stacks.order`, the per-stack reference; the tests check both agree). So the
-  Python frames of a stack fall into groups ended by entry frames, and the k-th eval-loop frame
-  (markers never count) takes the k-th group; eval-loop frames beyond the last group stay native
-  frames; groups left over follow a native walk that stopped early, and without such a stop they
-  mean the two walks disagree and the stack is shown as its Python frames alone. Each placed frame
-  is a *slot*. The order is found in the extension, one pass over each stack's frames
-  (native/combined_order.cpp), and so are the slots' columns (`slot_columns`, one pass).
+- `combined_slots`: where each raw frame goes, by the combined order (`order`: its reference and
+  the fast path used here, one pass over each stack's frames in the extension). So the Python
+  frames of a stack fall into groups ended by entry frames, and the k-th eval-loop frame (markers
+  never count) takes the k-th group; eval-loop frames beyond the last group stay native frames;
+  groups left over follow a native walk that stopped early, and without such a stop they mean the
+  two walks disagree and the stack is shown as its Python frames alone. Each placed frame is a
+  *slot*; the slots' columns are gathered in the extension too (`slot_columns`, one pass).
 - `expand`: each native slot becomes its address's inline chain from the symbols rows (innermost
   first); the result is shaped like the `stack_frames` table.
 
@@ -26,15 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tbpipe import _native
+from tbpipe.pipeline.stacks.order import combined_orders
 from tbpipe.pipeline.stacks.origins import ORIGIN_FLAG
-from tbpipe.schemas.raw import (
-    NATIVE_FRAME_EVAL_LOOP,
-    NATIVE_FRAME_EXACT_PC,
-    NATIVE_FRAME_MARKER,
-    PYTHON_FRAME_ENTRY,
-    STACK_NO_NATIVE,
-    STOP_REASONS,
-)
+from tbpipe.schemas.raw import NATIVE_FRAME_EXACT_PC, NATIVE_FRAME_MARKER, STOP_REASONS
 
 PYTHON, NATIVE, MARKER = 0, 1, 2
 KIND_NAMES = pa.array(["python", "native", "marker"], pa.string())
@@ -130,21 +122,9 @@ def combined_slots(
     """
     native_flags = np.ascontiguousarray(native_flags, dtype=np.uint32)
     python_flags = np.ascontiguousarray(python_flags, dtype=np.uint32)
-    # Where each frame goes: one pass per stack in the extension (native/combined_order.cpp).
-    owner, source, is_python, slot, has_native, truncated, leftover = _arrays(
-        _native.combined_order(
-            np.ascontiguousarray(native_lengths, dtype=np.int64),
-            np.ascontiguousarray(python_lengths, dtype=np.int64),
-            np.ascontiguousarray(status, dtype=np.uint32),
-            native_flags,
-            python_flags,
-            STACK_NO_NATIVE,
-            NATIVE_FRAME_MARKER,
-            NATIVE_FRAME_EVAL_LOOP,
-            PYTHON_FRAME_ENTRY,
-        ),
-        (np.int64, np.int64, np.bool_, np.int32, np.bool_, np.bool_, np.int64),
-    )
+    # Where each frame goes: the combined order's fast path (order.py).
+    ordered = combined_orders(status, native_lengths, python_lengths, native_flags, python_flags)
+    owner, source, is_python = ordered.owner, ordered.source, ordered.is_python
     code_first_line = (
         _flat(code["first_line"]).to_numpy(zero_copy_only=False).astype(np.int32)
         if code.num_rows
@@ -188,7 +168,7 @@ def combined_slots(
     empty = pa.array([], pa.string())
     slots = Slots(
         stack_id=stack_ids[owner].astype(np.int64),
-        slot=slot.astype(np.int32),
+        slot=ordered.slot.astype(np.int32),
         kind=kind,
         function=function,
         file=file,
@@ -201,21 +181,7 @@ def combined_slots(
         reason=reason,
         inlined=inlined if inlined.any() else None,
     )
-    return slots, StackShapes(problem=_problems(has_native, truncated, leftover))
-
-
-def _problems(has_native: np.ndarray, truncated: np.ndarray, leftover: np.ndarray) -> pa.Array:
-    """order.CombinedOrder.problem, per stack (the text made only for the few stacks that have one)."""
-    with_problem = np.flatnonzero(has_native & (leftover > 0))
-    count = pc.cast(pa.array(leftover[with_problem]), pa.string())
-    stopped = pc.binary_join_element_wise("native walk stopped early; ", count, " outer Python frames follow it", "")
-    disagree = pc.binary_join_element_wise(
-        count, " Python frames had no eval-loop frame to match; showing the Python stack alone", ""
-    )
-    problem = pc.if_else(pa.array(truncated[with_problem]), stopped, disagree)
-    at = np.full(len(leftover), -1, dtype=np.int64)
-    at[with_problem] = np.arange(len(with_problem))
-    return _take(problem, at)
+    return slots, StackShapes(problem=ordered.problem)
 
 
 def slots_from_table(table: pa.Table) -> Slots:
