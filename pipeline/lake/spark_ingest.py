@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tbpipe.pipeline.db.ingest.outcomes import IngestSummary, RunOutcome
+from tbpipe.pipeline.db.ingest.site_counts import spark_site_counts
 from tbpipe.pipeline.lake import ids, steps, store
 from tbpipe.pipeline.lake.store import LakeError
 from tbpipe.schemas.lake import CONTENT, PARTITION, TABLES
@@ -607,26 +608,9 @@ class _Job:
         return new_stacks
 
     def write_site_counts(self, counts: Any) -> None:
-        """`site_counts` of the loaded runs: their event counts summed per call site, each site placed
-        at the file and line of its stack with the most events (`siting.SITE_PLACE_ORDER`: among
-        equals the greatest file and line; like DuckDB's arg_max, stacks without a file or line are
-        passed over for that column)."""
-        from pyspark.sql import functions as F
-
-        sites = self.read_table("stack_sites").select("stack_id", "site_id", "site_file", "site_line", "site_is_user")
-        order = F.struct(
-            F.col("events"), F.coalesce(F.col("site_file"), F.lit("")), F.coalesce(F.col("site_line"), F.lit(-1))
-        )
-        per_site = (
-            counts.join(sites, "stack_id", "left")
-            .groupBy(PARTITION, "name_id", "site_id")
-            .agg(
-                F.sum("events").alias("events"),
-                F.max_by("site_file", F.when(F.col("site_file").isNotNull(), order)).alias("site_file"),
-                F.max_by("site_line", F.when(F.col("site_line").isNotNull(), order)).alias("site_line"),
-                F.bool_or("site_is_user").alias("site_is_user"),
-            )
-        )
+        """`site_counts` of the loaded runs: their event counts summed per call site (the rule's
+        Spark fast path, `site_counts.spark_site_counts`)."""
+        per_site = spark_site_counts(counts, self.read_table("stack_sites"))
         self.write_partitions("site_counts", per_site.repartition(PARTITION))
 
     # ---------------------------------------------------------------- the runs rows

@@ -1,11 +1,17 @@
 """Which Python files are user code, the call site of every stack, and what names a site.
 
 The rules live in the `user_code` table (`--user-code PREFIX` / `!PREFIX`, plus tbpipe's own
-source folders); `sql/call_sites.sql` computes a stack's site from them (`stack_sites_from`), and
-the ingest stores the answer in `sites` / `stack_sites` for the views to read: for new stacks as
-they come in, and for every stack again when the rules change. Events are counted per run, name
-and site (`site_counts`) by `count_sites` in SQL, and by the ingest in memory for the runs it loads
-(`insert_site_counts`, held equal to it by the tests).
+source folders) and the `generated_code` table. The siting rule, a stack's call site under them
+(its innermost user frame, else its innermost symbolized frame that is not generated code):
+
+- Reference: `stack_sites_from` (sql/call_sites.sql). `site_stacks` applies it to every stack when
+  the rules change; the lake's Spark job applies it too, in an in-memory DuckDB.
+- Fast path: `sites_of_laid_out`, numpy over a batch's freshly laid-out frames: the ingest sites
+  new stacks with it without scanning the stored frames.
+
+tests/test_rules.py holds the fast path to the reference on random stacks and rules. The answer is
+stored in `sites` / `stack_sites` for the views to read; events are counted per site by
+`site_counts` (its own rule and module).
 
 A site's key must not change when the same code runs from another checkout folder, so each Python
 file is also named relative to the import root that held it (`source_files`): the run's sys.path
@@ -17,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +32,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tbpipe.pipeline.db.connection import query_arrow, query_rows, query_value
-from tbpipe.pipeline.db.ingest.tables import IngestDb, run_numbers_filter
+from tbpipe.pipeline.db.ingest.site_counts import count_sites
+
+# Re-exported: the ingest's stages import these from here still (their home is `site_counts`).
+from tbpipe.pipeline.db.ingest.site_counts import insert_site_counts as insert_site_counts
+from tbpipe.pipeline.db.ingest.site_counts import sites_for_counting as sites_for_counting
+from tbpipe.pipeline.db.ingest.tables import IngestDb
 from tbpipe.pipeline.errors import UsageError
 
 
@@ -120,238 +132,121 @@ def site_stacks(db: IngestDb, from_stack: int | None) -> None:
         count_sites(db, None)
 
 
-# Which stack's file and line stand for a site in a run: the stack with the most events; among
-# equals the greatest (file, line), so that both come from one stack and every engine (the lake's
-# Spark job too) picks the same.
-SITE_PLACE_ORDER = "struct_pack(n := c.events, f := coalesce(s.site_file, ''), l := coalesce(s.site_line, -1))"
-
-
-def count_sites(db: IngestDb, run_numbers: list[int] | None) -> None:
-    """`site_counts` of the given runs (all runs with None) from their `event_counts` and the stacks'
-    sites (the ingest counts a transaction's runs in memory: `insert_site_counts`)."""
-    where, params = run_numbers_filter("c.run_number", run_numbers) if run_numbers is not None else ("true", [])
-    db.con.execute(
-        f"""
-        INSERT INTO site_counts BY NAME
-        SELECT c.run_number, c.name_id, s.site_id, sum(c.events) AS events,
-               arg_max(s.site_file, {SITE_PLACE_ORDER}) AS site_file,
-               arg_max(s.site_line, {SITE_PLACE_ORDER}) AS site_line, bool_or(s.site_is_user) AS site_is_user
-        FROM event_counts c
-        LEFT JOIN stack_sites s USING (stack_id)
-        WHERE {where}
-        GROUP BY c.run_number, c.name_id, s.site_id
-        -- In the order of `site_counts_by_site` (cheaper to add at the commit; see `load_events`).
-        ORDER BY s.site_id
-        """,
-        params,
-    )
-
-
-# The `stack_sites` columns a count of sites reads.
-_COUNTED_SITE_COLUMNS = ("stack_id", "site_id", "site_file", "site_line", "site_is_user")
-
-
-def sites_for_counting(db: IngestDb, stored_stack_ids: np.ndarray, new: pa.Table | None) -> pa.Table:
-    """The `stack_sites` rows (`_COUNTED_SITE_COLUMNS`) of the stacks a batch's runs use, by stack
-    id, for counting their sites in memory (`insert_site_counts`): those of stacks stored before the
-    batch, read here, and `new`, the rows of the stacks it brings in (numbered after them)."""
-    ids = pa.table({"stack_id": pa.array(_distinct_ids(stored_stack_ids), pa.int64())})
-    db.register("ingest_stored_stacks", ids)
-    try:
-        stored = query_arrow(
-            db.con,
-            f"SELECT {', '.join(_COUNTED_SITE_COLUMNS)} FROM stack_sites "
-            "WHERE stack_id IN (SELECT stack_id FROM ingest_stored_stacks) ORDER BY stack_id",
-        )
-    finally:
-        db.unregister("ingest_stored_stacks")
-    types = (pa.int64(), pa.int64(), pa.string(), pa.int32(), pa.bool_())
-    tables = [
-        pa.table({column: table[column].cast(kind) for column, kind in zip(_COUNTED_SITE_COLUMNS, types)})
-        for table in (stored, new)
-        if table is not None
-    ]
-    return pa.concat_tables(tables).combine_chunks()
-
-
-def _distinct_ids(ids: np.ndarray) -> np.ndarray:
-    """np.unique(ids) for ids numbered densely (stack ids): marked in an array over their range, one
-    pass instead of a sort of every use; a sort where the range is far wider than the ids."""
-    if not len(ids):
-        return np.asarray(ids, dtype=np.int64)
-    low, high = int(ids.min()), int(ids.max())
-    if high - low > 4 * len(ids) + (1 << 20):
-        return np.unique(ids)
-    seen = np.zeros(high - low + 1, dtype=bool)
-    seen[ids - low] = True
-    return np.flatnonzero(seen) + low
-
-
-def insert_site_counts(db: IngestDb, counts: pa.Table, stack_sites: pa.Table) -> None:
-    """`site_counts` rows from `event_counts` rows (run_number, name_id, stack_id, events) and the
-    `stack_sites` rows of their stacks (by stack id): what `count_sites` computes in SQL, in memory.
-    A small run's counts are a few thousand rows, and joining them with `stack_sites` and grouping
-    in a statement cost more than the rest of its transaction but the commit. Rows are handled by
-    their `stack_sites` row number; the files (text) are looked up only for the groups that need
-    them ranked and for the rows written."""
-    run = counts["run_number"].to_numpy(zero_copy_only=False).astype(np.int64)
-    name = counts["name_id"].to_numpy(zero_copy_only=False).astype(np.int64)
-    stack = pc.fill_null(counts["stack_id"], -1).to_numpy(zero_copy_only=False).astype(np.int64)
-    events = counts["events"].to_numpy(zero_copy_only=False).astype(np.int64)
-    site_stack = stack_sites["stack_id"].to_numpy(zero_copy_only=False)
-    at = np.minimum(np.searchsorted(site_stack, stack), max(len(site_stack) - 1, 0))
-    found = (stack >= 0) & (site_stack[at] == stack) if len(site_stack) else np.zeros(len(stack), bool)
-    # Each count row's `stack_sites` row; one more row past the end stands for "none" (all null).
-    none = stack_sites.num_rows
-    row = np.where(found, at, none)
-
-    def column(name: str, fill, dtype) -> np.ndarray:
-        values = pc.fill_null(stack_sites[name], fill).to_numpy(zero_copy_only=False).astype(dtype)
-        return np.append(values, np.array([fill], dtype=dtype))[row]
-
-    def valid(name: str) -> np.ndarray:
-        return np.append(pc.is_valid(stack_sites[name]).to_numpy(zero_copy_only=False), False)[row]
-
-    site_id = column("site_id", -1, np.int64)
-    # Rows by group (run, name, site): run and name numbers fit side by side in one integer.
-    order = np.lexsort((site_id, (run << 32) | name))
-    run, name, site_id = run[order], name[order], site_id[order]
-    change = np.ones(len(order), dtype=bool)
-    if len(order):
-        change[1:] = (run[1:] != run[:-1]) | (name[1:] != name[:-1]) | (site_id[1:] != site_id[:-1])
-    starts = np.flatnonzero(change)
-    group = np.cumsum(change) - 1
-    # Which stack's file and line a site shows: the greatest (events, file or '', line or -1), as
-    # SITE_PLACE_ORDER orders them, files ranked in DuckDB's order (bytewise). Only the rows of
-    # groups of several rows need ordering (most sites have one stack in a run).
-    shared = np.flatnonzero(np.diff(np.append(starts, len(order)))[group] > 1)
-    if len(shared):
-        rows_shared = order[shared]
-        shared_sites_rows = row[rows_shared]
-        padded = pc.fill_null(
-            stack_sites["site_file"].take(pa.array(shared_sites_rows, pa.int64(), mask=shared_sites_rows == none)), ""
-        )
-        distinct = pc.unique(padded)
-        file_rank = pc.index_in(padded, value_set=distinct.take(pc.sort_indices(distinct))).to_numpy(
-            zero_copy_only=False
-        )
-        line_order = column("site_line", -1, np.int64)[rows_shared]
-        order[shared] = rows_shared[np.lexsort((line_order, file_rank, events[rows_shared], group[shared]))]
-
-    def last_valid(name: str) -> pa.Array:
-        """Per group, the value of its greatest row where the value is not null (arg_max skips nulls)."""
-        ordered_valid = np.flatnonzero(valid(name)[order])
-        groups = group[ordered_valid]
-        last = ordered_valid[np.append(groups[1:] != groups[:-1], True)] if len(ordered_valid) else ordered_valid
-        pick = np.full(len(starts), none, dtype=np.int64)
-        pick[group[last]] = row[order[last]]
-        return stack_sites[name].take(pa.array(pick, pa.int64(), mask=pick == none))
-
-    # bool_or: NULL where no row has a value.
-    any_user = np.zeros(len(starts), dtype=bool)
-    any_user[group[column("site_is_user", False, bool)[order]]] = True
-    has_user = np.zeros(len(starts), dtype=bool)
-    has_user[group[valid("site_is_user")[order]]] = True
-    site = site_id[starts]
-    by_site = np.lexsort((site, site < 0))  # as `ORDER BY site_id` (NULLs last): the index's order
-    counted = pa.table(
-        {
-            "run_number": pa.array(run[starts], pa.int32()),
-            "name_id": pa.array(name[starts], pa.int32()),
-            "site_id": pa.array(site, pa.int64(), mask=site < 0),
-            "events": pa.array(np.add.reduceat(events[order], starts) if len(starts) else [], pa.int64()),
-            "site_file": last_valid("site_file"),
-            "site_line": last_valid("site_line"),
-            "site_is_user": pa.array(any_user, pa.bool_(), mask=~has_user),
-        }
-    )
-    if counted.num_rows:
-        db.insert("INSERT INTO site_counts BY NAME SELECT * FROM {}", counted.take(pa.array(by_site, pa.int64())))
-
-
 def sites_of_laid_out(db: IngestDb, frames: Any, stack_ids: np.ndarray, portable: dict[str, str]) -> pa.Table:
-    """`stack_sites_from`'s answer for freshly laid-out stacks, computed from their frames in memory.
+    """The fast path: `stack_sites_from`'s answer for freshly laid-out stacks (`layout.Frames`),
+    computed from their frames in memory.
 
-    The same rule as the SQL (which the ingest uses to site every stack again when the rules
-    change, and the tests hold the two equal): the innermost Python frame of a user file (a
-    '<string>' frame inside generated code only when its caller is user code), else the innermost
-    symbolized frame that is not generated code; the key by `site_identity_key`. Only the distinct
-    files and modules are classified and the distinct site frames keyed in DuckDB, so a batch of
-    small runs is sited without scanning the stored frames. `stack_ids` are the stacks to site
-    (increasing; a stack without frames has no site), `portable` names the frames' Python files.
+    The innermost Python frame of a user file (a '<string>' frame inside generated code only when
+    its caller is user code), else the innermost symbolized frame that is not generated code; the
+    key by `site_identity_key`. Only the distinct files and modules are classified and the distinct
+    site frames keyed in DuckDB, so a batch of small runs is sited without scanning the stored
+    frames. `stack_ids` are the stacks to site (increasing; a stack without frames has no site),
+    `portable` names the frames' Python files.
     """
     rows, table = frames.rows, frames.frames
     frame_of_row = rows["frame"].to_numpy()
     row_stack = rows["stack_id"].to_numpy()
     row_depth = rows["depth"].to_numpy()
-    kinds = table["kind"]
-    python_mask = pc.equal(kinds, "python")
-    native_mask = pc.equal(kinds, "native")
-    python = python_mask.to_numpy(zero_copy_only=False)
-    python_files = pc.unique(table["file"].filter(python_mask)).drop_null()
-    native_modules = pc.unique(table["module"].filter(native_mask)).drop_null()
-    user_files = generated_files = generated_modules = pa.array([], pa.string())
-    if len(python_files) or len(native_modules):
-        paths = pa.table(
-            {
-                "path": pa.concat_arrays([python_files.cast(pa.string()), native_modules.cast(pa.string())]),
-                "python": pa.array([True] * len(python_files) + [False] * len(native_modules), pa.bool_()),
-            }
-        )
-        db.register("ingest_site_paths", paths)
-        try:
-            classified = query_arrow(
-                db.con,
-                "SELECT path, python, python AND python_file_is_user(path) AS is_user, "
-                "coalesce(is_generated_path(path), false) AS is_generated FROM ingest_site_paths",
-            )
-        finally:
-            db.unregister("ingest_site_paths")
-        is_python, is_generated = classified["python"], classified["is_generated"]
-        user_files = classified["path"].filter(classified["is_user"])
-        generated_files = classified["path"].filter(pc.and_(is_python, is_generated))
-        generated_modules = classified["path"].filter(pc.and_(pc.invert(is_python), is_generated))
-
-    def member(column: str, values: pa.Array) -> np.ndarray:
-        found = pc.is_in(
-            table[column], value_set=values.combine_chunks() if hasattr(values, "combine_chunks") else values
-        )
-        return pc.fill_null(found, False).to_numpy(zero_copy_only=False)
-
-    user_frame = python & member("file", user_files)
-    generated_frame = (python & member("file", generated_files)) | (
-        native_mask.to_numpy(zero_copy_only=False) & member("module", generated_modules)
-    )
-    anonymous_frame = python & pc.fill_null(pc.equal(table["file"], "<string>"), False).to_numpy(zero_copy_only=False)
-    symbolized_frame = pc.not_equal(kinds, "marker").to_numpy(zero_copy_only=False) & pc.is_valid(
-        table["function"]
-    ).to_numpy(zero_copy_only=False)
-
+    kind = _FrameKinds.of(db, table)
     stacks = np.asarray(stack_ids, dtype=np.int64)
-    first_row = np.searchsorted(row_stack, stacks)  # rows are by stack, then depth
-    user_row = user_frame[frame_of_row] if len(frame_of_row) else np.zeros(0, bool)
-    if len(frame_of_row) and anonymous_frame.any():
-        user_row = user_row & ~_lent_rows(
-            frame_of_row, row_stack, row_depth, python, user_frame, generated_frame, anonymous_frame
-        )
+    user_row = kind.user[frame_of_row] if len(frame_of_row) else np.zeros(0, bool)
+    if len(frame_of_row) and kind.anonymous.any():
+        user_row = user_row & ~_lent_rows(frame_of_row, row_stack, row_depth, kind)
     user_depth = _first_depth_per_stack(stacks, row_stack, row_depth, np.flatnonzero(user_row))
-    fallback_row = (
-        symbolized_frame[frame_of_row] & ~generated_frame[frame_of_row] if len(frame_of_row) else np.zeros(0, bool)
-    )
+    fallback = kind.symbolized & ~kind.generated
+    fallback_row = fallback[frame_of_row] if len(frame_of_row) else np.zeros(0, bool)
     fallback_depth = _first_depth_per_stack(stacks, row_stack, row_depth, np.flatnonzero(fallback_row))
     depth = np.where(user_depth >= 0, user_depth, fallback_depth)
     sited = depth >= 0
+    first_row = np.searchsorted(row_stack, stacks)  # rows are by stack, then depth
     site_frame = np.where(
         sited,
         frame_of_row[np.minimum(first_row + np.maximum(depth, 0), len(frame_of_row) - 1)] if len(frame_of_row) else -1,
         -1,
     )
-    take = pa.array(np.where(sited, site_frame, 0))
+    return _keyed_sites(db, table, stacks, depth, site_frame, user_depth >= 0, portable)
+
+
+@dataclass(frozen=True)
+class _FrameKinds:
+    """Per distinct frame of a layout, what siting asks of it."""
+
+    python: np.ndarray  # a Python frame of a code object the run described (its file known)
+    user: np.ndarray  # a Python frame of a user file (`python_file_is_user`)
+    generated: np.ndarray  # a Python frame or native frame of generated code (`is_generated_path`)
+    anonymous: np.ndarray  # a user Python frame of code run from a string ('<string>')
+    symbolized: np.ndarray  # a frame with a function name (markers never count)
+
+    @classmethod
+    def of(cls, db: IngestDb, table: pa.Table) -> _FrameKinds:
+        """The frames' files and modules classified by the database's macros, each distinct one once."""
+        kinds = table["kind"]
+        python_mask, native_mask = pc.equal(kinds, "python"), pc.equal(kinds, "native")
+        python_files = pc.unique(table["file"].filter(python_mask)).drop_null().cast(pa.string())
+        native_modules = pc.unique(table["module"].filter(native_mask)).drop_null().cast(pa.string())
+        classified = _classified_paths(db, python_files, native_modules)
+        path, is_python, is_generated = classified["path"], classified["python"], classified["is_generated"]
+
+        def member(column: str, values: pa.ChunkedArray) -> np.ndarray:
+            found = pc.is_in(table[column], value_set=values.combine_chunks().cast(pa.string()))
+            return pc.fill_null(found, False).to_numpy(zero_copy_only=False)
+
+        python = _numpy_bools(python_mask) & _numpy_bools(pc.is_valid(table["file"]))
+        user = python & member("file", path.filter(classified["is_user"]))
+        return cls(
+            python=python,
+            user=user,
+            generated=(python & member("file", path.filter(pc.and_(is_python, is_generated))))
+            | (_numpy_bools(native_mask) & member("module", path.filter(pc.and_(pc.invert(is_python), is_generated)))),
+            anonymous=user & _numpy_bools(pc.fill_null(pc.equal(table["file"], "<string>"), False)),
+            symbolized=_numpy_bools(pc.not_equal(kinds, "marker")) & _numpy_bools(pc.is_valid(table["function"])),
+        )
+
+
+def _classified_paths(db: IngestDb, python_files: pa.Array, native_modules: pa.Array) -> pa.Table:
+    """(path, python, is_user, is_generated) of Python files and native modules, by the macros."""
+    paths = pa.table(
+        {
+            "path": pa.concat_arrays([python_files, native_modules]),
+            "python": pa.array([True] * len(python_files) + [False] * len(native_modules), pa.bool_()),
+        }
+    )
+    if not paths.num_rows:
+        return paths.append_column("is_user", pa.array([], pa.bool_())).append_column(
+            "is_generated", pa.array([], pa.bool_())
+        )
+    db.register("ingest_site_paths", paths)
+    try:
+        return query_arrow(
+            db.con,
+            "SELECT path, python, python AND python_file_is_user(path) AS is_user, "
+            "coalesce(is_generated_path(path), false) AS is_generated FROM ingest_site_paths",
+        )
+    finally:
+        db.unregister("ingest_site_paths")
+
+
+def _numpy_bools(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return values.to_numpy(zero_copy_only=False)
+
+
+def _keyed_sites(
+    db: IngestDb,
+    table: pa.Table,
+    stacks: np.ndarray,
+    depth: np.ndarray,
+    site_frame: np.ndarray,
+    is_user: np.ndarray,
+    portable: dict[str, str],
+) -> pa.Table:
+    """Rows shaped like `stack_sites_from`'s: each stack's site frame (a row of `table`, -1 none)
+    at `depth`, with its key and portable file."""
+    sited = depth >= 0
+    take = pa.array(np.where(sited, site_frame, 0), pa.int64(), mask=~sited)  # null: no site (or no frames at all)
     site_kind = table["kind"].take(take)
     site_file = table["file"].take(take)
-    python_site = pc.equal(site_kind, "python")
     portable_file = pc.if_else(
-        python_site,
+        pc.equal(site_kind, "python"),
         pa.array([portable.get(f, f) if f is not None else None for f in site_file.to_pylist()], pa.string()),
         pa.scalar(None, pa.string()),
     )
@@ -366,7 +261,7 @@ def sites_of_laid_out(db: IngestDb, frames: Any, stack_ids: np.ndarray, portable
             "site_first_line": table["first_line"].take(take),
             "site_module": table["module"].take(take),
             "site_portable_file": portable_file,
-            "site_is_user": pa.array(user_depth >= 0, pa.bool_()),
+            "site_is_user": pa.array(is_user, pa.bool_()),
             "sited": pa.array(sited, pa.bool_()),
         }
     )
@@ -405,18 +300,11 @@ def _first_depth_per_stack(
     return depth
 
 
-def _lent_rows(
-    frame_of_row: np.ndarray,
-    row_stack: np.ndarray,
-    row_depth: np.ndarray,
-    python: np.ndarray,
-    user_frame: np.ndarray,
-    generated_frame: np.ndarray,
-    anonymous_frame: np.ndarray,
-) -> np.ndarray:
+def _lent_rows(frame_of_row: np.ndarray, row_stack: np.ndarray, row_depth: np.ndarray, kind: _FrameKinds) -> np.ndarray:
     """Rows of '<string>' frames that belong to their caller: inside generated code (a generated Python
-    frame further out) and called by a Python frame that is not user code (`stack_sites_from`'s `lent`)."""
-    python_rows = np.flatnonzero(python[frame_of_row])
+    frame further out) and called by a Python frame that is not user code (`stack_sites_from`'s `lent`;
+    the caller is the next Python frame out whose file is known)."""
+    python_rows = np.flatnonzero(kind.python[frame_of_row])
     lent = np.zeros(len(frame_of_row), dtype=bool)
     if not len(python_rows):
         return lent
@@ -424,14 +312,14 @@ def _lent_rows(
     same_stack = row_stack[python_rows[1:]] == row_stack[python_rows[:-1]]
     caller[:-1] = np.where(same_stack, python_rows[1:], -1)
     # Outermost generated Python frame of each stack (rows are by stack, then depth).
-    generated_rows = python_rows[generated_frame[frame_of_row[python_rows]]]
+    generated_rows = python_rows[kind.generated[frame_of_row[python_rows]]]
     outermost = {}
     for row in generated_rows.tolist():
         outermost[int(row_stack[row])] = int(row_depth[row])
-    anonymous = np.flatnonzero(anonymous_frame[frame_of_row[python_rows]] & user_frame[frame_of_row[python_rows]])
+    anonymous = np.flatnonzero(kind.anonymous[frame_of_row[python_rows]])
     for index in anonymous.tolist():
         row, by = python_rows[index], caller[index]
-        if by < 0 or user_frame[frame_of_row[by]]:
+        if by < 0 or kind.user[frame_of_row[by]]:
             continue
         if outermost.get(int(row_stack[row]), -1) > row_depth[row]:
             lent[row] = True
