@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,37 @@ def run_python(
 
 def manifest(run_dir: Path) -> dict:
     return json.loads((run_dir / "manifest.json").read_text())
+
+
+def spark_unavailable() -> str | None:
+    """Why PySpark cannot run here, or None. Only the interpreter is a reason: PySpark 4.3 (the
+    version the `spark` extra installs) needs CPython 3.11+; a missing package or Java is a setup
+    error the tests report by failing."""
+    if sys.version_info < (3, 11):
+        return f"PySpark 4.3 needs CPython 3.11 or newer; this is CPython {platform.python_version()}"
+    return None
+
+
+# The tests' Spark jobs are short and many on two cores: a JVM that compiles with its quick compiler
+# only, and collects garbage on one thread, takes about half the CPU for them (the optimizing
+# compiler's threads never pay back in a job of seconds). Users' long jobs keep the JVM's defaults.
+QUICK_JVM = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One Spark session (local[2], no UI, loopback) for every test that needs one."""
+    reason = spark_unavailable()
+    if reason:
+        pytest.skip(reason)
+    from tbpipe.pipeline.lake.spark_ingest import spark_session
+
+    session = spark_session(
+        "local[2]",
+        {"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "2", **QUICK_JVM},
+    )
+    yield session
+    session.stop()
 
 
 @pytest.fixture(scope="session")

@@ -11,17 +11,15 @@ import datetime
 import io
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import TBPIPE
+from conftest import QUICK_JVM, TBPIPE
 from test_generated_code import generated  # noqa: F401 - the fixture: a run with generated code and its database
 from test_gpu_activity import double_library, workload  # noqa: F401 - fixtures: a run with GPU activity, ingested
 from test_report import VERSION_1, capture_night, version_2
@@ -31,36 +29,6 @@ from tbpipe.pipeline.lake import ids, store
 from tbpipe.pipeline.lake.spark_ingest import SHARD_CONF
 
 SHARD_ADDRESSES = 2  # small: the libpython module's addresses are split over several tasks
-
-
-def spark_unavailable() -> str | None:
-    """Why PySpark cannot run here, or None. Only the interpreter is a reason: PySpark 4.3 (the
-    version the `spark` extra installs) needs CPython 3.11+; a missing package or Java is a setup
-    error the tests report by failing."""
-    if sys.version_info < (3, 11):
-        return f"PySpark 4.3 needs CPython 3.11 or newer; this is CPython {platform.python_version()}"
-    return None
-
-
-# The tests' Spark jobs are short and many on two cores: a JVM that compiles with its quick compiler
-# only, and collects garbage on one thread, takes about half the CPU for them (the optimizing
-# compiler's threads never pay back in a job of seconds). Users' long jobs keep the JVM's defaults.
-QUICK_JVM = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
-
-
-@pytest.fixture(scope="session")
-def spark():
-    reason = spark_unavailable()
-    if reason:
-        pytest.skip(reason)
-    from tbpipe.pipeline.lake.spark_ingest import spark_session
-
-    session = spark_session(
-        "local[2]",
-        {"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "2", **QUICK_JVM},
-    )
-    yield session
-    session.stop()
 
 
 def tbpipe(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:

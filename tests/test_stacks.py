@@ -1,10 +1,11 @@
-"""The stack stage (`tbpipe.pipeline.stacks`) held to one definition.
+"""The stack stage (`tbpipe.pipeline.stacks`) against hand-written expectations.
 
-The combined order is computed three ways: per stack (`order.combined_order`, the definition), over
-whole runs with numpy (`layout.combined_slots`, the ingest) and through raw tables and a symbolizer
-(`render.symbolize_stacks`, the in-process path). Each hand-written case below states the order a
-person expects, and all three must produce exactly it. Also here: the constants that the schemas
-and the extension share, the stack hash's MD5 against DuckDB's, and the module key's two encoders.
+The combined order: each hand-written case below states the order a person expects, and the
+definition (`order.combined_order`), the ingest's columnar path (`layout.combined_slots`) and the
+in-process path (`render.symbolize_stacks`) must each produce exactly it; tests/test_rules.py holds
+the fast path to the definition on random stacks. Also here: the constants that the schemas and
+the extension share, the stack hash's MD5 against DuckDB's, the module key's encoding, and what the
+stack hash keeps apart.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tbpipe.pipeline.stacks import layout, order, render
 from tbpipe.pipeline.symbols.model import SymbolizedFrame
 from tbpipe.schemas import identity, raw
 from tbpipe.schemas.lake import TABLES
-from tbpipe.schemas.modulekey import KeyKind, ModuleKey, _key_column, module_key_column
+from tbpipe.schemas.modulekey import KeyKind, ModuleKey
 
 E = raw.NATIVE_FRAME_EVAL_LOOP
 M = raw.NATIVE_FRAME_MARKER
@@ -189,22 +190,6 @@ def test_ingest_layout_is_the_definition_for_every_case_at_once() -> None:
     assert _by_layout(CASES) == [(case[4], case[5]) for case in CASES]
 
 
-def test_ingest_layout_agrees_with_the_definition_on_random_stacks() -> None:
-    rng = random.Random(7)
-    cases = []
-    for _ in range(400):
-        native = [rng.choice([0, 0, E]) for _ in range(rng.randrange(0, 9))]
-        if native and rng.random() < 0.2:
-            native[-1] = M
-        python = [rng.choice([0, ENTRY]) for _ in range(rng.randrange(0, 7))]
-        status = (raw.STACK_NATIVE_TRUNCATED if native and native[-1] & M else 0) | (
-            raw.STACK_NO_NATIVE if rng.random() < 0.05 else 0
-        )
-        cases.append(("random", native, python, status, None, None))
-    expected = [_by_reference(native, python, status) for _n, native, python, status, _e, _p in cases]
-    assert _by_layout(cases) == expected
-
-
 # ------------------------------------------------------------------------------------------ one source of truth
 
 
@@ -287,17 +272,6 @@ def test_module_key_one_encoding(build_id, path, kind, encoded) -> None:
     assert key.build_id == (key.value if kind is KeyKind.BUILD_ID else None)
 
 
-def test_module_key_column_is_the_scalar_encoding() -> None:
-    build_ids = pa.array([case[0] for case in KEY_CASES], pa.string())
-    paths = pa.array([case[1] for case in KEY_CASES], pa.string())
-    expected = [case[3] for case in KEY_CASES]
-    assert _key_column(build_ids, paths).to_pylist() == expected  # the column operations
-    assert module_key_column(build_ids, paths).to_pylist() == expected
-    # Again, now from the keys it remembers, and in another order.
-    order = pa.array(list(reversed(range(len(KEY_CASES)))))
-    assert module_key_column(build_ids.take(order), paths.take(order)).to_pylist() == expected[::-1]
-
-
 # ------------------------------------------------------------------------------------------ stack hashes
 
 
@@ -357,72 +331,19 @@ def _random_raw_tables(rng: np.random.Generator, stacks: int) -> dict[str, pa.Ta
     return {"stacks": stacks_table, "modules": modules, "code": code}
 
 
-def _hashes_by_numpy(tables: dict[str, pa.Table]) -> np.ndarray:
-    """The stack hash of each distinct raw stack, composed from `identity`'s numpy definition."""
-    import pyarrow.compute as pc
-
-    stacks = tables["stacks"].sort_by("stack_id")
-    modules, code = tables["modules"], tables["code"]
-    module_hash = identity.md5_low64(
-        module_key_column(modules["build_id"].combine_chunks(), modules["path"].combine_chunks()).to_pylist()
-    )
-    module_row = {}
-    for row, index in enumerate(modules["module_index"].to_pylist()):
-        module_row.setdefault(index, row)
-    code_hash = {
-        code_id: int(h)
-        for code_id, h in zip(
-            code["code_id"].to_pylist(),
-            identity.md5_low64(
-                f"{f}\x1f{q}\x1f{line}"
-                for f, q, line in zip(*(code[c].to_pylist() for c in ("filename", "qualname", "first_line")))
-            ),
-        )
-    }
-    native = pc.list_flatten(stacks["native"]).combine_chunks() if stacks.num_rows else None
-    python = pc.list_flatten(stacks["python"]).combine_chunks() if stacks.num_rows else None
-    n_module = native.field("module").to_numpy()
-    n_flags = native.field("flags").to_numpy()
-    n_hash = np.array(
-        [module_hash[module_row[m]] if m in module_row else identity.MISSING for m in n_module], np.uint64
-    )
-    n_offset = np.where((n_flags & E) != 0, 0, native.field("offset").to_numpy()).astype(np.uint64)
-    native_keys = identity.native_frame_keys(n_hash, n_offset, n_flags & ~np.uint32(raw.NATIVE_FRAME_BY_FRAME_POINTER))
-    p_code = python.field("code_id").to_numpy()
-    p_hash = np.array(
-        [code_hash.get(int(c), int(identity.mix64(np.array([c ^ identity.MISSING], np.uint64))[0])) for c in p_code],
-        np.uint64,
-    )
-    python_keys = identity.python_frame_keys(
-        p_hash,
-        python.field("line").to_numpy(),
-        python.field("flags").to_numpy() & ~np.uint32(raw.PYTHON_FRAME_LINE_RESOLVED),
-    )
-    return identity.stack_hashes(
-        native_keys,
-        pc.list_value_length(stacks["native"]).to_numpy(),
-        python_keys,
-        pc.list_value_length(stacks["python"]).to_numpy(),
-        stacks["status"].to_numpy(),
-    )
-
-
-def test_extension_hashes_stacks_as_identity_defines() -> None:
-    from tbpipe.pipeline.stacks.flatten import flatten_run
-
+def test_the_stack_hash_keeps_apart_what_frames_mean_and_nothing_else() -> None:
+    """The reference on random stacks: (nearly) one hash per stack; whether a line was resolved at
+    capture leaves the hash as it is, an entry flag changes it."""
     tables = _random_raw_tables(np.random.default_rng(7), 400)
-    flat = flatten_run(tables)
-    expected = _hashes_by_numpy(tables)
-    assert flat.hashes.tolist() == expected.tolist()
-    # Not a constant: the 400 random stacks hash to (nearly) 400 values, and a flag the hash keeps changes it.
-    assert len(set(expected.tolist())) > 350
-    stacks = tables["stacks"].to_pylist()
-    stacks[0]["python"] = [{"code_id": 11, "offset": 0, "line": 5, "flags": ENTRY}]
-    stacks[1]["python"] = [{"code_id": 11, "offset": 0, "line": 5, "flags": ENTRY | raw.PYTHON_FRAME_LINE_RESOLVED}]
-    stacks[2]["python"] = [{"code_id": 11, "offset": 0, "line": 5, "flags": 0}]
-    for stack in stacks[:3]:
+    hashes = identity.raw_stack_hashes(tables["stacks"], tables["modules"], tables["code"])
+    assert len(set(hashes.tolist())) > 350
+    stacks = tables["stacks"].to_pylist()[:3]
+    for stack, flags in zip(stacks, (ENTRY, ENTRY | raw.PYTHON_FRAME_LINE_RESOLVED, 0)):
         stack["native"], stack["status"] = [], 0
-    changed = flatten_run({**tables, "stacks": pa.Table.from_pylist(stacks, raw.stacks_schema())}).hashes
+        stack["python"] = [{"code_id": 11, "offset": 0, "line": 5, "flags": flags}]
+    changed = identity.raw_stack_hashes(
+        pa.Table.from_pylist(stacks, raw.stacks_schema()), tables["modules"], tables["code"]
+    )
     assert changed[0] == changed[1] != changed[2]
 
 

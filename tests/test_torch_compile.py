@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -337,28 +336,6 @@ def test_compiles_are_events_with_their_time_at_the_calls_that_caused_them(compi
     assert all(float(seconds) > 0 for *_rest, seconds in rows)
     # The second call of the compiled Block compiled nothing.
     assert not any(line == line_of(TRAIN, "AGAIN CALL") for _name, line in at)
-
-
-def test_sites_of_compiled_stacks_equal_the_sql_definition(compiled, tmp_path) -> None:
-    from tbpipe.pipeline.db.ingest.siting import site_stacks
-    from tbpipe.pipeline.db.ingest.tables import IngestDb
-
-    copy = tmp_path / "copy.duckdb"
-    shutil.copy(compiled["db"], copy)
-    sql = (
-        "SELECT s.stack_id, s.site_depth, s.site_kind, s.site_is_user, s.site_file, s.site_line, t.site_key "
-        "FROM stack_sites s LEFT JOIN sites t USING (site_id) ORDER BY s.stack_id"
-    )
-    before = query(copy, sql)
-    con = open_database(copy)
-    try:
-        con.execute("BEGIN TRANSACTION")
-        site_stacks(IngestDb(con), from_stack=None)
-        con.execute("COMMIT")
-    finally:
-        con.close()
-    assert query(copy, sql) == before
-    assert len(before) > 10
 
 
 def test_a_new_graph_break_is_a_regression_in_the_report(compiled) -> None:
