@@ -310,7 +310,7 @@ class DebuginfodClient:
     def _client(self) -> Any:
         with self._lock:
             if self._http is None:
-                # httpx costs ~0.1 s to import: only a process that asks a server pays it.
+                # httpx is slow to import: only a process that asks a server pays for it (not a warm addr2line).
                 import httpx
 
                 from tbpipe.capture import __version__
