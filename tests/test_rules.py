@@ -36,8 +36,8 @@ from tbpipe.schemas.modulekey import ModuleKey, module_key_column
 E, M, ENTRY = raw.NATIVE_FRAME_EVAL_LOOP, raw.NATIVE_FRAME_MARKER, raw.PYTHON_FRAME_ENTRY
 BY_FP, EXACT, RESOLVED = raw.NATIVE_FRAME_BY_FRAME_POINTER, raw.NATIVE_FRAME_EXACT_PC, raw.PYTHON_FRAME_LINE_RESOLVED
 
-# Few examples of many stacks each: every test here takes a few seconds on two cores. Nothing is
-# stored between sessions (no .hypothesis folder in the checkout).
+# Few examples of many stacks each: every test here takes a few seconds on two cores. No example
+# database: a failure is reported with the case that makes it, and each run draws afresh.
 QUICK = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 UINT32 = st.integers(0, 2**32 - 1)
 UINT64 = st.integers(0, 2**64 - 1)
