@@ -143,7 +143,7 @@ def build(path: Path, nights: int, ranks: int, sites: int) -> None:
         """,
         {"ranks": ranks, "nights": nights, "runs": runs, "sites": sites},
     )
-    from tbpipe.pipeline.db.ingest.siting import count_sites
+    from tbpipe.pipeline.db.ingest.site_counts import count_sites
     from tbpipe.pipeline.db.ingest.tables import IngestDb
 
     count_sites(IngestDb(con), None)  # what the ingest keeps beside event_counts

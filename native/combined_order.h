@@ -1,7 +1,7 @@
 // The combined order of a batch of stacks: where each raw frame goes when Python frames are placed
-// among native ones (pipeline/stacks/layout.py's `combined_slots`, whose docstring gives the rule,
-// and pipeline/stacks/order.py, the per-stack definition the tests hold both to). One pass over the
-// frames of each stack instead of a sort of the whole batch.
+// among native ones. pipeline/stacks/order.py holds the rule (`combined_order`, the per-stack
+// reference, beside `combined_orders`, this fast path's binding), and tests/test_rules.py holds the
+// two equal. One pass over the frames of each stack instead of a sort of the whole batch.
 #pragma once
 
 #include <cstddef>

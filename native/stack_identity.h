@@ -1,6 +1,6 @@
 // Portable stack hashes computed in one pass over a run's raw frame columns: the same function as
-// pipeline/stacks/identity.py (which spells it out in numpy and stays the reference), for the
-// ingest, which hashes every raw stack of every run to find the few it has not seen.
+// schemas/identity.py (which spells it out in numpy and stays the reference), for the capture and
+// the ingest, which hashes every raw stack of every run to find the few it has not seen.
 #pragma once
 
 #include <cstddef>

@@ -28,13 +28,8 @@ import pyarrow.compute as pc
 from tbpipe.pipeline.db.connection import query_arrow, query_rows, query_value
 from tbpipe.pipeline.db.ingest.frames import FrameIds, resolve_frames
 from tbpipe.pipeline.db.ingest.read_ahead import PreparedRun, read_whole
-from tbpipe.pipeline.db.ingest.siting import (
-    import_roots,
-    number_sites,
-    portable_file,
-    sites_for_counting,
-    sites_of_laid_out,
-)
+from tbpipe.pipeline.db.ingest.site_counts import sites_for_counting
+from tbpipe.pipeline.db.ingest.siting import import_roots, number_sites, portable_file, sites_of_laid_out
 from tbpipe.pipeline.db.ingest.symbols import SymbolLoader
 from tbpipe.pipeline.db.ingest.tables import IngestDb
 from tbpipe.pipeline.progress import RunProgress

@@ -34,7 +34,8 @@ from tbpipe.pipeline.db.ingest import rows as run_rows
 from tbpipe.pipeline.db.ingest.lay_out import LaidOutBatch, StackIds
 from tbpipe.pipeline.db.ingest.outcomes import IngestOptions, RunOutcome
 from tbpipe.pipeline.db.ingest.read_ahead import LoadedRuns
-from tbpipe.pipeline.db.ingest.siting import insert_site_counts, insert_sites, record_portable_files
+from tbpipe.pipeline.db.ingest.site_counts import insert_site_counts
+from tbpipe.pipeline.db.ingest.siting import insert_sites, record_portable_files
 from tbpipe.pipeline.db.ingest.tables import IngestDb, QuarantineRun, raise_for_data_error
 from tbpipe.pipeline.db.ingest.tuning import DuckdbThreads
 from tbpipe.pipeline.progress import RunProgress
