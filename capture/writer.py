@@ -28,9 +28,9 @@ from tbpipe.schemas.identity import code_hashes, hash_stack_lists, module_hashes
 # dictionary-encoded by Parquet, timestamps delta-encoded.
 _PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 3, "write_page_checksum": True}
 # Parts of timestamped rows (events, GPU graph nodes) at level 1: most of an events part's bytes
-# are attributes that differ in every event, which level 3 compressed no better in twice the time
-# (level 1 came out 0.5% smaller on kernel launches, 9% smaller on torch ops); the flusher writes a
-# part per second. Stacks keep level 3 (a fifth smaller there, for little more time).
+# are attributes that differ in every event, which level 3 compresses no better in twice the time,
+# and the flusher writes a part per second. Stacks keep level 3 (markedly smaller there, for little
+# more time).
 _EVENTS_COMPRESSION_LEVEL = 1
 # A CUDA call's correlation id counts up across the process: delta-packed, about a byte an event.
 _EVENTS_ENCODING = {

@@ -299,7 +299,7 @@ def slot_table(slots: layout.Slots) -> pa.Table:
         {
             "stack_id": pa.array(slots.stack_id, pa.int64()),
             "slot": pa.array(slots.slot, pa.int32()),
-            "kind": layout.KIND_NAMES.take(pa.array(slots.kind.astype(np.int64))),
+            "kind": layout.kind_names().take(pa.array(slots.kind.astype(np.int64))),
             "function": slots.function.cast(pa.string()),
             "file": slots.file.cast(pa.string()),
             "line": pa.array(slots.line, pa.int32(), mask=slots.line < 0),

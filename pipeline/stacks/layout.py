@@ -17,6 +17,7 @@ Per-row work is numpy over integer columns; a frame's text is taken once per dis
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +30,16 @@ from tbpipe.pipeline.stacks.origins import ORIGIN_FLAG
 from tbpipe.schemas.raw import NATIVE_FRAME_EXACT_PC, NATIVE_FRAME_MARKER, STOP_REASONS
 
 PYTHON, NATIVE, MARKER = 0, 1, 2
-KIND_NAMES = pa.array(["python", "native", "marker"], pa.string())
+KINDS = ("python", "native", "marker")  # a frame's kind, by its code in the slots
+
+
+@functools.cache
+def kind_names() -> pa.Array:
+    """`KINDS` as an Arrow column, made when first needed: `pa.array` at import time would import
+    pandas (pyarrow asks it about every value it converts), a cost every command paid at start."""
+    return pa.array(KINDS, pa.string())
+
+
 NO_MODULE_REASON = "the run does not describe this frame's module"
 NOT_SYMBOLIZED_REASON = "not symbolized"
 
@@ -186,7 +196,7 @@ def combined_slots(
 
 def slots_from_table(table: pa.Table) -> Slots:
     """Slots read back from `stack_frames` rows with chain_depth 0 (ordered by stack_id, slot)."""
-    kind = pc.index_in(table["kind"], value_set=KIND_NAMES).to_numpy(zero_copy_only=False).astype(np.int8)
+    kind = pc.index_in(table["kind"], value_set=kind_names()).to_numpy(zero_copy_only=False).astype(np.int8)
     native = kind == NATIVE
 
     def column(name: str) -> pa.Array:
@@ -409,7 +419,7 @@ def _frame_contents(
     is_native = kind_codes != PYTHON
     frames = pa.table(
         {
-            "kind": KIND_NAMES.take(pa.array(kind_codes.astype(np.int64))),
+            "kind": kind_names().take(pa.array(kind_codes.astype(np.int64))),
             "function": function,
             "file": file,
             "line": pa.array(line.astype(np.int32), pa.int32(), mask=line < 0),
