@@ -25,7 +25,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from conftest import TBPIPE
-from support.browser import regressions_fit_the_page
+from support.browser import ARTIFACTS, chromium_page, regressions_fit_the_page
 
 VERSION_1 = """import sys
 
@@ -305,11 +305,6 @@ def test_accept_file(db, tmp_path) -> None:
 
 @pytest.mark.default_interpreter_only
 def test_html_report_in_chromium(db, tmp_path) -> None:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("Debian's chromium package is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
-
     page_file = tmp_path / "report.html"
     result = tbpipe(
         "report", "--db", str(db), "--candidate", "commit=c6", "--baseline-window", "5", "--group-by", "commit",
@@ -318,34 +313,97 @@ def test_html_report_in_chromium(db, tmp_path) -> None:
     assert result.returncode == 0, result.stderr
     text = page_file.read_text()
     assert "http://" not in text and "https://" not in text  # nothing fetched from anywhere
-    artifacts = Path(__file__).resolve().parents[1] / "test-artifacts"
-    artifacts.mkdir(exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium)
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 900})
-            errors: list[str] = []
-            page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-            page.on("pageerror", lambda error: errors.append(str(error)))
-            page.goto(page_file.as_uri())
-            assert page.inner_text("#verdict").startswith("3 regressions (2 new, 1 increased)")
-            rows = page.locator("#regressions tr.regression")
-            assert rows.count() == 3
-            assert page.locator("#regressions .frame.python").first.is_visible() is False
-            rows.first.locator("summary").click()
-            assert rows.first.locator(".frame.python").first.is_visible()
-            assert rows.first.locator(".frame.native").count() > 0
-            assert regressions_fit_the_page(page)  # long frames scroll inside their cell
-            assert page.locator("svg.chart rect").count() >= 4
-            assert page.locator("#regressions svg.trend").count() == 3
-            page.locator("#all-sites summary").click()
-            page.fill("#site-filter", "gather")
-            visible = [r for r in page.locator("#sites tr").all()[1:] if r.is_visible()]
-            assert len(visible) == 1 and "gather" in visible[0].inner_text()
-            page.screenshot(path=str(artifacts / "report.png"), full_page=True)
-            assert errors == []
-        finally:
-            browser.close()
+    with chromium_page() as page:
+        page.goto(page_file.as_uri())
+        assert page.inner_text("#verdict").startswith("3 regressions (2 new, 1 increased)")
+        rows = page.locator("#regressions tr.regression")
+        assert rows.count() == 3
+        assert page.locator("#regressions .frame.python").first.is_visible() is False
+        rows.first.locator("summary").click()
+        assert rows.first.locator(".frame.python").first.is_visible()
+        assert rows.first.locator(".frame.native").count() > 0
+        assert regressions_fit_the_page(page)  # long frames scroll inside their cell
+        assert page.locator("svg.chart rect").count() >= 4
+        assert page.locator("#regressions svg.trend").count() == 3
+        page.locator("#all-sites summary").click()
+        page.fill("#site-filter", "gather")
+        visible = [r for r in page.locator("#sites tr").all()[1:] if r.is_visible()]
+        assert len(visible) == 1 and "gather" in visible[0].inner_text()
+        page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+
+
+def _visible_rows(traceback) -> list[tuple[str, str]]:
+    """(kind class, text) of the rows a traceback shows in the page's mode."""
+    return [
+        (classes.split()[1], text)
+        for classes, text in traceback.locator(".frame").evaluate_all(
+            "rows => rows.filter(r => r.offsetParent !== null).map(r => [r.className, r.innerText])"
+        )
+    ]
+
+
+@pytest.mark.default_interpreter_only
+def test_html_report_switches_focus_modes_in_chromium(db, tmp_path) -> None:
+    """The report's tracebacks in each mode show what `focus.focus_frames` gives (the one rule); the
+    switch changes no count and keeps the mode in the URL."""
+    from tbpipe.pipeline.db import read
+    from tbpipe.pipeline.stacks import focus
+
+    args = ("--candidate", "commit=c6", "--baseline", "commit=c5", "--group-by", "commit", "--no-suspects")
+    page_file = tmp_path / "report.html"
+    result = tbpipe("report", "--db", str(db), *args, "--format", "html", "--out", str(page_file))
+    assert result.returncode == 0, result.stderr
+    regressions = report_json(db, *args)["regressions"]
+    with duckdb.connect(str(db), read_only=True) as con:
+        rules = read.focus_rules(con)
+    expected = {mode: [focus.focus_frames(r["traceback"], mode, rules) for r in regressions] for mode in focus.MODES}
+    with chromium_page() as page:
+        page.goto(page_file.as_uri())
+        rows = page.locator("#regressions tr.regression")
+        assert rows.count() == len(regressions) > 0
+        for row in rows.all():
+            row.locator("details.traceback summary").click()
+        counts = page.locator("#regressions td.num").all_inner_texts()
+        first = rows.first.locator(".frames")
+        assert page.locator("body").get_attribute("data-frames") == "program"
+        # Program mode: the program's own frames, then the start-up folded into one row.
+        shown = _visible_rows(first)
+        assert shown[-1][0] == "folded" and shown[-1][1].startswith("[start-up] ")
+        assert {kind for kind, _ in shown[:-1]} == {"python"}
+        assert all("app.py:" in text for _, text in shown[:-1]) and "<module>" in shown[-2][1]
+        page.screenshot(path=str(ARTIFACTS / "report-focus-program.png"), full_page=True)
+        for mode in ("all", "python", "native", "program"):
+            page.locator(f".focus-modes button[data-mode='{mode}']").first.click()
+            assert page.locator("body").get_attribute("data-frames") == mode
+            assert page.url.endswith("report.html" if mode == "program" else f"#frames={mode}")
+            switches = page.locator(".focus-modes")
+            on = page.locator(".focus-modes button.on").evaluate_all("buttons => buttons.map(b => b.dataset.mode)")
+            assert on == [mode] * switches.count()
+            for row, focused in zip(rows.all(), expected[mode]):
+                shown = _visible_rows(row.locator(".frames"))
+                assert len(shown) == len(focused), mode
+                for (kind, text), frame in zip(shown, focused):
+                    if isinstance(frame, focus.StartUp):
+                        assert (kind, text) == ("folded", frame.text)
+                    else:
+                        assert kind == frame["kind"] and (frame["function"] or "??") in text, (mode, text)
+            functions = {text.split()[-1] for _, text in _visible_rows(first)}
+            if mode == "all":
+                assert {"_start", "Py_BytesMain", "_PyEval_Vector", "<module>"} <= functions
+            if mode == "python":
+                assert "<module>" in functions and not functions & {"Py_BytesMain", "_PyEval_Vector"}
+            if mode == "native":
+                assert "Py_BytesMain" in functions and "<module>" not in functions
+            assert page.locator("#regressions td.num").all_inner_texts() == counts  # folding changes no count
+            if mode != "program":
+                page.screenshot(path=str(ARTIFACTS / f"report-focus-{mode}.png"), full_page=True)
+        # A link with the mode opens the page in it; a changed fragment switches it.
+        page.goto("about:blank")
+        page.goto(page_file.as_uri() + "#frames=native")
+        assert page.locator("body").get_attribute("data-frames") == "native"
+        assert page.locator(".focus-modes button.on").first.get_attribute("data-mode") == "native"
+        page.evaluate("location.hash = 'frames=python'")
+        page.wait_for_function("document.body.dataset.frames === 'python'")
 
 
 def _downgrade_to_schema_2(path: Path) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from tbpipe.pipeline.db.connection import query_rows
 from tbpipe.pipeline.errors import UsageError
+from tbpipe.pipeline.stacks import focus
 from tbpipe.pipeline.stacks.render import Frame, frame
 
 
@@ -29,6 +30,12 @@ def _native_name(function: str | None, module: str | None, address: int | None) 
         return function
     base = os.path.basename(module) if module else "??"
     return f"{base}+0x{address:x}" if address is not None else base
+
+
+def focus_rules(con: Any) -> focus.FrameRules:
+    """The focus modes' rules with this database's folders of tbpipe's own code (`user_code` rows of
+    origin 'tbpipe'), for every view that focuses stacks."""
+    return focus.rules_from(r[0] for r in query_rows(con, "SELECT prefix FROM user_code WHERE origin = 'tbpipe'"))
 
 
 def stack_frames(con: Any, stack_id: int) -> list[Frame]:

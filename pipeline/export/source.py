@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from tbpipe.pipeline.db import read
 from tbpipe.pipeline.db.connection import query_arrow, query_rows
 from tbpipe.pipeline.db.read import RolledUpError
 from tbpipe.pipeline.db.selectors import resolve_runs
@@ -422,8 +423,7 @@ class ExportSource:
         located = StackLocations(_locations(frames), _grouped(slots, "stack_id", "location_id", "location_ids"))
         if self.frames == "all":
             return located
-        prefixes = [r[0] for r in query_rows(self.con, "SELECT prefix FROM user_code WHERE origin = 'tbpipe'")]
-        return focused_locations(located, self.frames, focus.rules_from(prefixes))
+        return focused_locations(located, self.frames, read.focus_rules(self.con))
 
     def stack_sites(self) -> pa.Table:
         """stack_id, site: the call site of every chosen stack as `file:line:function` (NULL when it has none)."""

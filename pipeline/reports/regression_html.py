@@ -6,13 +6,17 @@ largest changes, the flagged sites with their combined tracebacks (Python and na
 apart), a trend over the window for each flagged site, and every compared site in a filterable table;
 then, when the runs recorded GPU activity, the same for GPU time per site with its own verdict. With
 suspects, each flagged site shows its top suspect, its suspects' hunks folded, and the frames they
-changed highlighted in its traceback.
+changed highlighted in its traceback. The tracebacks switch between the focus modes of
+`stacks.focus` in place: every row carries the modes that show it, computed here, and the page's
+switch only hides the others (the mode kept in the URL's fragment, `#frames=python`).
 """
 
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 from tbpipe.pipeline.reports.regression.model import GpuSiteChange, RegressionReport, SiteChange, Spread
 from tbpipe.pipeline.reports.regression.suspects import touched_frames
@@ -25,6 +29,7 @@ from tbpipe.pipeline.reports.regression_markdown import (
     per_execution,
 )
 from tbpipe.pipeline.reports.units import format_duration
+from tbpipe.pipeline.stacks import focus
 
 BARS_SHOWN = 15
 
@@ -143,6 +148,24 @@ def frame_marks(site: SiteChange | GpuSiteChange) -> dict[tuple, str]:
     return {key: "changed by " + ", ".join(shas) for key, shas in touched_frames(site.suspects).items()}
 
 
+@dataclass(frozen=True)
+class _NoFrames:
+    """The row a mode that shows none of a traceback's frames shows instead."""
+
+    text: str
+    kind: str = "folded"
+
+
+def focus_rows(frames: list[Any], rules: focus.FrameRules) -> list[tuple[Any, str]]:
+    """A traceback's rows, innermost first, each with the classes of the focus modes that show it
+    (`in-program in-all`): its frames, the folded start-up row, and a row for each mode that shows
+    none of its frames. Every mode's rows are the traceback `focus.focus_frames` gives."""
+    rows = focus.modes_of_frames(frames, rules)
+    shown = {mode for _, modes in rows for mode in modes}
+    rows += [(_NoFrames(f"no frames in {focus.MODE_LABELS[m]} mode"), (m,)) for m in focus.MODES if m not in shown]
+    return [(row, " ".join(f"in-{mode}" for mode in modes)) for row, modes in rows] if frames else []
+
+
 def render_html(report: RegressionReport) -> str:
     template = _environment().get_template("regression.html.j2")
     return template.render(
@@ -159,4 +182,7 @@ def render_html(report: RegressionReport) -> str:
         history_line=history_line,
         suspects_html=suspects_html,
         frame_marks=frame_marks,
+        focus_rows=lambda frames: focus_rows(frames, report.focus_rules),
+        focus_modes=focus.MODE_LABELS,
+        default_mode=focus.DEFAULT_MODE,
     )

@@ -17,11 +17,8 @@ def focused_text(con: Any, frames: list[dict[str, Any]], mode: str) -> str:
     """`format_frames` of the frames `mode` shows; the start-up frames folded into one line."""
     if mode == "all":
         return format_frames(frames)
-    rules = focus.rules_from(
-        r[0] for r in con.execute("SELECT prefix FROM user_code WHERE origin = 'tbpipe'").fetchall()
-    )
     lines = []
-    for frame in focus.focus_frames(frames, mode, rules):
+    for frame in focus.focus_frames(frames, mode, read.focus_rules(con)):
         lines.append(frame.text if isinstance(frame, focus.StartUp) else format_frames([frame]))
     return "\n".join(lines)
 

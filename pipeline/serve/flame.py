@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tbpipe.pipeline.db import read
 from tbpipe.pipeline.db.connection import query_arrow, query_rows
 from tbpipe.pipeline.stacks import focus
 
@@ -59,8 +60,8 @@ class _Paths:
 
 
 def rules_of(cursor: Any) -> focus.FrameRules:
-    """The focus rules with this database's folders of tbpipe's own code (`user_code` rows of origin 'tbpipe')."""
-    return focus.rules_from(r[0] for r in query_rows(cursor, "SELECT prefix FROM user_code WHERE origin = 'tbpipe'"))
+    """The focus rules with this database's folders of tbpipe's own code (`read.focus_rules`)."""
+    return read.focus_rules(cursor)
 
 
 def _paths(

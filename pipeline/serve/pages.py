@@ -79,7 +79,7 @@ def environment():
     return _environment
 
 
-FOCUS_LABELS = (("program", "program"), ("python", "Python"), ("native", "native"), ("all", "all frames"))
+FOCUS_LABELS = tuple(focus.MODE_LABELS.items())
 
 
 def frames_mode(request: Request) -> str:

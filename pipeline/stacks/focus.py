@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 MODES = ("program", "python", "native", "all")
+MODE_LABELS = {"program": "program", "python": "Python", "native": "native", "all": "all frames"}  # a page's switch
 DEFAULT_MODE = "program"
 START_UP = "[start-up]"  # the row frames outer of the entry point fold into
 

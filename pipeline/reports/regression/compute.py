@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tbpipe.pipeline.db import read
 from tbpipe.pipeline.db.connection import query_arrow, query_rows
 from tbpipe.pipeline.reports.regression import select
 from tbpipe.pipeline.reports.regression.accept import AcceptList
@@ -80,6 +81,7 @@ def compare(
     report = RegressionReport(
         request, candidate, baseline, environment(con, baseline[-1], candidate), sites, expired, 0.0, gpu_sites
     )
+    report.focus_rules = read.focus_rules(con)
     if request.suspects:
         attach_suspects(con, report, request.repo, event_counts=_COUNTS[request.site_of][0])
     report.seconds = time.monotonic() - started

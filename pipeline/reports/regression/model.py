@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tbpipe.pipeline.stacks.focus import DEFAULT_RULES, FrameRules
+
 if TYPE_CHECKING:
     from tbpipe.pipeline.reports.regression.suspects import Suspect, SuspectHistory
 
@@ -253,6 +255,7 @@ class RegressionReport:
     seconds: float = 0.0
     gpu_sites: list[GpuSiteChange] = field(default_factory=list)  # GPU time per site, flagged first
     history: SuspectHistory | None = None  # where the suspects came from; None when not asked for
+    focus_rules: FrameRules = DEFAULT_RULES  # what the tracebacks' focus modes fold (the database's own code)
 
     @property
     def gpu_regressions(self) -> list[GpuSiteChange]:
