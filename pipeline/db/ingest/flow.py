@@ -76,6 +76,8 @@ def _ingest(
         store_user_code(db, rules)
         summary.user_code = rules
         symbols.refresh_improved_modules()
+        if not run_dirs:
+            return
         stored = query_arrow(db.con, "SELECT stack_hash FROM stacks")["stack_hash"].to_numpy()
         reader = RunReader(options, loaded, stored, run_dirs)
         ahead = ReadAhead(reader.prepare, run_dirs, options.limits)
