@@ -4,6 +4,7 @@ Helpers that the benchmarks share live in `support/`; `read_runs` is re-exported
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import platform
@@ -12,6 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.ingest import ingest
+from support.known_lines import LIBRARY, workload
+
+from tbpipe import capture
+from tbpipe.pipeline.rawrun import find_run_dirs
 
 # The CLI as the tests run it: the same interpreter, no reliance on PATH.
 TBPIPE = [sys.executable, "-m", "tbpipe.pipeline"]
@@ -105,3 +111,52 @@ def symbol_cache(tmp_path_factory) -> Path:
     path = tmp_path_factory.getbasetemp() / "tbpipe-symbols"
     path.mkdir(exist_ok=True)
     return path
+
+
+# ---------------------------------------------------------------- runs of the ingest tests (tests/test_ingest*.py)
+
+
+@pytest.fixture(scope="session")
+def library(tmp_path_factory):
+    """A module under a site-packages folder: not user code, so sites skip its frames. Its folder stays
+    on sys.path for the whole session: the runs that call it are captured when first asked for."""
+    site_packages = tmp_path_factory.mktemp("venv") / "site-packages"
+    package = site_packages / "fakelib_tbpipe"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "launch.py").write_text(LIBRARY)
+    sys.path.insert(0, str(site_packages))
+    try:
+        yield importlib.import_module("fakelib_tbpipe.launch")
+    finally:
+        sys.path.remove(str(site_packages))
+        sys.modules.pop("fakelib_tbpipe.launch", None)
+        sys.modules.pop("fakelib_tbpipe", None)
+
+
+@pytest.fixture(scope="session")
+def workload_runs(tmp_path_factory, library) -> Path:
+    """The workload at known lines (support/known_lines.py), captured once."""
+    out = tmp_path_factory.mktemp("workload") / "runs"
+    with capture.session(out, labels={"suite": "workload"}):
+        workload(library)
+    return out
+
+
+@pytest.fixture(scope="session")
+def workload_db(tmp_path_factory, workload_runs, symbol_cache) -> Path:
+    """`workload_runs` ingested, shared by several files: a test that changes its user-code rules leaves its sites as found."""
+    db = tmp_path_factory.mktemp("workload-db") / "tbpipe.duckdb"
+    summary = ingest(db, workload_runs, cache=symbol_cache)
+    assert summary.ok and summary.ingested == 1
+    return db
+
+
+@pytest.fixture(scope="session")
+def good_run(tmp_path_factory, library) -> Path:
+    """One whole run of the workload at known lines; tests copy it (`support.ingest._copy`), never change it."""
+    out = tmp_path_factory.mktemp("good") / "runs"
+    with capture.session(out, labels={"suite": "good"}):
+        workload(library)
+    (run_dir,) = find_run_dirs([out])
+    return run_dir
