@@ -4,12 +4,15 @@
   symbolizations (the common, warm case) print nothing and a cold libtorch shows what it does.
 - `RunProgress`: one bar over the runs of an ingest, with what the current run is doing.
 - `DownloadProgress`: bytes of debug files downloaded at once from debuginfod servers.
+- `StepProgress`: one bar over a long command's work (an export's events, a report's steps, a lake
+  export's tables) with what it does now.
 
-All are off when stderr is not a terminal, unless forced on.
+All are off when stderr is not a terminal or under CI (`on_terminal`), unless forced on or off.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -17,6 +20,14 @@ from collections.abc import Callable
 from typing import Any
 
 _SHOW_AFTER_S = 1.0
+
+
+def on_terminal(enabled: bool | None = None) -> bool:
+    """Whether to draw a bar: as asked (True/False), else when stderr is a terminal and no CI job
+    (`CI` set, as CI services do) would keep its redraws in a log."""
+    if enabled is not None:
+        return enabled
+    return sys.stderr.isatty() and not os.environ.get("CI")
 
 
 def _started_bar(title: str, detail: str | None) -> Any:
@@ -34,7 +45,7 @@ def _started_bar(title: str, detail: str | None) -> Any:
 
 class DelayedProgress:
     def __init__(self, enabled: bool | None = None, show_after: float = _SHOW_AFTER_S):
-        self._enabled = sys.stderr.isatty() if enabled is None else enabled
+        self._enabled = on_terminal(enabled)
         self._show_after = show_after
         self._started = time.monotonic()
         self._progress: Any = None
@@ -86,7 +97,7 @@ class RunProgress:
     """A bar over an ingest's runs: how many are done, events so far, what the current run is doing."""
 
     def __init__(self, enabled: bool | None, total: int):
-        self.enabled = (sys.stderr.isatty() if enabled is None else enabled) and total > 0
+        self.enabled = on_terminal(enabled) and total > 0
         self.total = total
         self._progress: Any = None
         self._task: Any = None
@@ -117,6 +128,47 @@ class RunProgress:
             self._progress.stop()
 
 
+class StepProgress:
+    """A bar over one command's work, `total` units of it (events, steps, tables), with what it does
+    now. Disabled, every method does nothing: a library function takes one whether or not it draws."""
+
+    def __init__(self, title: str, total: float = 0, enabled: bool | None = False):
+        self.enabled = on_terminal(enabled)
+        self.title = title
+        self.total = total
+        self._progress: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> StepProgress:
+        if self.enabled:
+            self._progress = _started_bar(f"[bold]{self.title}[/]", "{task.fields[doing]}")
+            self._task = self._progress.add_task(self.title, total=self.total or None, doing="")
+        return self
+
+    def describe(self, doing: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, doing=doing)
+
+    def step(self, doing: str) -> None:
+        """One unit done, and what the next is."""
+        if self._progress is not None:
+            self._progress.update(self._task, advance=1, doing=doing)
+
+    def advance(self, amount: float) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, advance=amount)
+
+    def set_total(self, total: float) -> None:
+        self.total = total
+        if self._progress is not None:
+            self._progress.update(self._task, total=total or None)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
 def size_text(size: float) -> str:
     for unit in ("B", "kB", "MB", "GB"):
         if size < 1000 or unit == "GB":
@@ -136,7 +188,7 @@ class DownloadProgress:
         describe: Callable[[str], None] | None = None,
         show_after: float = _SHOW_AFTER_S,
     ):
-        self._enabled = (sys.stderr.isatty() if enabled is None else enabled) and describe is None
+        self._enabled = on_terminal(enabled) and describe is None
         self._describe = describe
         self._show_after = show_after
         self._started = time.monotonic()

@@ -41,6 +41,9 @@ def register(app: typer.Typer) -> None:
         ),
         db: Path | None = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
         wait: float = typer.Option(30.0, "--wait", help="Seconds to wait while an ingest is writing the database."),
+        progress: bool | None = typer.Option(
+            None, "--progress/--no-progress", help="Progress bar on stderr (default: on a terminal, not under CI)."
+        ),
     ) -> None:
         """Export events and their combined stacks as pprof, collapsed stacks (flame graphs) or a Chrome trace."""
         from tbpipe.pipeline.db import open_database
@@ -59,6 +62,7 @@ def register(app: typer.Typer) -> None:
                 out,
                 traceback_args=traceback_args,
                 frames=frames,
+                progress=progress,
             )
         finally:
             con.close()

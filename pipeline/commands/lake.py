@@ -21,13 +21,16 @@ def register(app: typer.Typer) -> None:
         lake: Path = typer.Option(
             ..., "--lake", help="The lake folder (made if needed; tables written replace its own)."
         ),
+        progress: bool | None = typer.Option(
+            None, "--progress/--no-progress", help="Progress bar on stderr (default: on a terminal, not under CI)."
+        ),
     ) -> None:
         """Write a DuckDB database as a lake (content-derived ids, events partitioned by run)."""
         from tbpipe.pipeline.lake.export import export_database
 
         if not db.is_file():
             raise UsageError(f"no database at {db}")
-        summary = export_database(db, lake)
+        summary = export_database(db, lake, progress=progress)
         total = sum(summary.rows.values())
         print(
             f"tbpipe: exported {db} to {lake}: {summary.rows.get('runs', 0):,} runs, "

@@ -86,6 +86,9 @@ def register(app: typer.Typer) -> None:
         ),
         db: Path | None = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
         lake: Path | None = typer.Option(None, "--lake", help="Read a Parquet lake folder instead of a database file."),
+        progress: bool | None = typer.Option(
+            None, "--progress/--no-progress", help="Progress bar on stderr (default: on a terminal, not under CI)."
+        ),
     ) -> None:
         """Compare a run (or group) with a baseline run or window, call site by call site."""
         from tbpipe.pipeline.db import open_database
@@ -130,7 +133,7 @@ def register(app: typer.Typer) -> None:
         else:
             con = open_database(db, read_only=True)
         try:
-            result = compare(con, request, accepted)
+            result = compare(con, request, accepted, progress=progress)
         finally:
             con.close()
         text = render(result, output_format)

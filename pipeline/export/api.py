@@ -14,6 +14,7 @@ from typing import Any, BinaryIO
 from tbpipe.pipeline.errors import TbpipeError, UsageError
 from tbpipe.pipeline.export.formats import ExportFormat
 from tbpipe.pipeline.export.source import ExportFilter, ExportSource
+from tbpipe.pipeline.progress import StepProgress
 
 
 class ExportOutputError(TbpipeError):
@@ -88,9 +89,11 @@ def export(
     *,
     traceback_args: bool = False,
     frames: str = "all",
+    progress: bool | None = False,
 ) -> ExportSummary:
     """Exports the events `choice` names from the database behind `con` as `fmt` to the file `out`
-    (None or '-': standard output), their stacks focused by `frames` (a mode of `stacks.focus`).
+    (None or '-': standard output), their stacks focused by `frames` (a mode of `stacks.focus`);
+    `progress`: a bar over the events on stderr (None: on a terminal, `progress.on_terminal`).
     Raises NoEventsError, RunSelectionError or ExportOutputError."""
     fmt = ExportFormat(fmt)
     if str(out) == "-":
@@ -98,7 +101,7 @@ def export(
     if out is None and fmt.binary and sys.stdout.isatty():
         raise UsageError(f"--format {fmt.value} writes binary data: give --out FILE or redirect standard output")
     path = Path(out) if out is not None else None
-    with ExportSource(con, choice, frames) as source:
+    with StepProgress(f"export {fmt.value}", 0, progress) as bar, ExportSource(con, choice, frames, bar) as source:
         if path is None:
             stream = sys.stdout.buffer
             events = export_to(source, fmt, stream, traceback_args=traceback_args)

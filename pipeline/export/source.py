@@ -34,6 +34,7 @@ from tbpipe.pipeline.db.connection import query_arrow, query_rows
 from tbpipe.pipeline.db.read import RolledUpError
 from tbpipe.pipeline.db.selectors import resolve_runs
 from tbpipe.pipeline.errors import UsageError
+from tbpipe.pipeline.progress import StepProgress
 from tbpipe.pipeline.stacks import focus
 
 BATCH_ROWS = 1 << 18
@@ -187,7 +188,10 @@ def focused_locations(located: StackLocations, mode: str, rules: focus.FrameRule
 class ExportSource:
     """The events an `ExportFilter` chooses, read from an open tbpipe database."""
 
-    def __init__(self, con: Any, choice: ExportFilter, frames: str = "all") -> None:
+    def __init__(
+        self, con: Any, choice: ExportFilter, frames: str = "all", progress: StepProgress | None = None
+    ) -> None:
+        """`progress`: a bar over the chosen events as they are read (its total set here)."""
         if frames not in focus.MODES:
             raise UsageError(f"frames must be one of {', '.join(focus.MODES)}, not {frames!r}")
         self.frames = frames
@@ -195,6 +199,7 @@ class ExportSource:
             raise UsageError("no run given: name one or more with --run (a run id, 'latest' or 'latest:K=V,...')")
         self.con = con
         self.choice = choice
+        self.progress = progress or StepProgress("export", enabled=False)
         self._prefix = f"tbpipe_export_{next(_sequence)}_"
         self._tables: list[str] = []
         self.run_ids = resolve_runs(con, choice.runs)
@@ -215,6 +220,7 @@ class ExportSource:
 
     def _choose(self) -> None:
         choice = self.choice
+        self.progress.describe(f"choosing the events of {len(self.run_ids):,} runs")
         runs = self._create(
             "runs",
             "SELECT run_id, run_number, rolled_up_at FROM runs WHERE list_contains(?, run_id)",
@@ -253,6 +259,7 @@ class ExportSource:
             """,
         )
         self.events = int(query_rows(self.con, f"SELECT coalesce(sum(events), 0) FROM {counts}")[0][0])
+        self.progress.set_total(self.events)
         if self.events == 0:
             what = f" of {choice.describe()}" if choice.describe() else ""
             raise NoEventsError(
@@ -304,17 +311,21 @@ class ExportSource:
 
     def stack_counts(self) -> pa.Table:
         """stack_id (NULL: events without a stack), events: the chosen events per stack, over runs and names."""
-        return query_arrow(
+        self.progress.describe("events per stack")
+        counts = query_arrow(
             self.con,
             f"""
             SELECT stack_id, sum(events)::BIGINT AS events FROM {self._table("counts")}
             GROUP BY stack_id ORDER BY stack_id NULLS FIRST
             """,
         )
+        self.progress.advance(self.events)
+        return counts
 
     def sample_batches(self, rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
         """run_number, name_id, thread_id, stack_id, events: the chosen events per run, name, thread and stack."""
-        yield from _arrow_batches(
+        self.progress.describe("samples")
+        for batch in _arrow_batches(
             self.con,
             f"""
             SELECT e.run_number, e.name_id, e.thread_id, e.stack_id, e.events
@@ -325,7 +336,9 @@ class ExportSource:
             """,
             [],
             rows,
-        )
+        ):
+            yield batch
+            self.progress.advance(int(batch.column("events").to_numpy().sum()))
 
     def event_batches(self, rows: int = BATCH_ROWS, numbers_as_text: bool = False) -> Iterator[pa.RecordBatch]:
         """event_id, run_number, ts_us (Unix epoch microseconds), thread_id, name_id, stack_id, attrs (JSON text):
@@ -333,7 +346,8 @@ class ExportSource:
         as decimal text (DuckDB converts them on all cores, for writers of text formats)."""
         self.require_events("the events themselves (a Chrome trace has one entry per event)")
         as_text = (lambda column: f"CAST({column} AS VARCHAR)") if numbers_as_text else (lambda column: column)
-        yield from _arrow_batches(
+        self.progress.describe("events")
+        for batch in _arrow_batches(
             self.con,
             f"""
             SELECT {as_text("e.event_id")} AS event_id, r.run_number, {as_text("epoch_us(e.ts)")} AS ts_us,
@@ -345,7 +359,9 @@ class ExportSource:
             """,
             [],
             rows,
-        )
+        ):
+            yield batch
+            self.progress.advance(batch.num_rows)
 
     def event_threads(self) -> list[tuple[int, int]]:
         """(run_number, thread_id) of every thread with chosen events."""
@@ -376,6 +392,7 @@ class ExportSource:
 
     def stack_locations(self) -> StackLocations:
         """The chosen stacks' locations, each distinct location once (see the module's docstring)."""
+        self.progress.describe("frames of the chosen stacks")
         counts = self._table("counts")
         # One row per slot (its innermost frame) with the slot's identity as a 64-bit hash: a
         # native address of a module, or a Python frame / marker by its text. (Hashing keeps the

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from tbpipe.pipeline.lake import ids, store
+from tbpipe.pipeline.progress import StepProgress
 from tbpipe.schemas.lake import PARTITION, TABLES
 
 
@@ -154,44 +155,56 @@ def _queries() -> dict[str, str]:
     }
 
 
-def export_database(db_path: Path, lake: Path) -> ExportSummary:
-    """Writes every table of the database at `db_path` into the lake at `lake` (made if needed)."""
+def export_database(db_path: Path, lake: Path, progress: bool | None = False) -> ExportSummary:
+    """Writes every table of the database at `db_path` into the lake at `lake` (made if needed);
+    `progress`: a bar over the tables on stderr (None: on a terminal, `progress.on_terminal`)."""
     import time
 
     from tbpipe.pipeline.db import open_database
-    from tbpipe.pipeline.db.connection import query_value
 
     started = time.monotonic()
     lake = Path(lake)
     store.create_lake(lake)
     con = open_database(db_path, read_only=True)
-    rows: dict[str, int] = {}
+    queries = _queries()
     try:
-        maps = _maps(con)
-        for name, table in maps.items():
-            con.register(name, table)
-        staging = store.staging_dir(lake)
-        try:
-            for table, query in _queries().items():
-                target = staging / table
-                target.mkdir()
-                rows[table] = int(query_value(con, f"SELECT count(*) FROM ({query})") or 0)
-                if TABLES[table].partitioned:
-                    con.execute(
-                        f"COPY ({query}) TO {store.sql_text(str(target))} "
-                        f"(FORMAT parquet, COMPRESSION zstd, PARTITION_BY ({PARTITION}), FILENAME_PATTERN 'part-{{i}}')"
-                    )
-                elif rows[table]:
-                    con.execute(
-                        f"COPY ({query}) TO {store.sql_text(str(target / 'part-0.parquet'))} "
-                        "(FORMAT parquet, COMPRESSION zstd)"
-                    )
-            for table in _queries():
-                store.swap_in(staging / table, store.table_dir(lake, table))
-        finally:
-            import shutil
-
-            shutil.rmtree(staging, ignore_errors=True)
+        with StepProgress("lake export", 1 + len(queries), progress) as bar:
+            bar.describe("content ids of runs, stacks, frames and sites")
+            rows = _write_tables(con, lake, queries, bar)
     finally:
         con.close()
     return ExportSummary(lake, rows, time.monotonic() - started)
+
+
+def _write_tables(con: Any, lake: Path, queries: dict[str, str], bar: StepProgress) -> dict[str, int]:
+    """Every table of `queries` written into a staging folder, then all swapped into the lake; each
+    table's row count."""
+    import shutil
+
+    from tbpipe.pipeline.db.connection import query_value
+
+    for name, table in _maps(con).items():
+        con.register(name, table)
+    rows: dict[str, int] = {}
+    staging = store.staging_dir(lake)
+    try:
+        for table, query in queries.items():
+            bar.step(f"table {table}")
+            target = staging / table
+            target.mkdir()
+            rows[table] = int(query_value(con, f"SELECT count(*) FROM ({query})") or 0)
+            if TABLES[table].partitioned:
+                con.execute(
+                    f"COPY ({query}) TO {store.sql_text(str(target))} "
+                    f"(FORMAT parquet, COMPRESSION zstd, PARTITION_BY ({PARTITION}), FILENAME_PATTERN 'part-{{i}}')"
+                )
+            elif rows[table]:
+                con.execute(
+                    f"COPY ({query}) TO {store.sql_text(str(target / 'part-0.parquet'))} "
+                    "(FORMAT parquet, COMPRESSION zstd)"
+                )
+        for table in queries:
+            store.swap_in(staging / table, store.table_dir(lake, table))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return rows

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from tbpipe.pipeline.db import read
 from tbpipe.pipeline.db.connection import query_arrow, query_rows
+from tbpipe.pipeline.progress import StepProgress
 from tbpipe.pipeline.reports.regression import select
 from tbpipe.pipeline.reports.regression.accept import AcceptList
 from tbpipe.pipeline.reports.regression.gpu_time import attach_gpu_tracebacks, compare_gpu_time
@@ -47,10 +48,23 @@ MODULES_SHOWN = 20
 
 
 def compare(
-    con: Any, request: ReportRequest, accept: AcceptList | None = None, today: dt.date | None = None
+    con: Any,
+    request: ReportRequest,
+    accept: AcceptList | None = None,
+    today: dt.date | None = None,
+    progress: bool | None = False,
 ) -> RegressionReport:
-    """The regression report for `request` over the database `con` (read-only is enough)."""
+    """The regression report for `request` over the database `con` (read-only is enough); `progress`:
+    a bar over its steps on stderr (None: on a terminal, `progress.on_terminal`)."""
+    with StepProgress("report", 4 + request.suspects, progress) as bar:
+        return _compare(con, request, accept, today, bar)
+
+
+def _compare(
+    con: Any, request: ReportRequest, accept: AcceptList | None, today: dt.date | None, bar: StepProgress
+) -> RegressionReport:
     started = time.monotonic()
+    bar.describe("choosing the runs")
     if (request.baseline is None) == (request.window is None):
         raise SelectionError("give a baseline: --baseline RUN or --baseline-window N (one of them)")
     if request.window is not None and request.window < 1:
@@ -69,12 +83,16 @@ def compare(
     sets = [*baseline, candidate]
     if request.site_of not in _COUNTS:
         raise SelectionError(f"site_of is {' or '.join(map(repr, _COUNTS))}, not {request.site_of!r}")
+    runs = sum(len(s.run_ids) for s in sets)
+    bar.step(f"counting events per site in {runs:,} run{'s' if runs != 1 else ''}")
     values = _site_values(con, sets, request)
     sites = _classify(values, sets, request)
+    bar.step("tracebacks of the flagged sites")
     _attach_tracebacks(con, candidate, sites, request)
     expired = _apply_accepts(sites, accept, today or dt.date.today())
     sites.sort(key=_order)
     # The second metric, GPU time per site: its own verdict, nothing above depends on it.
+    bar.step("GPU time per site")
     gpu_sites = compare_gpu_time(con, sets, request)
     attach_gpu_tracebacks(con, candidate, gpu_sites, request.tracebacks, lambda ids: _frames_of(con, ids))
     _apply_accepts(gpu_sites, accept, today or dt.date.today())
@@ -83,6 +101,7 @@ def compare(
     )
     report.focus_rules = read.focus_rules(con)
     if request.suspects:
+        bar.step("suspects: the commits between the two sides")
         attach_suspects(con, report, request.repo, event_counts=_COUNTS[request.site_of][0])
     report.seconds = time.monotonic() - started
     return report
