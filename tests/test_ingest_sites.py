@@ -69,33 +69,6 @@ def test_site_keys_name_file_function_and_line_offset(workload_db) -> None:
     assert keys and all(len(k) == 16 for (k,) in keys)
 
 
-def test_sites_of_new_stacks_equal_the_sql_definition(workload_db, tmp_path) -> None:
-    # The ingest sites new stacks from their frames in memory; `stack_sites_from` (SQL) is the
-    # definition, used when every stack is sited again. Both must give every stack the same site.
-    import shutil as _shutil
-
-    from tbpipe.pipeline.db.ingest.siting import site_stacks
-    from tbpipe.pipeline.db.ingest.tables import IngestDb
-
-    copy = tmp_path / "copy.duckdb"
-    _shutil.copy(workload_db, copy)
-    query = (
-        "SELECT s.stack_id, s.site_depth, s.site_kind, s.site_is_user, s.site_file, s.site_line, t.site_key, "
-        "t.portable_file, t.line_offset FROM stack_sites s LEFT JOIN sites t USING (site_id) ORDER BY s.stack_id"
-    )
-    before = rows(copy, query)
-    con = open_database(copy)
-    try:
-        con.execute("BEGIN TRANSACTION")
-        site_stacks(IngestDb(con), from_stack=None)
-        con.execute("COMMIT")
-    finally:
-        con.close()
-    after = rows(copy, query)
-    assert len(before) == rows(copy, "SELECT count(*) FROM stacks")[0][0] > 3
-    assert before == after
-
-
 def test_user_code_rule_changes_sites(workload_db, symbol_cache, library) -> None:
     here = known_lines.__file__
     library_file = library.__file__
@@ -137,12 +110,12 @@ def test_sites_without_user_frames_use_the_innermost_symbolized_frame(tmp_path, 
     assert is_user is False
 
 
-def test_site_counts_counted_in_memory_equal_the_sql_definition(tmp_path, symbol_cache) -> None:
+def test_site_counts_of_stacks_from_transactions_it_cannot_see(tmp_path, symbol_cache) -> None:
     """A transaction counts its runs' sites in memory, from their event counts and the sites of
     their stacks: stored before its batch, brought in by the transactions before it (which it cannot
-    see), or by itself. `count_sites` (SQL) is the definition: counting every run again with it must
-    give the same rows, where a site's stacks show it at several files and lines too."""
-    from tbpipe.pipeline.db.ingest.siting import count_sites
+    see), or by itself. Counting every run again with `count_sites` (the rule's SQL reference, which
+    tests/test_rules.py holds the fast path to) gives the rows the ingest stored."""
+    from tbpipe.pipeline.db.ingest.site_counts import count_sites
     from tbpipe.pipeline.db.ingest.tables import IngestDb
 
     runs = tmp_path / "runs"
@@ -170,7 +143,7 @@ def test_site_counts_in_memory_place_a_site_as_the_sql_does(tmp_path) -> None:
     and line of its stack with the most events (ties to the greater file, then line), each taken
     only from stacks that have one; stacks without a site and events without a stack count under
     no site."""
-    from tbpipe.pipeline.db.ingest.siting import count_sites, insert_site_counts
+    from tbpipe.pipeline.db.ingest.site_counts import count_sites, insert_site_counts
     from tbpipe.pipeline.db.ingest.tables import IngestDb
 
     con = open_database(tmp_path / "sites.duckdb")

@@ -21,6 +21,7 @@ entries and working folder, the longest that contains the file.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,10 +34,6 @@ import pyarrow.compute as pc
 
 from tbpipe.pipeline.db.connection import query_arrow, query_rows, query_value
 from tbpipe.pipeline.db.ingest.site_counts import count_sites
-
-# Re-exported: the ingest's stages import these from here still (their home is `site_counts`).
-from tbpipe.pipeline.db.ingest.site_counts import insert_site_counts as insert_site_counts
-from tbpipe.pipeline.db.ingest.site_counts import sites_for_counting as sites_for_counting
 from tbpipe.pipeline.db.ingest.tables import IngestDb
 from tbpipe.pipeline.errors import UsageError
 
@@ -471,56 +468,10 @@ def backfill_site_identity(db: IngestDb, read_first_lines) -> None:
         ORDER BY r.run_number
         """,
     )
-    import json
-
     with db.transaction():
         for run_id, source_dir, manifest_text in runs:
             manifest = json.loads(manifest_text) if manifest_text else {}
-            files = [
-                row[0]
-                for row in query_rows(
-                    con,
-                    """
-                    SELECT DISTINCT f.file FROM stack_frames f JOIN stacks s USING (stack_id)
-                    WHERE s.first_run_id = ? AND f.kind = 'python' AND f.file IS NOT NULL
-                    """,
-                    [run_id],
-                )
-            ]
-            record_source_files(db, files, import_roots(manifest))
-            missing = query_value(
-                con,
-                """
-                SELECT count(*) FROM stack_frames f JOIN stacks s USING (stack_id)
-                WHERE s.first_run_id = ? AND f.kind = 'python' AND f.first_line IS NULL
-                """,
-                [run_id],
-            )
-            if not missing or not source_dir:
-                continue
-            first_lines = read_first_lines(Path(source_dir))
-            if not first_lines:
-                continue
-            table = pa.table(
-                {
-                    "file": pa.array([k[0] for k in first_lines], pa.string()),
-                    "function": pa.array([k[1] for k in first_lines], pa.string()),
-                    "first_line": pa.array(list(first_lines.values()), pa.int32()),
-                }
-            )
-            db.register("ingest_first_lines", table)
-            try:
-                # Frames are shared by stacks; equal frames of other runs get the same first line.
-                con.execute(
-                    """
-                    UPDATE frames SET first_line = l.first_line
-                    FROM ingest_first_lines l
-                    WHERE frames.kind = 'python' AND frames.first_line IS NULL
-                      AND frames.file = l.file AND frames.function = l.function
-                    """
-                )
-            finally:
-                db.unregister("ingest_first_lines")
+            _backfill_run(db, run_id, Path(source_dir) if source_dir else None, manifest, read_first_lines)
         con.execute(
             """
             UPDATE frames SET frame_hash = frame_hash(kind, function, file, line, first_line, module, module_key,
@@ -529,3 +480,53 @@ def backfill_site_identity(db: IngestDb, read_first_lines) -> None:
             """
         )
         con.execute("INSERT OR REPLACE INTO settings VALUES ('site_identity_backfilled', '1')")
+
+
+def _backfill_run(
+    db: IngestDb, run_id: str, source_dir: Path | None, manifest: dict[str, Any], read_first_lines
+) -> None:
+    """`backfill_site_identity` for the stacks one old run brought in."""
+    con = db.con
+    files = [
+        row[0]
+        for row in query_rows(
+            con,
+            """
+            SELECT DISTINCT f.file FROM stack_frames f JOIN stacks s USING (stack_id)
+            WHERE s.first_run_id = ? AND f.kind = 'python' AND f.file IS NOT NULL
+            """,
+            [run_id],
+        )
+    ]
+    record_source_files(db, files, import_roots(manifest))
+    missing = query_value(
+        con,
+        """
+        SELECT count(*) FROM stack_frames f JOIN stacks s USING (stack_id)
+        WHERE s.first_run_id = ? AND f.kind = 'python' AND f.first_line IS NULL
+        """,
+        [run_id],
+    )
+    first_lines = read_first_lines(source_dir) if missing and source_dir else None
+    if not first_lines:
+        return
+    table = pa.table(
+        {
+            "file": pa.array([k[0] for k in first_lines], pa.string()),
+            "function": pa.array([k[1] for k in first_lines], pa.string()),
+            "first_line": pa.array(list(first_lines.values()), pa.int32()),
+        }
+    )
+    db.register("ingest_first_lines", table)
+    try:
+        # Frames are shared by stacks; equal frames of other runs get the same first line.
+        con.execute(
+            """
+            UPDATE frames SET first_line = l.first_line
+            FROM ingest_first_lines l
+            WHERE frames.kind = 'python' AND frames.first_line IS NULL
+              AND frames.file = l.file AND frames.function = l.function
+            """
+        )
+    finally:
+        db.unregister("ingest_first_lines")
