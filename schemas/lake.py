@@ -324,6 +324,14 @@ TABLES: dict[str, LakeTable] = {
             doc="events of rolled-up runs counted per run, kind/name, stack and thread (`tbpipe retain`)",
         ),
         _table(
+            "rolled_up_name_counts",
+            RUN,
+            (PARTITION,),
+            [("run_number", pa.int64()), ("name_id", pa.int64()), ("events", pa.int64())],
+            partitioned=True,
+            doc="events of rolled-up runs counted per run and kind/name",
+        ),
+        _table(
             "rolled_up_threads",
             RUN,
             (PARTITION,),

@@ -30,6 +30,21 @@ UNION ALL
 SELECT run_number, name_id, stack_id, events
 FROM rolled_up_stack_counts;
 
+-- Events per run and kind/name of every run: `run_stack_counts` summed over the stacks (for a
+-- rolled-up run, kept as such: what a run's totals per kind read).
+-- @column run_number  `runs.run_number`
+-- @column name_id     `event_names.name_id`
+-- @column events      number of events
+CREATE OR REPLACE VIEW run_name_counts AS
+SELECT run_number, name_id, sum(events)::BIGINT AS events
+FROM event_counts
+WHERE run_number NOT IN (SELECT run_number FROM runs WHERE rolled_up_at IS NOT NULL)
+GROUP BY run_number, name_id
+UNION ALL
+SELECT run_number, name_id, events
+FROM rolled_up_name_counts
+WHERE run_number IN (SELECT run_number FROM runs WHERE rolled_up_at IS NOT NULL);
+
 -- Events per run, kind/name, thread and stack, of every run: counted from the events of a run that
 -- keeps them, read from `rolled_up_counts` for a rolled-up one (pprof's samples).
 -- @column run_number  `runs.run_number`

@@ -415,7 +415,8 @@ def _downgrade_to_schema_2(path: Path) -> None:
     con = duckdb.connect(str(path))
     try:
         for statement in (
-            *(f"DROP TABLE {table}" for table in ("rolled_up_counts", "rolled_up_threads", "rolled_up_forward_counts")),
+            *(f"DROP TABLE {table}" for table in ("rolled_up_counts", "rolled_up_name_counts", "rolled_up_threads")),
+            "DROP TABLE rolled_up_forward_counts",
             "DROP TABLE rolled_up_runs",
             "ALTER TABLE runs DROP COLUMN rolled_up_at",
             "DELETE FROM schema_versions WHERE version = 11",

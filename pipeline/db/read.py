@@ -98,6 +98,8 @@ class Lookups:
 
         def fetch(missing: list[int]) -> dict[int, tuple]:
             columns = "run_number, run_id, started_at AT TIME ZONE 'UTC', labels"
+            if len(missing) > 256:  # a site's year of history: all of them, without a parameter per run
+                return {row[0]: row[1:] for row in query_rows(con, f"SELECT {columns} FROM runs")}
             return {row[0]: row[1:] for row in lookup(con, "runs", columns, "run_number", missing)}
 
         return self._fill(self._runs, run_numbers, fetch)
@@ -460,12 +462,50 @@ def top_sites(
     return [dict(zip(keys, row)) for row in rows]
 
 
-def runs(con: Any, labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Every run (matching all `labels`), oldest first."""
+_RUN_KEYS = (
+    "run_id",
+    "started_at",
+    "ended_at",
+    "complete",
+    "host",
+    "pid",
+    "argv",
+    "labels",
+    "events",
+    "stacks",
+    "new_stacks",
+    "python_version",
+    "torch_version",
+    "ingest_notes",
+    "rolled_up_at",  # when `tbpipe retain` let its events go (UTC); None while it has them
+)
+
+
+def _runs_where(labels: dict[str, str] | None, complete: bool | None) -> tuple[str, list]:
     where, params = [], []
     for key, value in (labels or {}).items():
         where.append("labels[?] = ?")
         params += [key, value]
+    if complete is not None:
+        where.append("complete = ?")
+        params.append(complete)
+    return ("WHERE " + " AND ".join(where) if where else ""), params
+
+
+def runs(
+    con: Any,
+    labels: dict[str, str] | None = None,
+    *,
+    complete: bool | None = None,
+    newest_first: bool = False,
+    limit: int | None = None,
+    offset: int = 0,
+) -> list[dict[str, Any]]:
+    """The runs matching all `labels` (and `complete`, when given), oldest first (or newest first),
+    from the `offset`-th, at most `limit` of them."""
+    where, params = _runs_where(labels, complete)
+    order = "started_at DESC NULLS FIRST, run_id DESC" if newest_first else "started_at, run_id"
+    page = f"LIMIT {int(limit)} OFFSET {int(offset)}" if limit is not None else ""
     rows = query_rows(
         con,
         f"""
@@ -474,26 +514,16 @@ def runs(con: Any, labels: dict[str, str] | None = None) -> list[dict[str, Any]]
                events, stacks, new_stacks,
                python_version, torch_version, ingest_notes, rolled_up_at AT TIME ZONE 'UTC'
         FROM runs
-        {"WHERE " + " AND ".join(where) if where else ""}
-        ORDER BY started_at, run_id
+        {where}
+        ORDER BY {order}
+        {page}
         """,
         params,
     )
-    keys = (
-        "run_id",
-        "started_at",
-        "ended_at",
-        "complete",
-        "host",
-        "pid",
-        "argv",
-        "labels",
-        "events",
-        "stacks",
-        "new_stacks",
-        "python_version",
-        "torch_version",
-        "ingest_notes",
-        "rolled_up_at",  # when `tbpipe retain` let its events go (UTC); None while it has them
-    )
-    return [dict(zip(keys, row)) for row in rows]
+    return [dict(zip(_RUN_KEYS, row)) for row in rows]
+
+
+def count_runs(con: Any, labels: dict[str, str] | None = None, *, complete: bool | None = None) -> int:
+    """How many runs `runs` would list with these filters and no limit."""
+    where, params = _runs_where(labels, complete)
+    return int(query_rows(con, f"SELECT count(*) FROM runs {where}", params)[0][0])

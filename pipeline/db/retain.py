@@ -33,6 +33,10 @@ from tbpipe.pipeline.errors import TbpipeError, UsageError
 # Rows of `rolled_up_counts` a block takes before the next one begins: a run's rows are read from
 # its block (a few MB of compressed columns), a stack's from one row group per block.
 BLOCK_ROWS = 1 << 21
+# What a rolled-up run has instead of its events.
+ROLLED_UP_TABLES = (
+    "rolled_up_counts", "rolled_up_name_counts", "rolled_up_threads", "rolled_up_forward_counts", "rolled_up_runs",
+)  # fmt: skip
 
 _temporary = itertools.count(1)
 
@@ -170,10 +174,7 @@ def _orphans(con: Any) -> int:
         query_value(
             con,
             f"""
-            SELECT (SELECT count(*) FROM rolled_up_runs WHERE run_number NOT IN ({marked}))
-                 + (SELECT count(*) FROM rolled_up_threads WHERE run_number NOT IN ({marked}))
-                 + (SELECT count(*) FROM rolled_up_forward_counts WHERE run_number NOT IN ({marked}))
-                 + (SELECT count(*) FROM rolled_up_counts WHERE run_number NOT IN ({marked}))
+            SELECT {" + ".join(f"(SELECT count(*) FROM {t} WHERE run_number NOT IN ({marked}))" for t in ROLLED_UP_TABLES)}
             """,
         )
     )
@@ -181,7 +182,7 @@ def _orphans(con: Any) -> int:
 
 def _delete_orphans(con: Any) -> None:
     marked = "SELECT run_number FROM runs WHERE rolled_up_at IS NOT NULL"
-    for table in ("rolled_up_counts", "rolled_up_threads", "rolled_up_forward_counts", "rolled_up_runs"):
+    for table in ROLLED_UP_TABLES:
         con.execute(f"DELETE FROM {table} WHERE run_number NOT IN ({marked})")
 
 
@@ -322,13 +323,17 @@ def _write_counts(con: Any, counts: str, assigned: dict[int, int], joined: int |
 
 def store_rolled_up(con: Any, counts: str, threads: str, runs: dict[int, tuple[int | None, int | None, int]]) -> None:
     """The rows of newly rolled-up runs, inside the caller's transaction: `counts` (a relation of
-    stack_id, name_id, thread, run_number, events) into `rolled_up_counts`, in blocks; `threads`
+    stack_id, name_id, thread, run_number, events) into `rolled_up_counts`, in blocks, and its sums per
+    name into `rolled_up_name_counts`; `threads`
     (run_number, thread, thread_id) into `rolled_up_threads`; `runs` {run_number: (first event id,
     last event id, GPU records)} into `rolled_up_runs`. The roll-up writes its runs through it, and
     so does the history bench for the runs it makes without events (the same layout)."""
     rows = dict(query_rows(con, f"SELECT run_number, count(*) FROM {counts} GROUP BY ALL"))
     assigned, joined = _blocks(con, list(runs), rows)
     _write_counts(con, counts, assigned, joined)
+    con.execute(
+        f"INSERT INTO rolled_up_name_counts SELECT run_number, name_id, sum(events) FROM {counts} GROUP BY ALL ORDER BY ALL"
+    )
     con.execute(f"INSERT INTO rolled_up_threads SELECT run_number, thread, thread_id FROM {threads} ORDER BY ALL")
     con.executemany(
         "INSERT INTO rolled_up_runs VALUES (?, ?, ?, ?, ?)",

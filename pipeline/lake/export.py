@@ -136,6 +136,9 @@ def _queries() -> dict[str, str]:
         "rolled_up_counts": _select(
             "rolled_up_counts", {"run_number": run, "name_id": name, "stack_id": stack}, f"rolled_up_counts t {_ROLLED}"
         ),
+        "rolled_up_name_counts": _select(
+            "rolled_up_name_counts", {"run_number": run, "name_id": name}, f"rolled_up_name_counts t {_ROLLED}"
+        ),
         "rolled_up_threads": _select("rolled_up_threads", {"run_number": run}, f"rolled_up_threads t {_ROLLED}"),
         "rolled_up_forward_counts": _select(
             "rolled_up_forward_counts",

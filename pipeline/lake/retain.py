@@ -2,7 +2,8 @@
 
 For each run the policy rolls up, its events are counted per kind/name, stack and thread (and its
 backward events per forward op) by DuckDB over the lake, checked equal to its `event_counts`, and
-written as its partitions of `rolled_up_counts`, `rolled_up_threads` and `rolled_up_forward_counts`.
+written as its partitions of `rolled_up_counts`, `rolled_up_name_counts`, `rolled_up_threads` and
+`rolled_up_forward_counts`.
 Then `runs.rolled_up_at` marks it (the `runs` table written afresh and swapped in), and only then
 are its partitions of `event_rows`, `gpu_activity`, `event_counts` and `site_counts` removed. The
 views read each run from one side by that mark (sql/counts.sql), so a retain killed between two
@@ -29,7 +30,7 @@ from tbpipe.schemas.lake import PARTITION, TABLES
 
 # What a rolled-up run no longer has, and what it has instead.
 EVENT_TABLES = ("event_rows", "gpu_activity", "event_counts", "site_counts")
-ROLLED_TABLES = ("rolled_up_counts", "rolled_up_threads", "rolled_up_forward_counts")
+ROLLED_TABLES = ("rolled_up_counts", "rolled_up_name_counts", "rolled_up_threads", "rolled_up_forward_counts")
 
 
 def _numbers(values: Any) -> str:
@@ -99,6 +100,10 @@ def _roll_up_queries(numbers: list[int], run_ids: list[str]) -> dict[str, str]:
             FROM event_rows e JOIN threads t USING (run_number, thread_id)
             WHERE e.run_number IN ({runs})
             GROUP BY ALL ORDER BY e.run_number, e.stack_id, e.name_id, t.thread
+        """,
+        "rolled_up_name_counts": f"""
+            SELECT run_number, name_id, count(*)::BIGINT AS events
+            FROM event_rows WHERE run_number IN ({runs}) GROUP BY ALL ORDER BY ALL
         """,
         "rolled_up_threads": f"SELECT run_number, thread, thread_id FROM ({threads}) ORDER BY ALL",
         "rolled_up_forward_counts": f"""

@@ -9,6 +9,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from tbpipe.pipeline.db import read
 from tbpipe.pipeline.db.connection import query_arrow, query_rows
 from tbpipe.pipeline.db.read import NotFoundError
@@ -71,7 +73,6 @@ class SiteDirectory:
         self._table = table
 
     def describe(self, site_ids: list[int]) -> dict[int, tuple[str | None, str | None, str]]:
-        import numpy as np
 
         wanted = np.asarray(site_ids, dtype=self._ids.dtype)
         positions = np.searchsorted(self._ids, wanted)
@@ -91,7 +92,7 @@ def _counts(cursor: Any, run_ids: list[str] | None) -> dict[str, dict[str, int]]
         cursor,
         f"""
         SELECT r.run_id, n.kind, sum(c.events)::BIGINT
-        FROM run_stack_counts c
+        FROM run_name_counts c
         JOIN event_names n USING (name_id)
         JOIN runs r USING (run_number)
         {where}
@@ -114,16 +115,14 @@ def runs_page(
     newest_first: bool = True,
     generation: tuple | None = None,
 ) -> dict[str, Any]:
-    runs = read.runs(cursor, labels)
-    if complete is not None:
-        runs = [r for r in runs if bool(r["complete"]) == complete]
-    if newest_first:
-        runs.reverse()
-    page = [_run_json(r) for r in runs[offset : offset + limit]]
+    # The page's rows only (a year of nightly ranks is thousands of runs).
+    total = read.count_runs(cursor, labels, complete=complete)
+    runs = read.runs(cursor, labels, complete=complete, newest_first=newest_first, limit=limit, offset=offset)
+    page = [_run_json(r) for r in runs]
     counts = counts_by_kind(cursor, [r["run_id"] for r in page], generation) if page else {}
     for run in page:
         run["counts"] = counts.get(run["run_id"], {})
-    return {"runs": page, "total": len(runs), "limit": limit, "offset": offset}
+    return {"runs": page, "total": total, "limit": limit, "offset": offset}
 
 
 def label_values(cursor: Any) -> dict[str, list[str]]:

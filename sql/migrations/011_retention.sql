@@ -28,6 +28,18 @@ CREATE TABLE rolled_up_counts (
     events BIGINT NOT NULL
 );
 
+-- The events of each rolled-up run per kind/name: `rolled_up_counts` summed over stacks and threads,
+-- kept beside it (written with it, never changed after) so that a run's totals per kind (the runs
+-- page, `--per`) read a row per name instead of a block of stacks.
+-- @column run_number  `runs.run_number`
+-- @column name_id     `event_names.name_id`
+-- @column events      number of events
+CREATE TABLE rolled_up_name_counts (
+    run_number INTEGER NOT NULL,
+    name_id INTEGER NOT NULL,
+    events BIGINT NOT NULL
+);
+
 -- The threads of each rolled-up run by their number in `rolled_up_counts`.
 -- @column run_number  `runs.run_number`
 -- @column thread      `rolled_up_counts.thread`

@@ -150,20 +150,28 @@ def _site_values(con: Any, sets: list[RunSet], request: ReportRequest) -> pa.Tab
     numbers = _run_numbers(con, membership["run_id"].to_pylist())
     con.register("report_sets", membership)
     try:
-        # `site_counts` holds each run's events per name and site: sum them over each set's runs.
+        # `run_site_counts` holds each run's events per name and site: summed over each set's runs on
+        # integer keys first (the costly part, a few million rows), then named (a row per set and site).
         table = query_arrow(
             con,
             f"""
-            SELECT s.set_index, c.kind, c.name, t.site_key, sum(p.events)::DOUBLE AS events,
+            WITH per_site AS (
+                SELECT s.set_index, p.name_id, p.site_id, sum(p.events) AS events, max({_PLACE}) AS place,
+                       arg_max(p.site_file, {_PLACE}) AS site_file, arg_max(p.site_line, {_PLACE}) AS site_line
+                FROM {_COUNTS[request.site_of][1]} p
+                JOIN runs r USING (run_number)
+                JOIN report_sets s ON s.run_id = r.run_id
+                WHERE p.run_number IN ({numbers})
+                GROUP BY s.set_index, p.name_id, p.site_id
+            )
+            SELECT p.set_index, c.kind, c.name, t.site_key, sum(p.events)::DOUBLE AS events,
                    any_value(t.function) AS site_function, any_value(t.portable_file) AS site_portable_file,
-                   arg_max(p.site_file, {_PLACE}) AS site_file, arg_max(p.site_line, {_PLACE}) AS site_line
-            FROM {_COUNTS[request.site_of][1]} p
-            JOIN runs r USING (run_number)
-            JOIN report_sets s ON s.run_id = r.run_id
+                   arg_max(p.site_file, p.place) AS site_file, arg_max(p.site_line, p.place) AS site_line
+            FROM per_site p
             JOIN event_names c USING (name_id)
             LEFT JOIN sites t USING (site_id)
-            WHERE p.run_number IN ({numbers}) {"AND " + " AND ".join(where) if where else ""}
-            GROUP BY s.set_index, c.kind, c.name, t.site_key
+            {"WHERE " + " AND ".join(where) if where else ""}
+            GROUP BY p.set_index, c.kind, c.name, t.site_key
             """,
             params,
         )
@@ -173,7 +181,7 @@ def _site_values(con: Any, sets: list[RunSet], request: ReportRequest) -> pa.Tab
                     con,
                     f"""
                     SELECT s.set_index, sum(c.events)::DOUBLE
-                    FROM run_stack_counts c
+                    FROM run_name_counts c
                     JOIN event_names n USING (name_id)
                     JOIN runs r USING (run_number)
                     JOIN report_sets s ON s.run_id = r.run_id
@@ -316,8 +324,10 @@ def _exact_changes(b: np.ndarray, c: np.ndarray, request: ReportRequest) -> np.n
 
 
 def _attach_tracebacks(con: Any, candidate: RunSet, sites: list[SiteChange], request: ReportRequest) -> None:
-    """The heaviest stack of each of the first `request.tracebacks` flagged sites, as combined frames."""
-    wanted = [s for s in sites if s.flagged and s.site_key is not None][: max(request.tracebacks, 0)]
+    """The heaviest stack of each of the first `request.tracebacks` flagged sites (in the report's
+    order, which does not depend on the order DuckDB returned the rows in), as combined frames."""
+    flagged = [s for s in sorted(sites, key=_order) if s.flagged and s.site_key is not None]
+    wanted = flagged[: max(request.tracebacks, 0)]
     if not wanted:
         return
     keys = pa.table(
