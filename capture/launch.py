@@ -42,20 +42,9 @@ def run_captured(
     """Runs `command` (in `cwd`) with every Python process in it recording into `out_dir`; returns its
     exit status. `options` are Session keyword options (sample_rate, max_events_per_stack_per_s).
     """
-    from tbpipe.capture.autostart_session import environment_for_run
-    from tbpipe.capture.manifest import git_state
-    from tbpipe.capture.sessions import Session, ensure_out_dir
-
     if not command:
         raise LaunchError("nothing to run: give the command after --, e.g. tbpipe run -- python train.py")
-    # Validate labels, sources and options here, once, with the session's own
-    # checks, rather than let every captured process fail on them.
-    Session(out_dir, labels, sources, **(options or {}))
-    ensure_out_dir(out_dir)
-    env = dict(os.environ)
-    folder = os.path.abspath(cwd or os.curdir)
-    env.update(environment_for_run(str(out_dir.resolve()), labels, sources, options, (folder, git_state(folder))))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(autostart_dir()), env.get("PYTHONPATH", "")) if p)
+    env = captured_environment(out_dir, labels, sources, options, cwd)
     before = _run_dirs(out_dir)
     try:
         status = subprocess.call(command, env=env, cwd=cwd)
@@ -69,6 +58,30 @@ def run_captured(
             file=sys.stderr,
         )
     return status
+
+
+def captured_environment(
+    out_dir: Path,
+    labels: dict[str, str],
+    sources: list[str],
+    options: dict[str, object] | None = None,
+    cwd: Path | None = None,
+) -> dict[str, str]:
+    """This process's environment for a program (run in `cwd`) whose every Python process records
+    into `out_dir` (made here); LaunchError or SessionError on bad labels, sources or options."""
+    from tbpipe.capture.autostart_session import environment_for_run
+    from tbpipe.capture.manifest import git_state
+    from tbpipe.capture.sessions import Session, ensure_out_dir
+
+    # Validate labels, sources and options here, once, with the session's own
+    # checks, rather than let every captured process fail on them.
+    Session(out_dir, labels, sources, **(options or {}))
+    ensure_out_dir(out_dir)
+    env = dict(os.environ)
+    folder = os.path.abspath(cwd or os.curdir)
+    env.update(environment_for_run(str(out_dir.resolve()), labels, sources, options, (folder, git_state(folder))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(autostart_dir()), env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 def _run_dirs(out_dir: Path) -> set[Path]:

@@ -1,13 +1,18 @@
 """`tbpipe doctor`: what the next capture and ingest can do on this machine, and why not.
 
 `diagnose` returns a `Diagnosis`: one `Check` per subject (each native module's debug info, the
-torch-ops observer's build, CUPTI, Triton, torch.compile's hooks, the symbol store, the database),
+torch-ops observer's build, CUPTI, Triton, torch.compile's hooks, the symbol store, the database;
+with a program, how its run went),
 each with a status (`ok`, `degraded`: works with less, `missing`: cannot work), what was found and
 what to do. A check the user asked for (a source they will switch on, a module they named) that
 cannot work makes the diagnosis fail (`failed`: `tbpipe doctor` exits 1).
 
 Nothing here imports torch or triton (seconds each): their files are looked at instead. Debug
 info is looked up by `symbols.debuginfo.DebugInfoLocator`, the same search the ingest runs.
+
+A program (`tbpipe doctor -- python train.py`) runs for real, captured as `tbpipe run` captures it
+(the sources asked for on), into a temporary folder removed afterwards, and is stopped after a
+bounded time: its modules are those on the stacks it recorded, the ones the ingest will symbolize.
 """
 
 from __future__ import annotations
@@ -17,8 +22,11 @@ import importlib.util
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -176,6 +184,154 @@ def module_checks(
         found = "symbols only: functions, no file:line" if status == DEGRADED else "no debug info: addresses only"
         checks.append(Check("module", path, status, found, debug_package_hint(path), asked, facts))
     return checks
+
+
+# ------------------------------------------------------------------------------------------ a program
+
+PROGRAM_TIMEOUT_S = 30.0
+# After the timeout: SIGINT first (Python runs its exit handlers, the capture writes its last part),
+# then SIGTERM, then SIGKILL, each after this many seconds.
+_STOP_GRACE_S = {signal.SIGINT: 5.0, signal.SIGTERM: 2.0, signal.SIGKILL: 2.0}
+
+
+@dataclass
+class ProgramRun:
+    """A program run under capture for the doctor: the native modules on its stacks, and how it went."""
+
+    command: list[str]
+    modules: list[tuple[str, str | None]]
+    processes: int  # run folders written (Python processes that recorded)
+    events: int
+    status: int | None  # its exit status; None: stopped at the timeout
+    seconds: float
+    timeout_s: float
+
+
+def run_program(command: Sequence[str], sources: Sequence[str], timeout_s: float = PROGRAM_TIMEOUT_S) -> ProgramRun:
+    """Runs `command` as `tbpipe run` does (its Python processes recording, `sources` on) into a
+    temporary folder, for at most `timeout_s` seconds, then stops what is left of it; reads the
+    modules its runs recorded and removes the folder. Its output goes to stderr: stdout is the
+    diagnosis's. UsageError when it cannot start."""
+    from tbpipe.capture.launch import captured_environment
+    from tbpipe.pipeline.errors import UsageError
+
+    if timeout_s <= 0:
+        raise UsageError(f"--timeout must be positive, not {timeout_s}")
+    folder = Path(tempfile.mkdtemp(prefix="tbpipe-doctor-"))
+    try:
+        runs = folder / "runs"
+        env = captured_environment(runs, {}, list(sources))
+        started = time.monotonic()
+        try:
+            # A session of its own: the program and its children are stopped as one group.
+            process = subprocess.Popen(
+                list(command), env=env, stdin=subprocess.DEVNULL, stdout=_stderr_fd(), start_new_session=True
+            )
+        except OSError as error:
+            raise UsageError(f"cannot run {command[0]}: {error.strerror or error}") from None
+        status = None
+        try:
+            status = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            _stop_group(process)
+        seconds = time.monotonic() - started
+        modules, processes, events = _recorded_modules(runs)
+        return ProgramRun(list(command), modules, processes, events, status, seconds, timeout_s)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stderr_fd() -> int | None:
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _group_alive(process: subprocess.Popen) -> bool:
+    process.poll()  # reaps the leader once it exited
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stop_group(process: subprocess.Popen) -> None:
+    """Stops every process left in the program's group, politely first."""
+    for stop, grace_s in _STOP_GRACE_S.items():
+        if not _group_alive(process):
+            return
+        try:
+            os.killpg(process.pid, stop)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _group_alive(process):
+            time.sleep(0.05)
+
+
+def _recorded_modules(runs: Path) -> tuple[list[tuple[str, str | None]], int, int]:
+    """(path, build-ID) of every native module on the recorded stacks, the run folders, the events."""
+    from tbpipe.pipeline.rawrun import DamagedRunError, find_run_dirs, part_files, read_manifest, read_tables
+
+    found: dict[str, str | None] = {}
+    run_dirs = find_run_dirs([runs]) if runs.is_dir() else []
+    events = 0
+    for run_dir in run_dirs:
+        try:
+            manifest = read_manifest(run_dir)
+            modules = read_tables(part_files(run_dir, manifest), ("modules",))["modules"]
+        except DamagedRunError:  # killed before it wrote a whole manifest: nothing to read
+            continue
+        events += int((manifest.get("counters") or {}).get("events_written") or 0)
+        for path, build_id in zip(modules["path"].to_pylist(), modules["build_id"].to_pylist()):
+            if path:
+                found.setdefault(path, build_id)
+    return sorted(found.items()), len(run_dirs), events
+
+
+def _events(count: int) -> str:
+    return f"{count:,} event{'s' if count != 1 else ''}"
+
+
+def program_check(run: ProgramRun) -> Check:
+    """How the program's run went; MISSING (and asked for) when it recorded no native frames."""
+    how = (
+        f"stopped after the {run.timeout_s:g} s timeout"
+        if run.status is None
+        else f"exited with status {run.status} after {run.seconds:.1f} s"
+    )
+    facts = {
+        "command": run.command,
+        "status": run.status,
+        "seconds": round(run.seconds, 2),
+        "timeout_s": run.timeout_s,
+        "processes": run.processes,
+        "events": run.events,
+        "modules": len(run.modules),
+    }
+    name = shlex.join(run.command)
+    if not run.processes:
+        found = f"{how}; no Python process of it recorded"
+        advice = "run a Python program (`python -I` and `-E` ignore PYTHONPATH, through which tbpipe starts recording)"
+        return Check("program", name, MISSING, found, advice, True, facts)
+    processes = f"{run.processes} process{'es' if run.processes != 1 else ''}"
+    if not run.modules:
+        found = f"{how}; {processes} recorded {_events(run.events)} and no native frame"
+        advice = (
+            "switch on the sources the capture will use (--source torch-ops, cuda, triton), give it longer "
+            "(--timeout), or check every module an import loads (--import NAME)"
+        )
+        return Check("program", name, MISSING, found, advice, True, facts)
+    found = f"{how}; {processes}, {_events(run.events)}, native frames in {len(run.modules)} modules"
+    failed = run.status not in (None, 0)
+    advice = "it failed: its modules are those of the stacks it recorded until then" if failed else None
+    return Check("program", name, DEGRADED if failed else OK, found, advice, True, facts)
 
 
 # ------------------------------------------------------------------------------------------ sources
@@ -369,14 +525,21 @@ def diagnose(
     imports: Sequence[str] = (),
     run_id: str | None = None,
     debug_dirs: Sequence[str] = (),
+    program: Sequence[str] = (),
+    timeout_s: float = PROGRAM_TIMEOUT_S,
 ) -> Diagnosis:
-    """Every check. Modules: those named (asked for), else those a process importing `imports`
-    loads, else the modules of run `run_id` or of the newest run in the database, else this Python's."""
+    """Every check. Modules: those named (asked for), else those on the stacks `program` records
+    in `timeout_s` (`run_program`), else those a process importing `imports` loads, else the
+    modules of run `run_id` or of the newest run in the database, else this Python's."""
     checks: list[Check] = []
+    ran = run_program(program, sources, timeout_s) if program and not modules else None
     database, con = database_check(db_path, asked=run_id is not None)
     try:
         if modules:
             listed, where = [(m, None) for m in modules], "the modules named"
+        elif ran is not None:
+            listed, where = ran.modules, f"the stacks `{shlex.join(ran.command)}` recorded"
+            checks.append(program_check(ran))
         elif imports:
             listed, where = loaded_modules(imports), f"a Python process importing {', '.join(imports)}"
         elif con is not None and (run_id or _newest_run(con)):

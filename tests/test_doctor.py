@@ -1,5 +1,6 @@
 """`tbpipe doctor`: debug info per module (found, or the package to install), the torch-ops
-observer's compiler, CUPTI, and the exit status when something asked for cannot work."""
+observer's compiler, CUPTI, the exit status when something asked for cannot work, and a program
+run under capture for a bounded time."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +118,39 @@ def test_the_newest_runs_modules_and_the_database(tmp_path_factory, symbol_cache
     assert database["facts"]["bytes"] == db.stat().st_size
     store = check(result, "symbol store")
     assert store["name"] == str(symbol_cache) and store["facts"]["bytes"] > 0
+
+
+# Records one event, says something on stdout, then sleeps as long as asked.
+PROGRAM = """import sys, time
+from tbpipe import capture
+print("the program's own output")
+capture.record("user", "hello")
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_a_program_run_under_capture_and_stopped_at_the_timeout(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(PROGRAM)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    started = time.monotonic()
+    status, result = doctor(
+        tmp_path, "--timeout", "2", "--", sys.executable, str(tmp_path / "app.py"), "600", TMPDIR=str(temporary)
+    )
+    assert time.monotonic() - started < 30  # stopped at the timeout (SIGINT), not after 600 s
+    program = check(result, "program")  # the diagnosis alone on stdout: the program's output went to stderr
+    assert status == 0 and program["status"] == "ok" and program["facts"]["status"] is None
+    assert program["found"].startswith("stopped after the 2 s timeout; 1 process, 1 event, native frames in")
+    assert result["modules_from"].startswith("the stacks `") and result["modules_from"].endswith("recorded")
+    modules = [c["name"] for c in result["checks"] if c["subject"] == "module"]
+    assert len(modules) == program["facts"]["modules"] and any(m.endswith("/libc.so.6") for m in modules)
+    assert os.path.realpath(LIBC) in {os.path.realpath(m) for m in modules}
+    assert list(temporary.iterdir()) == []  # its run folder is gone
+
+
+def test_a_program_that_records_no_stack_fails(tmp_path: Path) -> None:
+    status, result = doctor(tmp_path, "--timeout", "20", "--", sys.executable, "-c", "print('hello')")
+    program = check(result, "program")
+    assert status == 1 and program["fails"] and program["facts"]["status"] == 0
+    assert "recorded 0 events and no native frame" in program["found"] and "--source torch-ops" in program["advice"]
+    assert [c for c in result["checks"] if c["subject"] == "module"] == []

@@ -27,6 +27,7 @@ STAGE_RANK = {
     "pipeline.export": 6,
     "pipeline.serve": 6,
     "pipeline.demo": 6,
+    "pipeline.doctor": 6,  # reads the symbol search, the database and run folders
     "pipeline.commands": 7,  # the CLI, thin over everything
     "pipeline.cli": 7,
     "pipeline.__main__": 7,
