@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tbpipe import _native
+from tbpipe.capture import ranks
 from tbpipe.capture.deferred import DeferredWriter
 from tbpipe.capture.errors import SessionError
 from tbpipe.capture.manifest import initial_manifest, mark_closed, new_run_id, write_manifest
@@ -106,7 +107,11 @@ class Session:
         op_stacks: str = "own",
     ):
         self.out_dir = Path(out_dir)
-        self.labels = _validate_labels(labels)
+        # The labels given win over those read from the launchers' environment (capture/ranks.py).
+        self._given_labels = _validate_labels(labels)
+        self.labels = dict(self._given_labels)
+        # The rank labels a forked child takes from its parent (None: read at start).
+        self._rank_labels: dict[str, str] | None = None
         self.source_names = list(sources)
         self._sources = resolve_sources(self.source_names)  # fails early on an unknown name
         if on_fork not in ON_FORK_CHOICES:
@@ -182,6 +187,10 @@ class Session:
                 "max_events_per_stack_per_s": self.max_events_per_stack_per_s,
                 "op_stacks": self.op_stacks,
             }
+            found = self._rank_labels
+            if found is None:
+                found = ranks.labels_at_start(self.run_id, self.parent_run_id)
+            self.labels = {**found, **self._given_labels}
             manifest = initial_manifest(
                 self.run_id, self.labels, self.source_names, settings, self.parent_run_id, self._git
             )
@@ -194,6 +203,8 @@ class Session:
             self._counters_drained = _native.counters()
             _active = self
         _close_before_os_exit()
+        if "rank" not in self.labels and self.labels.get(ranks.ROLE_KEY) != ranks.LAUNCHER:
+            ranks.watch_torch(_process_group_made, _launching_ranks)
         self._start_sources()
         self._flusher = threading.Thread(target=self._flush_loop, name="tbpipe-flush", daemon=True)
         self._flusher.start()
@@ -230,6 +241,17 @@ class Session:
                 compile_status = f"not following torch.compile: {type(error).__name__}: {error}"
             self._writer.manifest["torch_compile_status"] = compile_status
         write_manifest(self.run_dir, self._writer.manifest)
+
+    def add_labels(self, labels: Mapping[str, str]) -> None:
+        """Labels learnt while recording (a process group's rank), for those keys the run has none of;
+        a rank ends a launcher's role. The next flush writes them."""
+        merged = dict(self.labels)
+        if "rank" in labels and ranks.ROLE_KEY not in self._given_labels:
+            merged.pop(ranks.ROLE_KEY, None)
+        merged.update({k: str(v) for k, v in labels.items() if k not in merged and v not in (None, "")})
+        self.labels = merged
+        if self._writer is not None:
+            self._writer.manifest["labels"] = dict(merged)  # a new dict: the flush thread may be reading the old
 
     def _update_source_status(self) -> None:
         """Each source's status line into the manifest; read again at every flush, since a source
@@ -376,7 +398,7 @@ class Session:
             return None
         child = Session(
             self.out_dir,
-            self.labels,
+            self._given_labels,
             self.source_names,
             python=self.python,
             native=self.native,
@@ -389,6 +411,10 @@ class Session:
             op_stacks=self.op_stacks,
         )
         child._close_timeout_s = FORKED_CLOSE_TIMEOUT_S
+        # A forked child works for its parent's rank; a launcher's child launches nothing.
+        child._rank_labels = {
+            k: v for k, v in self.labels.items() if k not in self._given_labels and k != ranks.ROLE_KEY
+        }
         child._git = self._writer.manifest.get("git") if self._writer is not None else None
         return child.start()
 
@@ -444,6 +470,23 @@ def _after_fork_in_child() -> None:
     parent._continued_by = child
     if child is not None:
         _close_at_multiprocessing_exit(child)
+
+
+def _process_group_made(c10d: Any) -> None:
+    """torch.distributed's default group exists: the active session's rank labels from it."""
+    session = _active
+    if session is not None and not session._closed:
+        session.add_labels(ranks.labels_from_process_group(c10d, os.environ, session.parent_run_id))
+
+
+def _launching_ranks(nprocs: int) -> str | None:
+    """torch.multiprocessing starts `nprocs` processes: unless this one is a rank itself, it is their
+    launcher; returns the job id they are to share."""
+    session = _active
+    if session is None or session._closed or "rank" in session.labels:
+        return None
+    session.add_labels({ranks.ROLE_KEY: ranks.LAUNCHER, "job": os.environ.get(ranks.ENV_JOB) or session.run_id})
+    return session.labels.get("job")
 
 
 def _close_at_exit() -> None:

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     import typer
 
 # Command names, each the name of its module under tbpipe.pipeline.commands, in `--help` order.
-_COMMANDS = ("run", "demo", "ingest", "query", "runs", "show", "report", "export", "serve", "lake", "compact", "retain")
+_COMMANDS = ("run", "demo", "ingest", "query", "runs", "show", "report", "ranks", "export", "serve", "lake", "compact")
+_COMMANDS += ("retain",)
 _COMMANDS += ("addr2line", "debuginfo", "doctor")
 
 _app: typer.Typer | None = None

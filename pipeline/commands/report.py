@@ -29,7 +29,10 @@ def register(app: typer.Typer) -> None:
     @app.command("report")
     def report(
         candidate: str = typer.Option(
-            "latest", "--candidate", "-c", help="RUN: a run id, latest, latest:K=V,... or a group K=V."
+            "latest",
+            "--candidate",
+            "-c",
+            help="RUN: a run id, latest, latest:K=V,..., a group K=V, or a job: job=ID, latest-job[:K=V,...].",
         ),
         baseline: str | None = typer.Option(None, "--baseline", "-b", help="RUN to compare with."),
         baseline_window: int | None = typer.Option(
@@ -67,6 +70,9 @@ def register(app: typer.Typer) -> None:
             False, "--fail-on-gpu-regression", help="Exit with status 1 when a site's GPU time is flagged."
         ),
         accept: Path | None = typer.Option(None, "--accept", help="TOML file of accepted changes."),
+        per_rank: bool = typer.Option(
+            False, "--per-rank", help="Jobs: also compare each rank with the same rank of the baseline job(s)."
+        ),
         site_of: str = typer.Option(
             "own",
             "--site-of",
@@ -125,6 +131,8 @@ def register(app: typer.Typer) -> None:
             suspects=suspects,
             repo=str(repo) if repo is not None else None,
         )
+        if per_rank and output_format is ReportFormat.html:
+            raise UsageError("--per-rank renders as md or json")
         accepted = load_accept_file(accept) if accept is not None else None
         if lake is not None:
             from tbpipe.pipeline.lake.store import connect
@@ -133,7 +141,12 @@ def register(app: typer.Typer) -> None:
         else:
             con = open_database(db, read_only=True)
         try:
-            result = compare(con, request, accepted, progress=progress)
+            if per_rank:
+                from tbpipe.pipeline.reports.regression.per_rank import compare_per_rank
+
+                result = compare_per_rank(con, request, accepted, progress=progress)
+            else:
+                result = compare(con, request, accepted, progress=progress)
         finally:
             con.close()
         text = render(result, output_format)
@@ -151,6 +164,11 @@ def register(app: typer.Typer) -> None:
 
 
 def render(result, output_format: ReportFormat) -> str:
+    if hasattr(result, "summed") and output_format is ReportFormat.md:  # --per-rank
+        parts = [render(result.summed, output_format), "## Per rank", "", result.verdict(), ""]
+        for rank, report in result.ranks:
+            parts += [f"### Rank {rank}", "", render(report, output_format)]
+        return "\n".join(parts)
     if output_format is ReportFormat.json:
         import json
 

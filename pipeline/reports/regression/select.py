@@ -5,10 +5,13 @@ A RUN is written as
     latest              the newest run (among those with the `--label` filters)
     latest:K=V,...      the newest run with those labels
     K=V[,K2=V2...]      a group: every run with those labels (one process or rank each), summed
+    job=ID, latest-job[:K=V,...]
+                        a job: every run of one launch (`pipeline.db.selectors`), summed
 
 With `group_by` (e.g. 'commit'), a RUN that names one run stands for its whole group: every run
 that shares its value of that label. A baseline window is the N runs (or groups) that started
-before the candidate and carry the candidate's labels, except the ones allowed to vary.
+before the candidate and carry the candidate's labels, except the ones allowed to vary (and the
+job id, which no two launches share); a job's window is of earlier jobs.
 """
 
 from __future__ import annotations
@@ -18,7 +21,16 @@ from datetime import datetime
 from typing import Any
 
 from tbpipe.pipeline.db.connection import query_rows
-from tbpipe.pipeline.db.selectors import RunSelectionError, parse_label_list, parse_selector, resolve_selector
+from tbpipe.pipeline.db.selectors import (
+    JOB_LABEL,
+    LATEST_JOB,
+    RunSelectionError,
+    RunSelector,
+    parse_label_list,
+    parse_selector,
+    resolve_job,
+    resolve_selector,
+)
 from tbpipe.pipeline.reports.regression.model import ReportRequest, RunSet
 
 
@@ -87,6 +99,16 @@ def resolve(con: Any, selector: str, request: ReportRequest, *, role: str) -> Ru
     pool = _matching(runs, request.labels)
     filtered = f" with {_describe(request.labels)}" if request.labels else ""
     text = selector.strip()
+    # `job=ID,K=V` is a group like any other (one rank of a job: `job=ID,rank=0`).
+    if text.startswith(LATEST_JOB) or (text.startswith(JOB_LABEL + "=") and "," not in text):
+        parsed = parse_selector(text)
+        if parsed.latest_job:  # the newest job among the runs the --label filters leave
+            parsed = RunSelector(text, labels={**request.labels, **parsed.labels}, latest_job=True)
+        job = resolve_job(con, parsed).job_id
+        members = _matching(pool, {JOB_LABEL: job})
+        if not members:
+            raise SelectionError(f"--{role} {selector}: job {job} has no run{filtered}")
+        return _run_set(f"{JOB_LABEL}={job}", members)
     if text == "latest" or text.startswith("latest:"):
         wanted = parse_label_list(text[len("latest:") :], f"--{role}") if text != "latest" else {}
         found = _matching(pool, wanted)
@@ -116,10 +138,16 @@ def resolve(con: Any, selector: str, request: ReportRequest, *, role: str) -> Ru
     return _group_of(run, pool, request.group_by) if request.group_by else _run_set(run.run_id, [run])
 
 
+def is_job(run_set: RunSet) -> bool:
+    """Whether the set is one whole job (as `resolve` names a job selector's runs)."""
+    return run_set.name == f"{JOB_LABEL}={run_set.labels.get(JOB_LABEL)}"
+
+
 def window(con: Any, candidate: RunSet, request: ReportRequest) -> list[RunSet]:
     """The `request.window` runs (or groups) before the candidate with its labels, oldest first."""
     runs = _runs(con)
-    ignore = set(request.vary) | ({request.group_by} if request.group_by else set())
+    group_by = request.group_by or (JOB_LABEL if is_job(candidate) else None)
+    ignore = set(request.vary) | {JOB_LABEL} | ({group_by} if group_by else set())
     same = {k: v for k, v in candidate.labels.items() if k not in ignore}
     starts = {r.run_id: r.started_at for r in runs}
     first = min((starts[r] for r in candidate.run_ids if starts.get(r) is not None), default=None)
@@ -129,21 +157,21 @@ def window(con: Any, candidate: RunSet, request: ReportRequest) -> list[RunSet]:
         for r in _matching(_matching(runs, request.labels), same)
         if r.run_id not in excluded and (first is None or (r.started_at is not None and r.started_at < first))
     ]
-    if request.group_by:
+    if group_by:
         groups: dict[str, list[_Run]] = {}
         for run in earlier:
-            value = run.labels.get(request.group_by)
-            if value is not None and value != candidate.labels.get(request.group_by):
+            value = run.labels.get(group_by)
+            if value is not None and value != candidate.labels.get(group_by):
                 groups.setdefault(value, []).append(run)
         sets = sorted(
-            (_run_set(f"{request.group_by}={value}", members) for value, members in groups.items()),
+            (_run_set(f"{group_by}={value}", members) for value, members in groups.items()),
             key=lambda s: s.started_at or "",
         )
     else:
         sets = [_run_set(r.run_id, [r]) for r in earlier]
     chosen = sets[-request.window :] if request.window else []
     if not chosen:
-        unit = f"group of {request.group_by}" if request.group_by else "run"
+        unit = f"group of {group_by}" if group_by else "run"
         raise SelectionError(
             f"--baseline-window {request.window}: no earlier {unit} than {candidate.name} with "
             f"{_describe(same)} (labels allowed to vary: {', '.join(sorted(ignore)) or 'none'}); "
