@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from tbpipe.pipeline.db.connection import DatabaseError, ingest_lock, open_database, resolve_db_path
 from tbpipe.pipeline.db.schema import sql_text, storage_tag
 from tbpipe.pipeline.errors import first_line
@@ -93,7 +95,6 @@ def _keep_access(original: Path, fresh: Path) -> None:
 
 def _copy(db_path: Path, fresh: Path, free: int) -> dict[str, int]:
     """Copies the database into `fresh` and returns its tables' row counts, checked equal in both."""
-    import duckdb
 
     con = duckdb.connect()
     try:

@@ -19,6 +19,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import duckdb
+
+from tbpipe.capture import __version__
 from tbpipe.pipeline.db import schema
 from tbpipe.pipeline.errors import TbpipeError, first_line
 
@@ -45,7 +48,6 @@ def resolve_db_path(path: Path | str | None) -> Path:
 
 
 def _tbpipe_version() -> str:
-    from tbpipe.capture import __version__
 
     return __version__
 
@@ -129,7 +131,6 @@ def _new_file_config(path: Path) -> dict[str, str]:
     """A new file is written at least in the first storage format with zstd for strings (schema 8
     stores event attributes with it): DuckDB before 2.0 writes 0.10's unless told, where the
     attributes would keep the default compression. An existing file keeps its format."""
-    import duckdb
 
     if path.exists():
         return {}
@@ -142,7 +143,6 @@ def _new_file_config(path: Path) -> dict[str, str]:
 
 
 def _connect(path: Path, read_only: bool, wait_s: float, on_wait: Callable[[str], None] | None):
-    import duckdb
 
     deadline = time.monotonic() + wait_s
     told = False
@@ -177,7 +177,6 @@ def open_database(
     Read-write: creates the file if needed, applies missing migrations and (re)installs changed
     view modules. Read-only: the file must exist and be at this tbpipe's schema version.
     """
-    import duckdb
 
     db_path = resolve_db_path(path)
     if read_only and not db_path.is_file():

@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from tbpipe.pipeline.errors import TbpipeError, UsageError
+from tbpipe.pipeline.export.chrome_trace import write_chrome_trace
+from tbpipe.pipeline.export.collapsed import write_collapsed
 from tbpipe.pipeline.export.formats import ExportFormat
+from tbpipe.pipeline.export.pprof import write_pprof
 from tbpipe.pipeline.export.source import ExportFilter, ExportSource
 from tbpipe.pipeline.progress import StepProgress
 
@@ -32,14 +35,9 @@ class ExportSummary:
 def export_to(source: ExportSource, fmt: ExportFormat, out: BinaryIO, *, traceback_args: bool = False) -> int:
     """Writes the source's events in `fmt` to the binary stream `out`; returns the events written."""
     if fmt is ExportFormat.pprof:
-        from tbpipe.pipeline.export.pprof import write_pprof
-
         return write_pprof(source, out)
     if fmt is ExportFormat.collapsed:
-        from tbpipe.pipeline.export.collapsed import write_collapsed
-
         return write_collapsed(source, out)
-    from tbpipe.pipeline.export.chrome_trace import write_chrome_trace
 
     return write_chrome_trace(source, out, traceback_args=traceback_args)
 

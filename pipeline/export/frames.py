@@ -11,6 +11,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 NO_STACK = "[no stack]"
 
 
@@ -42,9 +46,6 @@ def stack_texts(locations: Any, stacks: Any, per_location: list[list[str]]) -> t
     `locations`/`stacks` are `StackLocations`' tables; `per_location[i]` belongs to location id i + 1.
     Returns (stack_ids, texts): a numpy array and a ListArray, one entry per row of `stacks`.
     """
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
     assert len(per_location) == locations.num_rows
     location_ids = stacks["location_ids"].combine_chunks()

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse
 
 from tbpipe.pipeline.db import read
 from tbpipe.pipeline.db.read import NotFoundError
+from tbpipe.pipeline.db.selectors import parse_per
 from tbpipe.pipeline.reports.regression import ReportRequest, Thresholds, compare
 from tbpipe.pipeline.reports.regression import select as run_select
 from tbpipe.pipeline.reports.regression.select import SelectionError, parse_label_list
@@ -192,7 +193,6 @@ def report_request(
     threshold_abs: float,
 ) -> ReportRequest:
     """The request `tbpipe report` builds from the same options."""
-    from tbpipe.pipeline.db.selectors import parse_per
 
     return ReportRequest(
         candidate=candidate,

@@ -6,11 +6,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import FastAPI
 from starlette.requests import Request
 
+from tbpipe.capture import __version__
 from tbpipe.pipeline.serve.cache import ResponseCache
 from tbpipe.pipeline.serve.config import ServeConfig
 from tbpipe.pipeline.serve.database import CLOSED, ServedDatabase
@@ -56,7 +57,6 @@ class Service:
 
 
 def build_service(config: ServeConfig) -> Service:
-    from dataclasses import replace
 
     holder = f"tbpipe serve on {config.base_url} (it ingests runs itself: --watch folders, POST /api/runs)"
     database = ServedDatabase(config.db_path, holder, config.open_wait_s)
@@ -72,7 +72,6 @@ def service_of(request: Request) -> Service:
 
 
 def create_app(config: ServeConfig) -> FastAPI:
-    from tbpipe.capture import __version__
     from tbpipe.pipeline.serve import api, errors, pages
 
     service = build_service(config)

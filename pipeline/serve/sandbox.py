@@ -25,6 +25,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import duckdb
+
 MAX_SQL_CHARS = 20_000
 # Table functions that compute or read the catalog, never a file: the only ones a query may call.
 TABLE_FUNCTIONS = re.compile(
@@ -63,7 +65,6 @@ class QueryResult:
 
 def check_statement(cursor: Any, sql: str) -> str:
     """The one SELECT statement `sql` holds (its text), or QueryRefused saying why not."""
-    import duckdb
 
     text = sql.strip()
     if not text:
@@ -126,7 +127,6 @@ def _table_functions(cursor: Any, query: str) -> set[str]:
 
 
 def run_query(cursor: Any, sql: str, *, max_rows: int, timeout_s: float) -> QueryResult:
-    import duckdb
 
     query = check_statement(cursor, sql)
     started = time.monotonic()

@@ -19,6 +19,8 @@ from pathlib import Path
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tbpipe.pipeline.errors import UsageError
+
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
@@ -39,7 +41,6 @@ class TokenError(Exception):
 
 
 def read_token(path: Path) -> str:
-    from tbpipe.pipeline.errors import UsageError
 
     try:
         token = path.read_text(encoding="utf-8").strip()

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from tbpipe import _native
 from tbpipe.pipeline.stacks.render import Frame, symbolize_stacks
+from tbpipe.pipeline.symbols import Symbolizer
 from tbpipe.schemas import raw
 
 _default_symbolizer = None
@@ -24,8 +25,6 @@ _default_symbolizer = None
 def _symbolizer():
     global _default_symbolizer
     if _default_symbolizer is None:
-        from tbpipe.pipeline.symbols import Symbolizer
-
         _default_symbolizer = Symbolizer(jobs=1)
     return _default_symbolizer
 

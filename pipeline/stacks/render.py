@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from tbpipe.pipeline.stacks.order import combined_order
+from tbpipe.pipeline.symbols import ModuleRef
 from tbpipe.schemas.raw import (
     NATIVE_FRAME_EXACT_PC,
     NATIVE_FRAME_MARKER,
@@ -40,7 +41,6 @@ def frame(
 
 def symbolize_stacks(stacks: pa.Table, modules: pa.Table, code: pa.Table, symbolizer: Any) -> list[list[Frame]]:
     """Frames of each row of `stacks`, innermost first, Python and native interleaved."""
-    from tbpipe.pipeline.symbols import ModuleRef
 
     module_rows = {row["module_index"]: row for row in modules.to_pylist()}
     code_rows = {row["code_id"]: row for row in code.to_pylist()}

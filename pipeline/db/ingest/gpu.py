@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -170,7 +171,6 @@ def _count_gpu_time(con, run_number: int) -> None:
 
 
 def _drop_quietly(con, table: str) -> None:
-    import duckdb
 
     try:  # inside a failed transaction DuckDB refuses even this; the next run replaces the table
         con.execute(f"DROP TABLE IF EXISTS {table}")

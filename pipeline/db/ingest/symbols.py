@@ -22,6 +22,7 @@ from tbpipe.pipeline.db.ingest.outcomes import IngestOptions, IngestSummary
 from tbpipe.pipeline.db.ingest.siting import site_stacks
 from tbpipe.pipeline.db.ingest.tables import IngestDb
 from tbpipe.pipeline.stacks import layout
+from tbpipe.pipeline.symbols import ModuleRef, Symbolizer
 from tbpipe.schemas.modulekey import KeyKind, ModuleKey
 
 # Columns of `symbols`, in the symbolizer's Arrow rows (where the module key is called build_id).
@@ -49,8 +50,6 @@ class SymbolLoader:
     @property
     def symbolizer(self) -> Any:
         if self._symbolizer is None:
-            from tbpipe.pipeline.symbols import Symbolizer
-
             self._symbolizer = Symbolizer(
                 cache_dir=self.options.cache_dir,
                 debug_dirs=list(self.options.debug_dirs),
@@ -123,7 +122,6 @@ class SymbolLoader:
 
     def _symbolize(self, requests: Requests) -> tuple[pa.Table, pa.Table]:
         """`symbols` rows for the requests, and the modules' `modules` rows."""
-        from tbpipe.pipeline.symbols import ModuleRef
 
         symbolizer = self.symbolizer
         keys = {text: ModuleKey.parse(text) for text in requests}

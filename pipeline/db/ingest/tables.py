@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 
 from tbpipe.pipeline.db.connection import DatabaseError
@@ -71,7 +72,6 @@ class IngestDb:
         self.con.register(name, table)
 
     def unregister(self, name: str) -> None:
-        import duckdb
 
         # Inside a failed transaction DuckDB refuses even this; the name is registered anew
         # (replacing the view) the next time it is used, so leaving it is harmless.
@@ -133,7 +133,6 @@ def run_numbers_filter(column: str, numbers: list[int]) -> tuple[str, list[Any]]
 
 def raise_for_data_error(error: BaseException) -> None:
     """Errors that come from the run's data (not the database) quarantine the run."""
-    import duckdb
 
     text = first_line(error)
     if isinstance(error, (duckdb.ConversionException, duckdb.InvalidInputException)) and "JSON" in text:
