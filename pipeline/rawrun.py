@@ -598,6 +598,19 @@ def _frames_missing(column: pa.ChunkedArray, field: str, described: pa.ChunkedAr
     return pc.sum(suspect).as_py() or 0
 
 
+def manifest_or_recovered(run_dir: Path, recover: bool) -> tuple[dict[str, Any], list[str]]:
+    """The run's manifest, and notes on it: with `recover`, a folder whose manifest.json is lost gets
+    one rebuilt from its parts (`recovered_manifest`), with a note saying so; without, the
+    MissingManifestError stands."""
+    try:
+        return read_manifest(run_dir), []
+    except MissingManifestError:
+        if not recover:
+            raise
+    note = "manifest.json was missing: recovered from the run's parts (no labels, argv or versions)"
+    return recovered_manifest(run_dir), [note]
+
+
 def recovered_manifest(run_dir: Path) -> dict[str, Any]:
     """A manifest for a run folder that lost its own, from what its parts say; DamagedRunError when
     they cannot say enough. Nothing is written: the folder stays as it was found.

@@ -121,13 +121,11 @@ def prepare_run(
     from tbpipe.pipeline.db.ingest.gpu import GPU_TABLES
     from tbpipe.pipeline.rawrun import (
         DamagedRunError,
-        MissingManifestError,
         dangling_events_note,
+        manifest_or_recovered,
         part_files,
         parts_fingerprint,
-        read_manifest,
         read_tables,
-        recovered_manifest,
         reference_problems,
         verify_part,
     )
@@ -136,13 +134,8 @@ def prepare_run(
     run_dir = Path(run_dir)
     notes: list[str] = []
     try:
-        try:
-            manifest = read_manifest(run_dir)
-        except MissingManifestError:
-            if not recover_manifests:
-                raise
-            manifest = recovered_manifest(run_dir)
-            notes.append("manifest.json was missing: recovered from the run's parts (no labels, argv or versions)")
+        manifest, recovery_notes = manifest_or_recovered(run_dir, recover_manifests)
+        notes += recovery_notes
         files = part_files(run_dir, manifest)
         fingerprint = parts_fingerprint(run_dir, manifest, files)
     except DamagedRunError as error:
@@ -244,16 +237,11 @@ class LaidOutRun:
 def lay_out_run(run_dir: str | Path, stack_ids: np.ndarray, *, recover_manifests: bool = False) -> LaidOutRun:
     """Slots of the given stacks (by lake stack id) of one run, which holds them all."""
     from tbpipe.pipeline.db.ingest.siting import import_roots, portable_file
-    from tbpipe.pipeline.rawrun import MissingManifestError, part_files, read_manifest, read_tables, recovered_manifest
+    from tbpipe.pipeline.rawrun import manifest_or_recovered, part_files, read_tables
     from tbpipe.pipeline.stacks.flatten import flatten_run
 
     run_dir = Path(run_dir)
-    try:
-        manifest = read_manifest(run_dir)
-    except MissingManifestError:
-        if not recover_manifests:
-            raise
-        manifest = recovered_manifest(run_dir)
+    manifest, _notes = manifest_or_recovered(run_dir, recover_manifests)
     flat = flatten_run(read_tables(part_files(run_dir, manifest), STACK_PARTS))
     hashes = ids.signed(flat.hashes)
     wanted = np.flatnonzero(np.isin(hashes, np.asarray(stack_ids, dtype=np.int64)))

@@ -27,16 +27,14 @@ from tbpipe.pipeline.db.ingest.outcomes import IngestOptions, RunOutcome
 from tbpipe.pipeline.db.ingest.tuning import IngestLimits, lower_thread_priority
 from tbpipe.pipeline.rawrun import (
     DamagedRunError,
-    MissingManifestError,
     VerifiedParts,
     dangling_events_note,
     events_part,
+    manifest_or_recovered,
     part_files,
     parts_fingerprint,
-    read_manifest,
     read_stack_keys,
     read_tables,
-    recovered_manifest,
     reference_problems,
     verify_part,
 )
@@ -132,15 +130,8 @@ class RunReader:
 
     def prepare(self, run_dir: Path) -> PreparedRun | RunOutcome:
         """A run read, validated and flattened; its outcome when it needs no loading or is damaged."""
-        notes: list[str] = []
         try:
-            try:
-                manifest = read_manifest(run_dir)
-            except MissingManifestError:
-                if not self._options.recover_manifests:
-                    raise
-                manifest = recovered_manifest(run_dir)
-                notes.append("manifest.json was missing: recovered from the run's parts (no labels, argv or versions)")
+            manifest, notes = manifest_or_recovered(run_dir, self._options.recover_manifests)
             files = part_files(run_dir, manifest)
             fingerprint = parts_fingerprint(run_dir, manifest, files)
         except DamagedRunError as error:
