@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import json
 import os
 import shlex
 import shutil
@@ -29,8 +30,21 @@ import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+import duckdb
+
+from tbpipe.capture.cache import default_cache_dir
+from tbpipe.capture.cuda import cupti_candidates
+from tbpipe.capture.launch import captured_environment
+from tbpipe.pipeline.db.schema import latest_version
+from tbpipe.pipeline.errors import UsageError
+from tbpipe.pipeline.rawrun import DamagedRunError, find_run_dirs, part_files, read_manifest, read_tables
+from tbpipe.pipeline.symbols.debuginfo import DebugInfoLocator
+from tbpipe.pipeline.symbols.elf import inspect_elf
+from tbpipe.pipeline.symbols.model import ElfFileError, Quality
 
 OK, DEGRADED, MISSING = "ok", "degraded", "missing"
 _COMMAND_TIMEOUT_S = 10.0
@@ -94,10 +108,8 @@ def loaded_modules(imports: Sequence[str] = ()) -> list[tuple[str, str | None]]:
     done = _run([sys.executable, "-c", code])
     if done is None or done.returncode != 0:
         why = done.stderr.strip().splitlines()[-1] if done is not None and done.stderr.strip() else "it did not finish"
-        from tbpipe.pipeline.errors import UsageError
 
         raise UsageError(f"could not list the modules of a Python process importing {', '.join(imports)}: {why}")
-    import json
 
     return [(path, build_id) for path, build_id in json.loads(done.stdout) if path]
 
@@ -157,9 +169,6 @@ def module_checks(
     modules: Iterable[tuple[str, str | None]], asked: bool, debug_dirs: Sequence[str] = ()
 ) -> list[Check]:
     """Debug info for each module: DWARF found (where), symbols only or nothing (what to install)."""
-    from tbpipe.pipeline.symbols.debuginfo import DebugInfoLocator
-    from tbpipe.pipeline.symbols.elf import inspect_elf
-    from tbpipe.pipeline.symbols.model import ElfFileError, Quality
 
     locator = DebugInfoLocator(debug_dirs=debug_dirs)
     checks = []
@@ -212,8 +221,6 @@ def run_program(command: Sequence[str], sources: Sequence[str], timeout_s: float
     temporary folder, for at most `timeout_s` seconds, then stops what is left of it; reads the
     modules its runs recorded and removes the folder. Its output goes to stderr: stdout is the
     diagnosis's. UsageError when it cannot start."""
-    from tbpipe.capture.launch import captured_environment
-    from tbpipe.pipeline.errors import UsageError
 
     if timeout_s <= 0:
         raise UsageError(f"--timeout must be positive, not {timeout_s}")
@@ -277,7 +284,6 @@ def _stop_group(process: subprocess.Popen) -> None:
 
 def _recorded_modules(runs: Path) -> tuple[list[tuple[str, str | None]], int, int]:
     """(path, build-ID) of every native module on the recorded stacks, the run folders, the events."""
-    from tbpipe.pipeline.rawrun import DamagedRunError, find_run_dirs, part_files, read_manifest, read_tables
 
     found: dict[str, str | None] = {}
     run_dirs = find_run_dirs([runs]) if runs.is_dir() else []
@@ -348,7 +354,6 @@ def _package_dir(name: str) -> Path | None:
 
 
 def _version(distribution: str) -> str | None:
-    from importlib import metadata
 
     try:
         return metadata.version(distribution)
@@ -399,7 +404,6 @@ def _cupti_version(library: Any) -> int | None:
 
 def cupti_check(asked: bool) -> Check:
     """CUPTI for the cuda source: which library loads, its version, who else subscribes."""
-    from tbpipe.capture.cuda import cupti_candidates
 
     tried = cupti_candidates()
     for candidate in tried:
@@ -460,7 +464,6 @@ def compile_check(asked: bool) -> Check:
 
 
 def _cache_dir() -> Path:
-    from tbpipe.capture.cache import default_cache_dir
 
     return default_cache_dir()
 
@@ -489,9 +492,6 @@ def store_check() -> Check:
 
 def database_check(path: Path, asked: bool) -> tuple[Check, Any]:
     """The database's size and schema version; and a read-only connection to it (None when absent)."""
-    import duckdb
-
-    from tbpipe.pipeline.db.schema import latest_version
 
     latest = latest_version()
     if not path.exists():
