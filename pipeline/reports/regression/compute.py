@@ -120,9 +120,10 @@ _COUNTS = {
     "own": ("run_stack_counts", "run_site_counts"),
     "forward": ("event_counts_at_forward", "site_counts_at_forward"),
 }
-# Where a site was, among several runs' rows: the one with the most events, among equals the greatest
-# (file, line), so that the choice depends on the rows and not on the order they come in.
-_PLACE = "struct_pack(n := p.events, f := coalesce(p.site_file, ''), l := coalesce(p.site_line, -1))"
+# Where a site was, among several runs' rows: the one with the most events, among equals the one whose
+# (file, line) hashes highest, so that the choice depends on the rows and not on the order they come in
+# (as an integer: ordering structs doubled the cost of a year's window).
+_PLACE = "(p.events::HUGEINT * 4294967296 + hash(p.site_file, p.site_line) % 4294967296)"
 
 
 def _run_numbers(con: Any, run_ids: list[str]) -> str:
@@ -150,28 +151,20 @@ def _site_values(con: Any, sets: list[RunSet], request: ReportRequest) -> pa.Tab
     numbers = _run_numbers(con, membership["run_id"].to_pylist())
     con.register("report_sets", membership)
     try:
-        # `run_site_counts` holds each run's events per name and site: summed over each set's runs on
-        # integer keys first (the costly part, a few million rows), then named (a row per set and site).
+        # `run_site_counts` holds each run's events per name and site: sum them over each set's runs.
         table = query_arrow(
             con,
             f"""
-            WITH per_site AS (
-                SELECT s.set_index, p.name_id, p.site_id, sum(p.events) AS events, max({_PLACE}) AS place,
-                       arg_max(p.site_file, {_PLACE}) AS site_file, arg_max(p.site_line, {_PLACE}) AS site_line
-                FROM {_COUNTS[request.site_of][1]} p
-                JOIN runs r USING (run_number)
-                JOIN report_sets s ON s.run_id = r.run_id
-                WHERE p.run_number IN ({numbers})
-                GROUP BY s.set_index, p.name_id, p.site_id
-            )
-            SELECT p.set_index, c.kind, c.name, t.site_key, sum(p.events)::DOUBLE AS events,
+            SELECT s.set_index, c.kind, c.name, t.site_key, sum(p.events)::DOUBLE AS events,
                    any_value(t.function) AS site_function, any_value(t.portable_file) AS site_portable_file,
-                   arg_max(p.site_file, p.place) AS site_file, arg_max(p.site_line, p.place) AS site_line
-            FROM per_site p
+                   arg_max(p.site_file, {_PLACE}) AS site_file, arg_max(p.site_line, {_PLACE}) AS site_line
+            FROM {_COUNTS[request.site_of][1]} p
+            JOIN runs r USING (run_number)
+            JOIN report_sets s ON s.run_id = r.run_id
             JOIN event_names c USING (name_id)
             LEFT JOIN sites t USING (site_id)
-            {"WHERE " + " AND ".join(where) if where else ""}
-            GROUP BY p.set_index, c.kind, c.name, t.site_key
+            WHERE p.run_number IN ({numbers}) {"AND " + " AND ".join(where) if where else ""}
+            GROUP BY s.set_index, c.kind, c.name, t.site_key
             """,
             params,
         )
@@ -241,7 +234,7 @@ def _classify(values: pa.Table, sets: list[RunSet], request: ReportRequest) -> l
     base_row = _last_row_per_site(site_of, set_index, in_base, len(ids))
 
     change, baseline = _verdicts(window, candidate, request)
-    lines = np.array([-1 if v is None else v for v in values["site_line"].to_pylist()], dtype=np.int64)
+    lines = pc.fill_null(values["site_line"], -1).to_numpy().astype(np.int64)
     line = lines[newest_row]
     baseline_line = np.where(base_row >= 0, lines[np.maximum(base_row, 0)], -1)
     moved = (change == _UNCHANGED) & (candidate > 0) & (base_row >= 0) & (baseline_line != line)
@@ -252,11 +245,12 @@ def _classify(values: pa.Table, sets: list[RunSet], request: ReportRequest) -> l
     spreads: list[Spread | None] = [None] * len(ids)
     if n_base > 1:
         spreads = bands(window, request.spread)
-    columns = {c: values[c].to_pylist() for c in ("site_function", "site_portable_file", "site_file")}
-    base_keys = set(values["site_key"].filter(pa.array(in_base)).to_pylist())
+    # Only the rows the sites are shown from become Python objects (a year's window has ~30 rows a site).
+    shown = values.take(pa.array(newest_row))
+    columns = {c: shown[c].to_pylist() for c in ("site_function", "site_portable_file", "site_file")}
+    base_keys = set(pc.unique(values["site_key"].filter(pa.array(in_base))).to_pylist())
     out = []
     for (site_kind, site_name, site_key), index in ids.items():
-        row = newest_row[index]
         site_change = _CODES[change[index]]
         site_line = int(line[index]) if line[index] >= 0 else None
         out.append(
@@ -264,10 +258,10 @@ def _classify(values: pa.Table, sets: list[RunSet], request: ReportRequest) -> l
                 kind=site_kind,
                 name=site_name,
                 site_key=site_key,
-                site_function=columns["site_function"][row],
-                site_file=columns["site_file"][row],
+                site_function=columns["site_function"][index],
+                site_file=columns["site_file"][index],
                 site_line=site_line,
-                site_portable_file=columns["site_portable_file"][row],
+                site_portable_file=columns["site_portable_file"][index],
                 baseline_events=float(baseline[index]),
                 candidate_events=float(candidate[index]),
                 change=site_change,
