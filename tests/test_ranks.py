@@ -280,7 +280,7 @@ def test_ranks_names_the_one_site_and_rank_that_diverge(launches: Launches) -> N
             assert entry["outlier_ranks"] == [1]
             counts = entry["counts_by_rank"]
             assert counts["1"] >= 3 and counts["0"] == counts["2"] == 0, entry
-            assert [f["name"] for f in entry["traceback"] if f["kind"] == "python"][:1] == ["main"]
+            assert [f["function"] for f in entry["traceback"] if f["kind"] == "python"][:1] == ["main"]
     failing = launches.tbpipe("ranks", "--db", "tbpipe.duckdb", "--job", f"job={launches.job('torchrun')}",
                               "--fail-on-divergence", "-f", "md")  # fmt: skip
     assert failing.returncode == 1, failing.stderr
@@ -331,3 +331,35 @@ def test_the_lake_gives_the_same_answer(launches: Launches) -> None:
         assert result.returncode == 0, result.stderr
         answers.append(json.loads(result.stdout))
     assert answers[0] == answers[1] and answers[0]["divergent"]
+
+
+@pytest.mark.default_interpreter_only
+def test_the_job_page_shows_ranks_by_sites_divergent_first(launches: Launches) -> None:
+    import httpx
+    from support.browser import ARTIFACTS, chromium_page
+    from support.serve import Server
+
+    job = launches.job("torchrun")
+    with Server(launches.db) as server:
+        listed = httpx.get(server.url + "/api/jobs", timeout=30).json()["jobs"]
+        assert {j["job"]: j["ranks"] for j in listed} == {job: 3, launches.job("spawn"): 2, "4242.0": 3}
+        answer = httpx.get(f"{server.url}/api/jobs/{job}/ranks", timeout=60).json()
+        from_cli = launches.tbpipe("ranks", "--db", "tbpipe.duckdb", "--job", f"job={job}", "-f", "json")
+        assert answer == json.loads(from_cli.stdout)
+        with chromium_page(1300, 1000) as page:
+            page.goto(f"{server.url}/jobs/{job}")
+            assert "outlier rank 1" in page.inner_text("#verdict")
+            labels = page.locator("#heat-map text:not(.rank):not(.count)").evaluate_all(
+                "texts => texts.map(t => t.firstChild.nodeValue)"
+            )
+            divergent = page.locator("#heat-map text.divergent").count()
+            assert divergent == len(answer["divergent"]) and labels[:divergent] == [
+                f"{d['name']}  main (work.py:{line_of(WORKLOAD, 'only rank 1')})" for d in answer["divergent"]
+            ]
+            # A cell per rank and site; the outliers framed: rank 1's cells of the divergent rows.
+            assert page.locator("#heat-map rect").count() == 3 * len(labels)
+            assert page.locator("#heat-map rect.outlier").count() == divergent
+            page.screenshot(path=str(ARTIFACTS / "job-page.png"), full_page=True)
+            page.goto(f"{server.url}/runs/{answer['runs'][0]['run_id']}")
+            page.click(f"a[href='/jobs/{job}']")
+            assert page.url.endswith(f"/jobs/{job}")

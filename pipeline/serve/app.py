@@ -72,7 +72,7 @@ def service_of(request: Request) -> Service:
 
 
 def create_app(config: ServeConfig) -> FastAPI:
-    from tbpipe.pipeline.serve import api, errors, pages
+    from tbpipe.pipeline.serve import api, errors, jobs, pages
 
     service = build_service(config)
 
@@ -98,6 +98,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     errors.install(app)
     app.include_router(api.router)
     app.include_router(pages.router)
+    app.include_router(jobs.router)
     app.add_middleware(ResponseCache, state_key=service.database.state_key)  # inside the headers
     app.add_middleware(SecurityHeaders, loopback_only=is_loopback(config.host))
     return app

@@ -17,6 +17,7 @@ from tbpipe.pipeline.db import read
 from tbpipe.pipeline.db.connection import query_arrow, query_rows
 from tbpipe.pipeline.db.selectors import RunSelectionError, RunSelector, parse_selector, resolve_job, resolve_selector
 from tbpipe.pipeline.reports.ranks.model import JobRun, RankSite, RanksReport, RanksRequest, Site
+from tbpipe.pipeline.reports.regression.model import Frame
 
 
 class NoRanksError(RunSelectionError):
@@ -165,4 +166,9 @@ def _attach_tracebacks(con: Any, job: str, sites: list[RankSite]) -> None:
     for site in wanted:
         stack = stack_of.get((site.kind, site.name, site.site.key))
         if stack is not None:
-            site.traceback = frames.get(stack, [])
+            site.traceback = [
+                Frame(
+                    f["kind"], f["name"], f["filename"], f["line"], f["module"], f["inlined"], f.get("generated", False)
+                )
+                for f in frames.get(stack, [])
+            ]

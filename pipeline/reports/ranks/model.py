@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tbpipe.pipeline.reports.regression.model import Frame
 from tbpipe.pipeline.stacks import focus
 from tbpipe.pipeline.stacks.focus import DEFAULT_RULES, FrameRules
-from tbpipe.pipeline.stacks.render import Frame, format_frames
 
 FORMAT = 1
 
@@ -87,7 +87,7 @@ class RankSite:
             "outlier_ranks": list(self.outlier_ranks),
         }
         if self.traceback is not None:
-            out["traceback"] = self.traceback
+            out["traceback"] = [vars(frame) for frame in self.traceback]
         return out
 
 
@@ -134,7 +134,13 @@ class RanksReport:
         """A divergent site's traceback as text, one frame a line, focused by `mode`."""
         lines = []
         for frame in focus.focus_frames(site.traceback or [], mode, self.focus_rules):
-            lines.append(frame.text if isinstance(frame, focus.StartUp) else format_frames([frame]))
+            if isinstance(frame, focus.StartUp) or frame.kind == "marker":
+                lines.append(frame.text if isinstance(frame, focus.StartUp) else frame.function or "")
+                continue
+            where = frame.file or (frame.module.rsplit("/", 1)[-1] if frame.module else "??")
+            notes = (" [inlined]" if frame.inlined else "") + (" [generated]" if frame.generated else "")
+            line = frame.line if frame.line is not None else "?"
+            lines.append(f"{where}:{line}:{frame.function or '??'}{notes}")
         return "\n".join(lines)
 
     @property
