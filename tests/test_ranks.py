@@ -346,6 +346,9 @@ def test_the_job_page_shows_ranks_by_sites_divergent_first(launches: Launches) -
         answer = httpx.get(f"{server.url}/api/jobs/{job}/ranks", timeout=60).json()
         from_cli = launches.tbpipe("ranks", "--db", "tbpipe.duckdb", "--job", f"job={job}", "-f", "json")
         assert answer == json.loads(from_cli.stdout)
+        sides = {"candidate": f"job={job}", "baseline": "job=4242.0"}
+        compared = httpx.get(server.url + "/api/compare", params={**sides, "per_rank": "true"}, timeout=120).json()
+        assert compared["ok"] and sorted(compared["per_rank"]) == ["0", "1", "2"]
         with chromium_page(1300, 1000) as page:
             page.goto(f"{server.url}/jobs/{job}")
             assert "outlier rank 1" in page.inner_text("#verdict")
@@ -360,6 +363,8 @@ def test_the_job_page_shows_ranks_by_sites_divergent_first(launches: Launches) -
             assert page.locator("#heat-map rect").count() == 3 * len(labels)
             assert page.locator("#heat-map rect.outlier").count() == divergent
             page.screenshot(path=str(ARTIFACTS / "job-page.png"), full_page=True)
+            page.goto(f"{server.url}/compare?candidate=job%3D{job}&baseline=job%3D4242.0")
+            assert page.inner_text("#verdict").startswith(f"No regressions: job={job} against job=4242.0")
             page.goto(f"{server.url}/runs/{answer['runs'][0]['run_id']}")
             page.click(f"a[href='/jobs/{job}']")
             assert page.url.endswith(f"/jobs/{job}")

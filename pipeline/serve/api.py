@@ -21,6 +21,7 @@ from tbpipe.pipeline.db.read import NotFoundError
 from tbpipe.pipeline.db.selectors import parse_per
 from tbpipe.pipeline.reports.regression import ReportRequest, Thresholds, compare
 from tbpipe.pipeline.reports.regression import select as run_select
+from tbpipe.pipeline.reports.regression.per_rank import compare_per_rank
 from tbpipe.pipeline.reports.regression.select import SelectionError, parse_label_list
 from tbpipe.pipeline.serve import flame, queries
 from tbpipe.pipeline.serve.app import service_of
@@ -208,7 +209,9 @@ def report_request(
 
 
 def compare_params(
-    candidate: Annotated[str, Query(description="RUN: a run id, latest, latest:K=V,... or a group K=V.")] = "latest",
+    candidate: Annotated[
+        str, Query(description="RUN: a run id, latest, latest:K=V,..., a group K=V, or a job: job=ID, latest-job.")
+    ] = "latest",
     baseline: Annotated[str | None, Query(description="RUN to compare with.")] = None,
     baseline_window: Annotated[
         int | None, Query(ge=1, le=1000, description="Compare with the N previous runs (or groups).")
@@ -236,9 +239,14 @@ def with_suspects(request: Request, report: ReportRequest) -> ReportRequest:
 
 
 @router.get("/compare", summary="The regression report's JSON (format 1), as `tbpipe report --format json`")
-def compare_runs(request: Request, report: CompareRequest) -> JSONResponse:
+def compare_runs(
+    request: Request,
+    report: CompareRequest,
+    per_rank: Annotated[bool, Query(description="Jobs: also each rank against the same rank (--per-rank).")] = False,
+) -> JSONResponse:
     with service_of(request).database.read() as cursor:
-        result = compare(cursor, with_suspects(request, report), None)
+        asked = with_suspects(request, report)
+        result = compare_per_rank(cursor, asked, None) if per_rank else compare(cursor, asked, None)
     return JSONResponse(result.to_json())
 
 
