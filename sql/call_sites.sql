@@ -34,11 +34,17 @@ CREATE OR REPLACE MACRO site_identity_key(kind, function, portable_file, line, f
     END), 1, 16);
 
 -- The call site of every stack with stack_id >= first_stack_id, under the current `user_code` rules:
--- its innermost user frame; without one, its innermost symbolized frame that is not generated code.
--- Code run from a string ('<string>', which has no file of its own) inside generated code belongs to
--- its caller: it is not user code when the next Python frame out is not (Inductor's Triton launchers
--- are made that way and called by Inductor's runtime).
--- @arg first_stack_id  BIGINT  the lowest stack id to compute (0: all)
+-- its innermost user frame; without one (a thread without Python frames: gloo's and NCCL's workers,
+-- autograd's engine threads, a program's C++ threads), its innermost symbolized frame that is neither
+-- generated code nor the recording machinery (tbpipe's and torch's: RecordFunction, the observer,
+-- the dispatcher's profiling path), else its innermost symbolized frame that is not generated code.
+-- The machinery's patterns are the focus modes' (`pipeline.stacks.focus`), passed in by the caller
+-- (`siting.reference_sites`). Code run from a string ('<string>', which has no file of its own)
+-- inside generated code belongs to its caller: it is not user code when the next Python frame out is
+-- not (Inductor's Triton launchers are made that way and called by Inductor's runtime).
+-- @arg first_stack_id       BIGINT   the lowest stack id to compute (0: all)
+-- @arg machinery_functions  VARCHAR  regular expression of the recording machinery's function names
+-- @arg machinery_modules    VARCHAR  regular expression of the recording machinery's module file names
 -- @column stack_id            `stacks.stack_id`
 -- @column site_depth          depth of the site frame in `stack_frames`; NULL when the stack has no symbolized frame
 -- @column site_kind           'python' or 'native'
@@ -50,7 +56,7 @@ CREATE OR REPLACE MACRO site_identity_key(kind, function, portable_file, line, f
 -- @column site_module         native: the module's path
 -- @column site_is_user        true when the site is a user frame, false when the stack has none
 -- @column site_key            `site_identity_key` of the site
-CREATE OR REPLACE MACRO stack_sites_from(first_stack_id) AS TABLE
+CREATE OR REPLACE MACRO stack_sites_from(first_stack_id, machinery_functions, machinery_modules) AS TABLE
 WITH files AS (
     SELECT * FROM python_files_from(first_stack_id)
 ), user_rows AS (
@@ -74,11 +80,18 @@ WITH files AS (
 ), modules AS (
     SELECT module, coalesce(is_generated_path(module), false) AS is_generated
     FROM (SELECT DISTINCT module FROM stack_frames WHERE kind = 'native' AND stack_id >= first_stack_id)
+), machinery AS (
+    SELECT function, module
+    FROM (SELECT DISTINCT function, module FROM stack_frames WHERE kind = 'native' AND stack_id >= first_stack_id)
+    WHERE coalesce(regexp_matches(function, machinery_functions), false)
+       OR coalesce(regexp_matches(regexp_extract(module, '[^/]*$'), machinery_modules), false)
 ), fallback AS (
-    SELECT f.stack_id, min(f.depth) AS depth
+    SELECT f.stack_id,
+           coalesce(min(f.depth) FILTER (WHERE k.function IS NULL), min(f.depth)) AS depth
     FROM stack_frames f
     LEFT JOIN files p ON f.kind = 'python' AND p.file = f.file
     LEFT JOIN modules m ON f.kind = 'native' AND m.module = f.module
+    LEFT JOIN machinery k ON f.kind = 'native' AND k.function = f.function AND k.module IS NOT DISTINCT FROM f.module
     WHERE f.stack_id >= first_stack_id AND f.kind <> 'marker' AND f.function IS NOT NULL
       AND NOT coalesce(p.is_generated, false) AND NOT coalesce(m.is_generated, false)
       AND f.stack_id NOT IN (SELECT stack_id FROM user_frames)

@@ -291,6 +291,42 @@ def test_ranks_names_the_one_site_and_rank_that_diverge(launches: Launches) -> N
     assert "2 ranks agree" in agreeing.stdout
 
 
+# What an op on gloo's worker thread is recorded under, innermost first, before the frame of the
+# program (torch's, here) it is sited at: tbpipe's observer, RecordFunction, gloo's profiling callback
+# and the wrapper that carries the profiler's thread-local state to that thread.
+GLOO_MACHINERY = ("tbpipe::", "at::RecordFunction::runStartCallbacks", "recordAsyncWorkProfilingInfo",
+                  "wrapPropagateTLSState")  # fmt: skip
+
+
+def test_ops_on_gloos_thread_are_sited_past_the_recording_machinery(launches: Launches) -> None:
+    from tbpipe.pipeline.db import open_database
+    from tbpipe.pipeline.db.connection import query_rows
+
+    con = open_database(launches.db, read_only=True)
+    try:
+        rows = query_rows(
+            con,
+            """
+            WITH gloo AS (
+                SELECT DISTINCT n.name, c.stack_id FROM run_stack_counts c JOIN event_names n USING (name_id)
+                WHERE n.name LIKE 'gloo:%'
+            )
+            SELECT g.name, t.function, ss.site_depth, list(f.function ORDER BY f.depth) FILTER (WHERE f.depth < ss.site_depth)
+            FROM gloo g JOIN stack_sites ss USING (stack_id) JOIN sites t USING (site_id)
+            JOIN stack_frames f ON f.stack_id = g.stack_id
+            GROUP BY g.name, g.stack_id, t.function, ss.site_depth
+            """,
+        )
+    finally:
+        con.close()
+    assert {name for name, *_ in rows} >= {"gloo:all_reduce", "gloo:broadcast"}
+    for name, site, depth, skipped in rows:
+        assert site.startswith("c10d::ProcessGroupGloo::AsyncWork::execute("), (name, site)
+        assert depth >= 3 and len(skipped) == depth
+        assert all(any(part in frame for part in GLOO_MACHINERY) for frame in skipped), skipped
+        assert any("at::RecordFunction::runStartCallbacks" in frame for frame in skipped)
+
+
 def test_a_job_compared_with_an_identical_job_flags_nothing(launches: Launches) -> None:
     # The same program under another launcher: its sites match, its counts too, summed and rank by rank.
     first, second = launches.job("torchrun"), launches.job("slurm")

@@ -216,3 +216,69 @@ def test_stack_sites_mark_user_frames(sited_db) -> None:
         ("thread", "Thread.run", 1010, False, "python"),
         ("tool", "tool", 20, True, "python"),
     ]
+
+
+# ------------------------------------------------------------------------------ threads without Python frames
+
+LIBTORCH = "/venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so"
+OBSERVER = "/cache/torch-observer/torch-2.13/_tbpipe_torch_observer.cpython-311-x86_64-linux-gnu.so"
+# A gloo worker thread's stack as tbpipe records an op on it, innermost first (function, module): the
+# frames the rule passes over, then the first that is neither tbpipe's nor torch's recording machinery.
+GLOO_SKIPPED = [
+    ("tbpipe::observer::on_op_start(at::RecordFunction const&)", OBSERVER),
+    ("at::RecordFunction::runStartCallbacks()", LIBTORCH),
+    ("std::_Function_handler<void (), c10d::ProcessGroupGloo::AsyncWork::recordAsyncWorkProfilingInfo(char const*, "
+     "std::optional<std::vector<at::Tensor> > const&)::{lambda()#1}>::_M_invoke(std::_Any_data const&)", LIBTORCH),
+    ("_ZZN2at21wrapPropagateTLSStateISt8functionIFvvEEEEDaT_ENKUlDpOT_E_clIJEEEDaS7_", LIBTORCH),
+]  # fmt: skip
+GLOO_SITE = ("c10d::ProcessGroupGloo::AsyncWork::execute(c10::intrusive_ptr<c10d::ProcessGroupGloo::AsyncWork> const&)",
+             LIBTORCH)  # fmt: skip
+GLOO_OUTER = [("c10d::ProcessGroupGloo::runLoop(int)", LIBTORCH), ("start_thread", "/usr/lib/libc.so.6")]
+# An op on an autograd engine thread: the dispatcher's profiling path is passed over too.
+ENGINE = [
+    ("at::RecordFunction::runStartCallbacks()", LIBTORCH),
+    ("at::Tensor c10::Dispatcher::callWithDispatchKeySlowPath<at::Tensor, at::Tensor const&>(c10::TypedOperatorHandle"
+     "<at::Tensor (at::Tensor const&)> const&, at::StepCallbacks&, c10::DispatchKeySet, c10::KernelFunction const&, "
+     "at::Tensor const&)", LIBTORCH),
+    ("at::_ops::neg::call(at::Tensor const&)", LIBTORCH),
+    ("torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)", LIBTORCH),
+]  # fmt: skip
+
+
+def _native_stacks(con, stacks: dict[int, list[tuple[str, str]]]) -> None:
+    """The stacks' frames straight into the tables `stack_sites_from` reads (native frames, one row each)."""
+    for table in ("frames", "stack_frame_rows", "stacks", "user_code", "generated_code", "source_files"):
+        con.execute(f"DELETE FROM {table}")
+    frame_ids: dict[tuple[str, str], int] = {}
+    for stack_id, frames in stacks.items():
+        for depth, (function, module) in enumerate(frames):
+            if (function, module) not in frame_ids:
+                frame_ids[(function, module)] = frame_id = len(frame_ids)
+                con.execute(
+                    "INSERT INTO frames VALUES (?, ?, 'native', ?, 'x.cc', 1, NULL, ?, 'k', 4096, false, false, NULL)",
+                    [frame_id, frame_id, function, module],
+                )
+            con.execute(
+                "INSERT INTO stack_frame_rows VALUES (?, ?, ?, 0, ?)",
+                [stack_id, depth, depth, frame_ids[(function, module)]],
+            )
+        con.execute(
+            "INSERT INTO stacks VALUES (?, ?, 0, ?, 0, ?, NULL, NULL, 'run')",
+            [stack_id, stack_id, len(frames), len(frames)],
+        )
+
+
+def test_an_op_on_a_thread_without_python_frames_is_sited_past_the_recording_machinery(con) -> None:
+    from tbpipe.pipeline.db.ingest.siting import reference_sites
+    from tbpipe.pipeline.stacks.focus import is_recording_machinery
+
+    assert all(is_recording_machinery(*frame) for frame in GLOO_SKIPPED)
+    assert not any(is_recording_machinery(*frame) for frame in [GLOO_SITE, *GLOO_OUTER])
+    only_machinery = GLOO_SKIPPED[1:2]
+    _native_stacks(con, {1: [*GLOO_SKIPPED, GLOO_SITE, *GLOO_OUTER], 2: ENGINE, 3: only_machinery})
+    sites = {row["stack_id"]: row for row in reference_sites(con, 0).to_pylist()}
+    assert (sites[1]["site_function"], sites[1]["site_depth"]) == (GLOO_SITE[0], len(GLOO_SKIPPED))
+    assert (sites[2]["site_function"], sites[2]["site_depth"]) == (ENGINE[2][0], 2)
+    # A stack of nothing but the machinery is still sited (no event goes uncounted): at its innermost frame.
+    assert (sites[3]["site_function"], sites[3]["site_depth"]) == (only_machinery[0][0], 0)
+    assert not any(row["site_is_user"] for row in sites.values())

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tbpipe.pipeline.db.ingest.siting import reference_sites
 from tbpipe.pipeline.lake import ids
 from tbpipe.pipeline.stacks import layout
 from tbpipe.schemas.lake import TABLES
@@ -558,7 +559,7 @@ def _site(
         con.execute("INSERT INTO source_files BY NAME SELECT * FROM lake_source_files")
         con.execute("INSERT INTO user_code BY NAME SELECT *, now() AS added_at FROM lake_user_code")
         con.execute("INSERT INTO generated_code BY NAME SELECT * FROM lake_generated_code")
-        sited = con.sql("SELECT * FROM stack_sites_from(-9223372036854775808)").to_arrow_table()
+        sited = reference_sites(con, -9223372036854775808)
     finally:
         for name in inputs:
             con.unregister(name)

@@ -66,10 +66,28 @@ _LAUNCHER_FILE = re.compile(
 )
 # CPython: the interpreter binary (python3.11, python3) or its shared library (libpython3.11.so.1.0).
 _INTERPRETER_MODULE = re.compile(r"^(lib)?python(\d+(\.\d+)?[a-z]*)?(\.so(\.[\d.]+)?)?$")
-# tbpipe's extension and observer, CUPTI (the recorder of CUDA launches).
-_OWN_MODULE = re.compile(r"^(_native|_native_test|_tbpipe_torch_observer)\..*\.so$|^libcupti\.so")
-# torch's RecordFunction: the callbacks that call tbpipe's observer for every op.
-_OWN_FUNCTION = re.compile(r"^(at::RecordFunction::|c10::Dispatcher::runRecordFunction\b|tbpipe::)")
+# The recording machinery's native frames, by module file name and by function: what the focus modes
+# hide, and what siting passes over (pipeline/db/ingest/siting.py, sql/call_sites.sql hand these
+# patterns to DuckDB, whose RE2 reads them as Python's `re` does). Modules: tbpipe's extension and
+# observer, CUPTI (the recorder of CUDA launches).
+RECORDING_MODULE = re.compile(r"^(_native|_native_test|_tbpipe_torch_observer)\..*\.so$|^libcupti\.so")
+# Functions: tbpipe's own; torch's RecordFunction (the callbacks that call tbpipe's observer); the
+# dispatcher's profiling path (taken only while RecordFunction callbacks are on; a demangled
+# template's name starts with its return type); a collective's profiling callback (gloo's worker
+# threads start an op's RecordFunction from it) and the wrapper carrying the profiler's thread-local
+# state to that thread (its lambda's name stays mangled).
+RECORDING_FUNCTION = re.compile(
+    r"^(at::RecordFunction::|c10::Dispatcher::runRecordFunction\b|tbpipe::)"
+    r"|(^|[\s>])c10::Dispatcher::callWithDispatchKeySlowPath<"
+    r"|::recordAsyncWorkProfilingInfo\("
+    r"|(^|[\s:])(_ZZN2at21)?wrapPropagateTLSState"
+)
+
+
+def is_recording_machinery(function: str | None, module: str | None) -> bool:
+    """Whether a native frame is tbpipe's or torch's recording machinery (never a program's own)."""
+    base = os.path.basename(module) if module else ""
+    return bool(RECORDING_MODULE.search(base) or (function and RECORDING_FUNCTION.search(function)))
 
 
 def tbpipe_source_dirs() -> tuple[str, ...]:
@@ -95,9 +113,9 @@ class FrameRules:
             if file and _LAUNCHER_FILE.search(file):
                 return PY_LAUNCHER
             return PY
-        base = os.path.basename(module) if module else ""
-        if _OWN_MODULE.search(base) or (function and _OWN_FUNCTION.search(function)):
+        if is_recording_machinery(function, module):
             return NATIVE_OWN
+        base = os.path.basename(module) if module else ""
         if base and _INTERPRETER_MODULE.match(base):
             return INTERPRETER
         return NATIVE

@@ -2,10 +2,13 @@
 
 The rules live in the `user_code` table (`--user-code PREFIX` / `!PREFIX`, plus tbpipe's own
 source folders) and the `generated_code` table. The siting rule, a stack's call site under them
-(its innermost user frame, else its innermost symbolized frame that is not generated code):
+(its innermost user frame, else its innermost symbolized frame that is neither generated code nor
+the recording machinery of `stacks.focus`, else its innermost symbolized frame that is not
+generated code):
 
-- Reference: `stack_sites_from` (sql/call_sites.sql). `site_stacks` applies it to every stack when
-  the rules change; the lake's Spark job applies it too, in an in-memory DuckDB.
+- Reference: `stack_sites_from` (sql/call_sites.sql), called with the machinery's patterns by
+  `reference_sites`. `site_stacks` applies it to every stack when the rules change; the lake's
+  Spark job applies it too, in an in-memory DuckDB.
 - Fast path: `sites_of_laid_out`, numpy over a batch's freshly laid-out frames: the ingest sites
   new stacks with it without scanning the stored frames.
 
@@ -36,6 +39,7 @@ from tbpipe.pipeline.db.connection import query_arrow, query_rows, query_value
 from tbpipe.pipeline.db.ingest.site_counts import count_sites
 from tbpipe.pipeline.db.ingest.tables import IngestDb
 from tbpipe.pipeline.errors import UsageError
+from tbpipe.pipeline.stacks import focus
 
 
 def parse_user_code(values: Sequence[str]) -> list[tuple[str, bool]]:
@@ -116,12 +120,22 @@ def store_generated_code(db: IngestDb, manifests: Sequence[dict[str, Any]]) -> N
             site_stacks(db, from_stack=None)
 
 
+def reference_sites(con: Any, first_stack_id: int) -> pa.Table:
+    """`stack_sites_from`'s rows for stacks >= first_stack_id, by stack, with the recording
+    machinery's patterns of `stacks.focus` (the one home of which frames those are)."""
+    return query_arrow(
+        con,
+        "SELECT * FROM stack_sites_from(?, ?, ?) ORDER BY stack_id",
+        [first_stack_id, focus.RECORDING_FUNCTION.pattern, focus.RECORDING_MODULE.pattern],
+    )
+
+
 def site_stacks(db: IngestDb, from_stack: int | None) -> None:
     """Fills `stack_sites` (and `sites`) for stacks >= from_stack; None: all stacks, anew."""
     if from_stack is None:
         db.delete("DELETE FROM stack_sites")
         db.delete("DELETE FROM sites")
-    sites = query_arrow(db.con, "SELECT * FROM stack_sites_from(?)", [from_stack or 0])
+    sites = reference_sites(db.con, from_stack or 0)
     stack_sites, new_sites = number_sites(db, sites, np.zeros(sites.num_rows, dtype=np.int64))
     insert_sites(db, new_sites.drop_columns(["site_order"]), stack_sites)
     if from_stack is None:
@@ -134,7 +148,8 @@ def sites_of_laid_out(db: IngestDb, frames: Any, stack_ids: np.ndarray, portable
     computed from their frames in memory.
 
     The innermost Python frame of a user file (a '<string>' frame inside generated code only when
-    its caller is user code), else the innermost symbolized frame that is not generated code; the
+    its caller is user code), else the innermost symbolized frame that is neither generated code
+    nor recording machinery, else the innermost symbolized frame that is not generated code; the
     key by `site_identity_key`. Only the distinct files and modules are classified and the distinct
     site frames keyed in DuckDB, so a batch of small runs is sited without scanning the stored
     frames. `stack_ids` are the stacks to site (increasing; a stack without frames has no site),
@@ -151,8 +166,11 @@ def sites_of_laid_out(db: IngestDb, frames: Any, stack_ids: np.ndarray, portable
         user_row = user_row & ~_lent_rows(frame_of_row, row_stack, row_depth, kind)
     user_depth = _first_depth_per_stack(stacks, row_stack, row_depth, np.flatnonzero(user_row))
     fallback = kind.symbolized & ~kind.generated
-    fallback_row = fallback[frame_of_row] if len(frame_of_row) else np.zeros(0, bool)
-    fallback_depth = _first_depth_per_stack(stacks, row_stack, row_depth, np.flatnonzero(fallback_row))
+    fallback_depth = np.full(len(stacks), -1, dtype=np.int64)
+    for allowed in (fallback & ~kind.machinery, fallback):  # the program's own frames first
+        chosen = allowed[frame_of_row] if len(frame_of_row) else np.zeros(0, bool)
+        found = _first_depth_per_stack(stacks, row_stack, row_depth, np.flatnonzero(chosen))
+        fallback_depth = np.where(fallback_depth >= 0, fallback_depth, found)
     depth = np.where(user_depth >= 0, user_depth, fallback_depth)
     sited = depth >= 0
     first_row = np.searchsorted(row_stack, stacks)  # rows are by stack, then depth
@@ -173,6 +191,7 @@ class _FrameKinds:
     generated: np.ndarray  # a Python frame or native frame of generated code (`is_generated_path`)
     anonymous: np.ndarray  # a user Python frame of code run from a string ('<string>')
     symbolized: np.ndarray  # a frame with a function name (markers never count)
+    machinery: np.ndarray  # a native frame of the recording machinery (`focus.is_recording_machinery`)
 
     @classmethod
     def of(cls, db: IngestDb, table: pa.Table) -> _FrameKinds:
@@ -197,7 +216,22 @@ class _FrameKinds:
             | (_numpy_bools(native_mask) & member("module", path.filter(pc.and_(pc.invert(is_python), is_generated)))),
             anonymous=user & _numpy_bools(pc.fill_null(pc.equal(table["file"], "<string>"), False)),
             symbolized=_numpy_bools(pc.not_equal(kinds, "marker")) & _numpy_bools(pc.is_valid(table["function"])),
+            machinery=_numpy_bools(native_mask) & _machinery(table),
         )
+
+
+def _machinery(table: pa.Table) -> np.ndarray:
+    """Per frame: whether its function or its module is the recording machinery's
+    (`focus.is_recording_machinery`), each distinct function and module tested once."""
+    out = np.zeros(table.num_rows, dtype=bool)
+    for column, test in (("function", lambda f: focus.is_recording_machinery(f, None)),
+                         ("module", lambda m: focus.is_recording_machinery(None, m))):  # fmt: skip
+        values = pc.unique(table[column]).drop_null().to_pylist()
+        hits = [value for value in values if test(value)]
+        if hits:
+            found = pc.is_in(table[column], value_set=pa.array(hits, table[column].type))
+            out |= pc.fill_null(found, False).to_numpy(zero_copy_only=False)
+    return out
 
 
 def _classified_paths(db: IngestDb, python_files: pa.Array, native_modules: pa.Array) -> pa.Table:
