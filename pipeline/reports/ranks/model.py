@@ -150,9 +150,11 @@ class RanksReport:
         if not self.divergent:
             return f"job {self.job}: {len(self.ranks)} ranks agree at all {self.sites_compared:,} sites"
         ranks = sorted({r for s in self.divergent for r in s.outlier_ranks})
+        places = len({s.site.key for s in self.divergent})
         return (
-            f"job {self.job}: {len(self.divergent)} site{'s' if len(self.divergent) != 1 else ''} where ranks "
-            f"disagree (outlier rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))})"
+            f"job {self.job}: ranks disagree at {places} call site{'s' if places != 1 else ''} "
+            f"({len(self.divergent)} kind/name row{'s' if len(self.divergent) != 1 else ''}; outlier "
+            f"rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))})"
         )
 
     def to_json(self) -> dict[str, Any]:
