@@ -95,6 +95,7 @@ bench: install
 	$(VENV)/bin/python bench/ingest.py
 	$(VENV)/bin/python bench/report.py
 	$(VENV)/bin/python bench/serve.py
+	$(VENV)/bin/python bench/history.py
 	$(VENV)/bin/python bench/export.py
 	$(VENV)/bin/python bench/torch_overhead.py
 	$(VENV)/bin/python bench/compile_overhead.py

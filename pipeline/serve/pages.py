@@ -43,7 +43,8 @@ CANNED_QUERIES = [
     ),
     (
         "Runs",
-        "SELECT run_id, started_at, complete, labels, events, stacks FROM runs ORDER BY started_at DESC LIMIT 50",
+        "SELECT run_id, started_at, complete, rolled_up_at, labels, events, stacks FROM runs\n"
+        "ORDER BY started_at DESC LIMIT 50",
     ),
     (
         "Unsymbolized frames",
