@@ -8,7 +8,6 @@ so a source that needs one of them waits for the program's own import.
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -17,10 +16,12 @@ from typing import Any
 from tbpipe.capture.errors import SourceError
 
 
-class AfterImport(importlib.abc.MetaPathFinder):
+class AfterImport:
     """A finder placed first on sys.meta_path: it finds `name` with the other
     finders, wraps the loader's exec_module and calls `callback(module)` once
-    the module has executed. It never changes what is imported."""
+    the module has executed. It never changes what is imported. (A finder needs
+    only `find_spec`; importlib.abc's base class would cost every session's
+    start the import of importlib.resources and tempfile.)"""
 
     def __init__(self, name: str, callback: Callable[[Any], None]):
         self.name = name

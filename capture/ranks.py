@@ -18,8 +18,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 RANK_KEYS = ("rank", "local_rank", "world_size", "node", "job")
 ROLE_KEY = "role"
@@ -30,16 +29,16 @@ ENV_JOB = "TBPIPE_RUN_JOB"
 ENV_NPROCS = "TBPIPE_RUN_NPROCS"
 
 
-@dataclass(frozen=True)
-class LauncherVariables:
-    """The variables one launcher sets in each rank's environment (None: it sets none for that label)."""
+class LauncherVariables(NamedTuple):
+    """The variables one launcher sets in each rank's environment (None: it sets none for that label).
+    A named tuple: a session's start imports nothing heavier (dataclasses pulls in inspect)."""
 
     name: str
     rank: str
     local_rank: str | None
     world_size: str | None
     node: str | None
-    job: tuple[str, ...]  # joined with '.' when all are set (SLURM's job and step); else the first one set
+    job: tuple[str, ...]  # SLURM's: job and step joined with '.'; the others': the first one set
 
 
 # Innermost launcher first: torchrun run under srun sees both, and its ranks are torchrun's.
