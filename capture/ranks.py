@@ -15,10 +15,13 @@ of these variables gets none of the labels.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
+
+from tbpipe.capture import after_import
 
 RANK_KEYS = ("rank", "local_rank", "world_size", "node", "job")
 ROLE_KEY = "role"
@@ -179,8 +182,6 @@ def watch_torch(on_group: Callable[[Any], None], on_spawn: Callable[[int], str |
     _on_group, _on_spawn = on_group, on_spawn
     if not first:
         return
-    from tbpipe.capture import after_import
-
     for name, wrap in (
         ("torch.distributed.distributed_c10d", _wrap_init_process_group),
         ("torch.multiprocessing.spawn", _wrap_start_processes),
@@ -211,8 +212,6 @@ def _group_made(c10d: Any) -> None:
 
 
 def _wrap_init_process_group(c10d: Any, already_imported: bool = False) -> None:
-    import functools
-
     original = c10d.init_process_group
 
     @functools.wraps(original)
@@ -227,8 +226,6 @@ def _wrap_init_process_group(c10d: Any, already_imported: bool = False) -> None:
 
 
 def _wrap_start_processes(spawn: Any, already_imported: bool = False) -> None:
-    import functools
-
     original = spawn.start_processes
 
     @functools.wraps(original)

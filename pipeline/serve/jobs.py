@@ -17,6 +17,7 @@ from starlette.responses import HTMLResponse
 from tbpipe.pipeline.db.connection import query_rows
 from tbpipe.pipeline.reports.ranks import RankSite, RanksReport, RanksRequest, divergence
 from tbpipe.pipeline.serve.app import service_of
+from tbpipe.pipeline.serve.pages import frames_mode, render
 
 router = APIRouter()
 
@@ -125,8 +126,6 @@ def heat_map(report: RanksReport) -> str:
 
 @router.get("/jobs", response_class=HTMLResponse, include_in_schema=False)
 def jobs_page(request: Request) -> HTMLResponse:
-    from tbpipe.pipeline.serve.pages import render
-
     with service_of(request).database.read() as cursor:
         found = jobs(cursor, 200)
     return render(request, "jobs.html.j2", jobs=found)
@@ -136,8 +135,6 @@ def jobs_page(request: Request) -> HTMLResponse:
 def job_page(
     request: Request, job: str, kind: Kinds = None, threshold_rel: Threshold = 0.0, threshold_abs: Threshold = 0.0
 ) -> HTMLResponse:
-    from tbpipe.pipeline.serve.pages import frames_mode, render
-
     frames_mode(request)
     report = _report(request, job, kind, threshold_rel, threshold_abs)
     groups: list[tuple[RankSite, list[RankSite]]] = report.tracebacks_by_site()
