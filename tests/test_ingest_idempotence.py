@@ -89,6 +89,30 @@ def test_sigkilled_capture_is_ingested_incomplete(tmp_path, symbol_cache) -> Non
     assert rows(db, "SELECT count(*), sum(events) FROM event_counts") == [(1, 500)]
 
 
+def test_a_rolled_up_incomplete_run_loaded_again_leaves_no_roll_up(tmp_path, symbol_cache) -> None:
+    """An incomplete run rolled up by `tbpipe retain`, then loaded again once its files changed:
+    its roll-up goes with its old rows, and the run reads as loaded, with its events."""
+    from tbpipe.pipeline.db.retain import ROLLED_UP_TABLES, RetainPolicy, retain
+
+    out = tmp_path / "runs"
+    script = tmp_path / "killed.py"
+    script.write_text(SIGKILLED)
+    result = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    db = tmp_path / "t.duckdb"
+    assert ingest(db, out, cache=symbol_cache).incomplete == 1
+    retain(db, RetainPolicy(keep_runs=0))
+    assert rows(db, "SELECT count(*) FROM rolled_up_counts") != [(0,)]
+    (run_dir,) = find_run_dirs([out])
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["complete"] = True
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    assert [o.status for o in ingest(db, out, cache=symbol_cache).outcomes] == ["updated"]
+    assert [rows(db, f"SELECT count(*) FROM {table}") for table in ROLLED_UP_TABLES] == [[(0,)]] * len(ROLLED_UP_TABLES)
+    assert rows(db, "SELECT rolled_up_at, events FROM runs") == [(None, 500)]
+    assert rows(db, "SELECT site_function, events FROM call_sites") == [("deep", 500)]
+
+
 def test_unflushed_stacks_of_a_killed_run_are_noted(tmp_path, symbol_cache) -> None:
     from support.synthetic import manifest_for, write_run
 

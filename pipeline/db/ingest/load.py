@@ -38,6 +38,7 @@ from tbpipe.pipeline.db.ingest.site_counts import insert_site_counts
 from tbpipe.pipeline.db.ingest.siting import insert_sites, record_portable_files
 from tbpipe.pipeline.db.ingest.tables import IngestDb, QuarantineRun, raise_for_data_error
 from tbpipe.pipeline.db.ingest.tuning import DuckdbThreads
+from tbpipe.pipeline.db.retain import ROLLED_UP_TABLES
 from tbpipe.pipeline.progress import RunProgress
 from tbpipe.pipeline.rawrun import DamagedRunError
 
@@ -218,7 +219,8 @@ class Loader:
         try:
             for i in replaced:
                 number, run_id = tx.numbers[i], ids.runs[i].run_id
-                for table in ("event_counts", "event_rows", "site_counts"):
+                # A run loaded again after `tbpipe retain` rolled it up leaves its roll-up too.
+                for table in ("event_counts", "event_rows", "site_counts", *ROLLED_UP_TABLES):
                     db.delete(f"DELETE FROM {table} WHERE run_number = ?", [number])
                 run_gpu.delete_run(db, number)
                 for table in ("run_modules", "runs"):
