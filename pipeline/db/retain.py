@@ -21,14 +21,18 @@ database as it was (nothing is committed before the end). Then the space is reus
 from __future__ import annotations
 
 import itertools
+import shutil
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 from tbpipe.pipeline.db.connection import ingest_lock, open_database, query_rows, query_value, resolve_db_path
 from tbpipe.pipeline.errors import TbpipeError, UsageError
+from tbpipe.pipeline.rawrun import DamagedRunError, parts_fingerprint, read_manifest
 
 # Rows of `rolled_up_counts` a block takes before the next one begins: a run's rows are read from
 # its block (a few MB of compressed columns), a stack's from one row group per block.
@@ -503,7 +507,6 @@ def _only_orphans(con: Any, hooks: RetainHooks | None) -> list[RolledUpRun]:
 
 def _rollback(con: Any) -> None:
     """ROLLBACK, unless the failure ended the transaction already (a failed COMMIT rolls back itself)."""
-    import duckdb
 
     try:
         con.execute("ROLLBACK")
@@ -552,7 +555,6 @@ def _size(path: Path) -> int:
 
 
 def _remove(path: Path) -> None:
-    import shutil
 
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
@@ -594,7 +596,6 @@ def _quarantined(policy: FolderPolicy, cutoff: float) -> list[AgedOut]:
 def _ingested(con: Any, policy: FolderPolicy, cutoff: datetime) -> list[AgedOut]:
     """Run folders under `policy.run_roots` that the database ingested before the cutoff and that
     have not changed since (the same run id, the same parts: what `tbpipe ingest` keys a run on)."""
-    from tbpipe.pipeline.rawrun import DamagedRunError, parts_fingerprint, read_manifest
 
     found: list[AgedOut] = []
     rows = query_rows(

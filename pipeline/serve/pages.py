@@ -10,6 +10,8 @@ from urllib.parse import quote, urlencode
 from fastapi import APIRouter, Query, Request
 from starlette.responses import HTMLResponse, Response
 
+from tbpipe.pipeline.db.read import NotFoundError
+from tbpipe.pipeline.errors import UsageError
 from tbpipe.pipeline.reports.regression import ReportRequest, compare
 from tbpipe.pipeline.reports.regression.model import RegressionReport
 from tbpipe.pipeline.reports.regression_html import bar_chart, frame_marks, suspects_html, trend
@@ -87,8 +89,6 @@ def frames_mode(request: Request) -> str:
     """The focus mode the page's URL asks for (`?frames=`), program by default."""
     mode = request.query_params.get("frames") or focus.DEFAULT_MODE
     if mode not in focus.MODES:
-        from tbpipe.pipeline.errors import UsageError
-
         raise UsageError(f"frames must be one of {', '.join(focus.MODES)}, not {mode!r}")
     return mode
 
@@ -225,8 +225,6 @@ def kernel_page(request: Request, name: str) -> HTMLResponse:
     with service_of(request).database.read() as cursor:
         kinds = queries.event_kinds(cursor, name)
         if not kinds:
-            from tbpipe.pipeline.db.read import NotFoundError
-
             raise NotFoundError(f"no event named {name!r} in the database")
         sites = queries.kernel_sites(cursor, name, None, None, 50)
     return render(request, "kernel.html.j2", name=name, kinds=kinds, sites=sites)
@@ -267,12 +265,8 @@ def _request_from(request: Request) -> ReportRequest:
         try:
             value = cast(text)
         except ValueError:
-            from tbpipe.pipeline.errors import UsageError
-
             raise UsageError(f"{key} must be a number, not {text!r}") from None
         if value < 0 or (key == "baseline_window" and value < 1):
-            from tbpipe.pipeline.errors import UsageError
-
             raise UsageError(f"{key} must be {'at least 1' if key == 'baseline_window' else 'positive'}, not {text!r}")
         return value
 
