@@ -36,11 +36,15 @@ PRESENTATION_MODULES = {"test_serve.py", "test_report.py", "test_report_gpu.py"}
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that starts Spark (the `spark` session fixture, directly or through another fixture)
-    is marked `spark`: the matrix runs those on one interpreter besides the default one. Tests of
-    PRESENTATION_MODULES are marked `default_interpreter_only`."""
+    is marked `spark`: the matrix runs those on one interpreter besides the default one. Tests on
+    the standalone cluster (`spark_cluster`, tests/test_lake.py) and tests of PRESENTATION_MODULES
+    are marked `default_interpreter_only`."""
     for item in items:
-        if "spark" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "spark" in fixtures or "spark_cluster" in fixtures:
             item.add_marker(pytest.mark.spark)
+        if "spark_cluster" in fixtures:
+            item.add_marker(pytest.mark.default_interpreter_only)
         if item.path.name in PRESENTATION_MODULES:
             item.add_marker(pytest.mark.default_interpreter_only)
 

@@ -1,14 +1,17 @@
-"""The lake: really captured runs ingested by a real local Spark (`tbpipe ingest --engine spark`) and
-by DuckDB (`tbpipe ingest --db`), read back by DuckDB and by Spark SQL, compared row for row.
+"""The lake: really captured runs ingested by a real Spark (`tbpipe ingest --engine spark`) and by
+DuckDB (`tbpipe ingest --db`), read back by DuckDB and by Spark SQL, compared row for row.
 
-One SparkSession (local[2], no UI, loopback) serves the whole session and builds the lake; the CLI
-(`tbpipe ingest --engine spark`, its own JVM) then runs once more over the same runs to show it adds nothing.
+The nights' lake is built as a user builds it on a cluster: the CLI, from the nights' folder with
+relative paths, on a Spark standalone cluster started for the session (a master and a worker on
+loopback, support/spark_cluster.py) whose executors run another working folder, another
+environment and the Python of the archive `tbpipe lake package` made. One local SparkSession
+(local[2], no UI, loopback) reads the lakes back with Spark SQL and builds the smaller lakes of the
+quicker tests.
 """
 
 from __future__ import annotations
 
 import datetime
-import io
 import json
 import os
 import re
@@ -19,21 +22,78 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import QUICK_JVM, TBPIPE
+from conftest import QUICK_JVM, TBPIPE, spark_unavailable
 from test_generated_code import generated  # noqa: F401 - the fixture: a run with generated code and its database
 from test_gpu_activity import double_library, workload  # noqa: F401 - fixtures: a run with GPU activity, ingested
 from test_report import VERSION_1, capture_night, version_2
 
+from tbpipe.capture import __version__
 from tbpipe.pipeline.db.connection import open_database, query_rows
 from tbpipe.pipeline.lake import ids, store
+from tbpipe.pipeline.lake.executors import SYMBOL_STORE_CONF
 from tbpipe.pipeline.lake.spark_ingest import SHARD_CONF
 
 SHARD_ADDRESSES = 2  # small: the libpython module's addresses are split over several tasks
 
 
-def tbpipe(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def tbpipe(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     full = dict(os.environ, COLUMNS="200", **(env or {}))
-    return subprocess.run([*TBPIPE, *args], capture_output=True, text=True, timeout=timeout, env=full)
+    return subprocess.run([*TBPIPE, *args], capture_output=True, text=True, timeout=timeout, env=full, cwd=cwd)
+
+
+# ------------------------------------------------------------------------------------------ a standalone cluster
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    """A Spark master and worker on loopback for the whole session (support/spark_cluster.py)."""
+    reason = spark_unavailable()
+    if reason:
+        pytest.skip(reason)
+    from support.spark_cluster import start_cluster
+
+    cluster = start_cluster(tmp_path_factory.mktemp("spark-cluster"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def executor_archive(tmp_path_factory) -> Path:
+    """`tbpipe lake package` of a venv holding tbpipe as a wheel installs it (the suite's own venv
+    is an editable install, which the command refuses: checked here too)."""
+    from support.spark_cluster import venv_with_installed_tbpipe
+
+    base = tmp_path_factory.mktemp("executor-env")
+    editable = tbpipe("lake", "package", "--out", str(base / "refused.tar.gz"))
+    assert editable.returncode == 2 and "editable" in editable.stderr, editable.stdout + editable.stderr
+    venv = venv_with_installed_tbpipe(base / "venv")
+    archive = base / "tbpipe-env.tar.gz"
+    result = tbpipe("lake", "package", "--venv", str(venv), "--out", str(archive))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"tbpipe {__version__}" in result.stdout and "spark.archives=" in result.stdout
+    return archive
+
+
+def on_cluster(cluster, *, archive: Path | None = None, **conf: str) -> list[str]:
+    """`tbpipe ingest` options that run the job on `cluster` (its executors running the archive's Python)."""
+    settings = {
+        **cluster.driver_conf(),
+        "spark.sql.shuffle.partitions": "4",
+        SHARD_CONF: str(SHARD_ADDRESSES),
+        **QUICK_JVM,
+        **conf,
+    }
+    if archive is not None:
+        settings.update({"spark.archives": f"{archive}#tbpipe-env", "spark.pyspark.python": "./tbpipe-env/bin/python"})
+    return ["--master", cluster.url, *[f"--conf={key}={value}" for key, value in settings.items()]]
+
+
+# The driver's own servers on loopback as well.
+DRIVER_ENV = {"SPARK_LOCAL_IP": "127.0.0.1"}
 
 
 @pytest.fixture(scope="module")
@@ -78,22 +138,17 @@ def db(nights, symbol_cache) -> tuple[Path, str]:
 
 
 @pytest.fixture(scope="module")
-def spark_lake(nights, symbol_cache, spark) -> tuple[Path, str]:
-    """The lake built by the Spark ingest in this process's session, and the summary the CLI would
-    print for it (`tbpipe ingest --engine spark` itself runs in `test_cli_rerun_adds_nothing`: a
-    JVM of its own costs more than the work these runs make)."""
-    from rich.console import Console
-
-    from tbpipe.pipeline.lake.spark_ingest import SparkIngestOptions, ingest_runs_spark
-    from tbpipe.pipeline.reports.ingest_summary import render_ingest_summary
-
-    lake = nights / "lake"
-    options = SparkIngestOptions(lake=lake, cache_dir=symbol_cache, shard_addresses=SHARD_ADDRESSES)
-    summary = ingest_runs_spark([nights / "runs"], options, spark=spark)
-    printed = io.StringIO()
-    render_ingest_summary(summary, Console(file=printed, width=200))
-    assert not summary.ok, printed.getvalue()  # two runs are quarantined
-    return lake, printed.getvalue()
+def spark_lake(nights, symbol_cache, spark_cluster, executor_archive) -> tuple[Path, str]:
+    """The lake built by `tbpipe ingest runs --engine spark --lake lake` run in the nights' folder,
+    on the standalone cluster, the executors running the packaged archive's Python and sharing the
+    session's symbol store (`spark.tbpipe.symbolStore`); and what the command printed."""
+    result = tbpipe(
+        "ingest", "runs", "--engine", "spark", "--lake", "lake",
+        *on_cluster(spark_cluster, archive=executor_archive, **{SYMBOL_STORE_CONF: str(symbol_cache)}),
+        cwd=nights, env=DRIVER_ENV,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr  # 1: two runs are quarantined
+    return nights / "lake", result.stdout
 
 
 def duckdb_rows(path: Path, sql: str) -> list[tuple]:
@@ -334,17 +389,16 @@ def _files(lake: Path) -> dict[str, int]:
     }
 
 
-@pytest.mark.default_interpreter_only
-def test_cli_rerun_adds_nothing(spark_lake, nights, symbol_cache) -> None:
-    """`tbpipe ingest --engine spark` (its own local Spark) over runs the lake already holds: every run
-    present, the damaged ones quarantined again, not a file of the lake touched."""
+def test_cli_rerun_adds_nothing(spark_lake, nights, symbol_cache, spark_cluster) -> None:
+    """`tbpipe ingest --engine spark` on the cluster again, over runs the lake already holds (relative
+    paths, the executors in the driver's environment this time): every run present, the damaged
+    ones quarantined again, not a file of the lake touched."""
     lake = spark_lake[0]
     before = _files(lake)
     counts = {t: lake_rows(lake, f"SELECT count(*) FROM {t}")[0][0] for t in ("runs", "event_rows", "frames", "stacks")}
     result = tbpipe(
-        "ingest", str(nights / "runs"), "--engine", "spark", "--lake", str(lake), "--master", "local[2]",
-        "--cache-dir", str(symbol_cache), "--conf", "spark.sql.shuffle.partitions=4",
-        "--conf", f"{SHARD_CONF}={SHARD_ADDRESSES}", *[f"--conf={k}={v}" for k, v in QUICK_JVM.items()],
+        "ingest", "runs", "--engine", "spark", "--lake", "lake", "--cache-dir", str(symbol_cache),
+        *on_cluster(spark_cluster), cwd=nights, env=DRIVER_ENV,
     )  # fmt: skip
     assert result.returncode == 1, result.stdout + result.stderr  # 1: runs were quarantined
     assert re.search(r"already present\s*│\s*6\s*│", result.stdout), result.stdout
@@ -352,6 +406,58 @@ def test_cli_rerun_adds_nothing(spark_lake, nights, symbol_cache) -> None:
     assert _quarantined(result.stdout) == _quarantined(spark_lake[1])
     assert _files(lake) == before
     assert {t: lake_rows(lake, f"SELECT count(*) FROM {t}")[0][0] for t in counts} == counts
+
+
+def _executor_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("executors ")]
+
+
+def test_cluster_executors_ran_the_packaged_environment(spark_lake, spark_cluster, symbol_cache) -> None:
+    """The nights' lake came from executors that unpacked the archive in their own folder and ran its
+    Python and its tbpipe, symbolizing into the store the setting named, not their default one."""
+    (line,) = _executor_lines(spark_lake[1])
+    assert f"tbpipe {__version__}" in line and str(spark_cluster.work_dir) in line and "tbpipe-env" in line, line
+    assert not (spark_cluster.worker_cwd / ".cache" / "tbpipe").exists()
+    assert any(symbol_cache.rglob("*")), "the executors' symbol store is empty"
+
+
+def test_cluster_refuses_runs_its_executors_cannot_read(spark_cluster, nights, tmp_path) -> None:
+    """Runs on the driver's own disk (a folder the worker sees empty): the job stops before writing
+    anything, naming the run folder and the executor's host; nothing is quarantined."""
+    if spark_cluster.hidden is None:
+        pytest.fail(f"the cluster's worker has no folder of its own to test with: {spark_cluster.hidden_missing}")
+    source = sorted(p for p in (nights / "runs").iterdir() if p.name != "damaged")[0]
+    hidden = spark_cluster.hidden / tmp_path.name / source.name
+    shutil.copytree(source, hidden)
+    lake = tmp_path / "lake"
+    result = tbpipe("ingest", str(hidden.parent), "--engine", "spark", "--lake", str(lake),
+                    *on_cluster(spark_cluster), env=DRIVER_ENV)  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    message = " ".join(result.stderr.split())
+    assert f"{hidden} (on " in message and "cannot be read by the executors" in message, message
+    assert "quarantined" not in result.stdout
+    assert not store.data_files(store.table_dir(lake, "runs"))
+
+
+def test_cluster_refuses_executors_with_another_tbpipe(spark_cluster, executor_archive, nights, tmp_path) -> None:
+    """Executors whose Python finds another tbpipe first (a package of another version ahead of the
+    archive's on their PYTHONPATH): the job stops at its start with both versions and where the
+    executors' came from."""
+    other = tmp_path / "other"
+    (other / "tbpipe" / "capture").mkdir(parents=True)
+    (other / "tbpipe" / "__init__.py").write_text("")
+    (other / "tbpipe" / "capture" / "__init__.py").write_text('__version__ = "0.0.1+elsewhere"\n')
+    lake = tmp_path / "lake"
+    result = tbpipe(
+        "ingest", str(nights / "runs"), "--engine", "spark", "--lake", str(lake),
+        *on_cluster(spark_cluster, archive=executor_archive, **{"spark.executorEnv.PYTHONPATH": str(other)}),
+        env=DRIVER_ENV,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    message = " ".join(result.stderr.split())
+    assert "imports tbpipe 0.0.1+elsewhere from" in message and str(other) in message, message
+    assert f"this driver runs tbpipe {__version__}" in message and "tbpipe lake package" in message
+    assert not store.data_files(store.table_dir(lake, "runs"))
 
 
 @pytest.fixture(scope="module")

@@ -153,5 +153,7 @@ def _ingest_spark(
     )
     summary = ingest_runs_spark(list(runs_dirs), options)
     render_ingest_summary(summary, Console())
+    for line in summary.executors:  # which tbpipe the executors ran, from where
+        print(f"executors {line}")
     if not summary.ok:
         raise typer.Exit(QUARANTINED_EXIT)

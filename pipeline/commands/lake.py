@@ -1,4 +1,4 @@
-"""`tbpipe lake export --db FILE --lake DIR` and `tbpipe lake views`: the Parquet lake's commands."""
+"""`tbpipe lake export --db FILE --lake DIR`, `tbpipe lake package` and `tbpipe lake views`: the Parquet lake's commands."""
 
 from __future__ import annotations
 
@@ -36,6 +36,21 @@ def register(app: typer.Typer) -> None:
             f"tbpipe: exported {db} to {lake}: {summary.rows.get('runs', 0):,} runs, "
             f"{summary.rows.get('event_rows', 0):,} events, {total:,} rows in {summary.seconds:.1f} s"
         )
+
+    @lake_app.command("package")
+    def package(
+        out: Path = typer.Option(Path("tbpipe-env.tar.gz"), "--out", help="The archive to write (.tar.gz or .zip)."),
+        venv: Path | None = typer.Option(
+            None, "--venv", help="The virtual environment to pack (default: the one tbpipe runs in)."
+        ),
+        force: bool = typer.Option(False, "--force", help="Replace --out if it exists."),
+    ) -> None:
+        """Pack a virtual environment holding tbpipe for Spark's executors (spark.archives)."""
+        from tbpipe.pipeline.lake.package import package_venv, running_venv
+
+        packed = package_venv(venv or running_venv(), out, force=force)
+        print(f"tbpipe: packed {packed.venv} (tbpipe {packed.version}, Python {packed.python}) into {packed.archive}")
+        print("executors run it with: " + " ".join(f"--conf {k}={v}" for k, v in packed.spark_conf().items()))
 
     @lake_app.command("views")
     def views() -> None:

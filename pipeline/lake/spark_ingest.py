@@ -2,9 +2,16 @@
 
 Where each step runs (D = driver, E = executors):
 
-  D  list run folders (paths only), read the lake's `runs` (run id -> complete, parts) and rules
+  D  list run folders (absolute paths), read the lake's `runs` (run id -> complete, parts) and rules
+  E  check the executors: the same tbpipe as the driver, the lake's folder writable (`executors`)
   E  prepare: validate, read and flatten each run (`steps.prepare_run` in `mapInArrow` over the
-     paths): run rows, raw stack id -> stack id, run modules; damaged runs come back quarantined
+     paths): run rows, raw stack id -> stack id, run modules, the names its events use (from the
+     parts' dictionaries); damaged runs come back quarantined, a folder an executor cannot read
+     stops the job with its path
+  E  events, in the JVM only: read once by Spark's Parquet reader, run and event id from the file,
+     name id, and raw stack id -> stack id by broadcast joins, attributes checked as JSON, written
+     as run partitions into staging (moved into the lake once the run's other tables are in);
+     events per run, name and stack counted by Spark SQL from what was written
   E  new stacks: distinct stack ids anti-joined with the lake's `stacks`; each new stack is laid
      out by one run holding it, picked by a hash of (stack, run) so the work spreads over runs
   E  lay out: `groupBy(run).applyInArrow(steps.lay_out_run)`: slots, stack rows, source files
@@ -13,14 +20,13 @@ Where each step runs (D = driver, E = executors):
      partition through tbpipe's Symbolizer with the executor's own symbol store
   E  frames and sites: `cogroup(...).applyInArrow(steps.build_frames)` per laying-out run: inline
      expansion, frame ids, and call sites by the packaged siting SQL in an in-memory DuckDB
-  E  events: read by Spark straight from the runs' events parts, raw stack ids re-keyed with a
-     join, name ids from (kind, name), written per run partition (dynamic partition overwrite)
-  E  counts: events per run, name and stack (`event_counts`), and per run, name and call site
-     (`site_counts`, what `call_sites` reads), also per run partition
+  E  counts: `event_counts` and per run, name and call site `site_counts` (what `call_sites` reads),
+     written per run partition; the events' partitions swapped in
   D  the runs rows (from the manifests: one small row per run) and the summary
 
 Every intermediate result is written by Spark to `<lake>/_staging/<job>/` and read back, so no
-step runs twice and nothing but per-run rows and per-module counts reaches the driver. Tables are
+step runs twice and nothing but per-run rows and per-module counts reaches the driver. Python runs
+per run, per new stack and per symbol shard, never per event. Tables are
 written in dependency order and `runs` last: a job that dies leaves runs that the next job
 ingests again (run partitions are replaced, content rows are added only when their id is new).
 """
@@ -44,9 +50,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tbpipe.capture import __version__
 from tbpipe.pipeline.db.ingest.outcomes import IngestSummary, RunOutcome
 from tbpipe.pipeline.db.ingest.site_counts import spark_site_counts
-from tbpipe.pipeline.lake import ids, steps, store
+from tbpipe.pipeline.lake import executors, steps, store
 from tbpipe.pipeline.lake.store import LakeError
 from tbpipe.schemas.lake import CONTENT, PARTITION, TABLES
 
@@ -56,6 +63,18 @@ if TYPE_CHECKING:
 DEFAULT_SHARD_ADDRESSES = 200_000  # addresses of one module symbolized by one task, at most
 SHARD_CONF = "spark.tbpipe.symbolShardAddresses"  # --conf that sets it
 DEFAULT_COMPACT_FILES = 32  # an unpartitioned table with more files than this is rewritten
+# Raw stacks (run, raw id -> stack id) re-keyed by one broadcast join at most: runs beyond go in another pass.
+DEFAULT_BROADCAST_STACKS = 4_000_000
+BROADCAST_CONF = "spark.tbpipe.broadcastStacks"  # --conf that sets it
+# The raw events as Spark reads them (parts of raw schema 1 and 2 have no correlation_id: read as null).
+RAW_EVENTS = (
+    "ts long, thread_id long, kind string, name string, stack_id decimal(20,0), attrs string, correlation_id long"
+)
+
+
+@dataclass
+class SparkIngestSummary(IngestSummary):
+    executors: list[str] = field(default_factory=list)  # per executor environment: host, tbpipe, Python
 
 
 @dataclass
@@ -72,6 +91,7 @@ class SparkIngestOptions:
     recover_manifests: bool = False
     shard_addresses: int = DEFAULT_SHARD_ADDRESSES
     compact_files: int = DEFAULT_COMPACT_FILES
+    broadcast_stacks: int = DEFAULT_BROADCAST_STACKS
     # Called with (step name, True) before and (step name, False) after each step (benchmarks time them).
     on_step: Callable[[str, bool], None] | None = None
 
@@ -101,13 +121,17 @@ def spark_session(master: str | None = None, conf: dict[str, str] | None = None)
     from pyspark.sql import SparkSession
 
     master = master or "local[*]"
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName("tbpipe").master(master)
     settings = dict(JOB_CONF)
     if master.startswith("local"):
         settings.update(LOCAL_CONF)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings.update(conf or {})
+    # The executors' Python: PySpark takes it from PYSPARK_PYTHON when the context starts (only
+    # spark-submit reads the setting), so the setting is put there.
+    if settings.get("spark.pyspark.python"):
+        os.environ["PYSPARK_PYTHON"] = settings["spark.pyspark.python"]
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
@@ -160,6 +184,7 @@ PREPARED = tagged_schema(
         "run": steps.PREPARED_RUN.append(pa.field("event_first", pa.list_(pa.int64()))),
         "stack": steps.RAW_STACK,
         "module": TABLES["run_modules"].schema.append(pa.field(PARTITION, pa.int64())),
+        "name": steps.RUN_NAME,
     }
 )
 LAID_OUT = tagged_schema(
@@ -187,6 +212,7 @@ class _Job:
         self.rules = rules
         self.generated: list[tuple[str, str, str | None]] = []  # `generated_code` rows to site with
         self.staging = store.staging_dir(self.lake)
+        self.symbol_store: str | None = None  # the executors' (`executors.symbol_store`)
         self.seconds: dict[str, float] = {}  # wall time per step
 
     @contextmanager
@@ -336,6 +362,7 @@ class _Job:
                         number = run["run_number"]
                         modules = modules.append_column(PARTITION, pa.array([number] * modules.num_rows, pa.int64()))
                     yield from tagged_batches(schema, "module", modules)
+                    yield from tagged_batches(schema, "name", prepared.names)
 
         paths = self.spark.createDataFrame([(str(p),) for p in run_dirs], "path string")
         paths = paths.repartition(max(1, min(len(run_dirs), 4 * self.spark.sparkContext.defaultParallelism)), "path")
@@ -393,8 +420,9 @@ class _Job:
             .sortWithinPartitions("module_key", "address", "exact")
             .select(*steps.SYMBOL_REQUEST.names)
         )
-        cache_dir = str(self.options.cache_dir) if self.options.cache_dir else None
-        debug_dirs = [str(d) for d in self.options.debug_dirs]
+        cache_dir = self.symbol_store
+        # Read by the executors: absolute, and a folder an executor lacks is looked in and found empty.
+        debug_dirs = [str(Path(d).expanduser().absolute()) for d in self.options.debug_dirs]
         debuginfod = steps.shipped_debuginfod(self.options.debuginfod)
         schema = SYMBOLIZED
 
@@ -457,63 +485,42 @@ class _Job:
         grouped = laid.groupBy(PARTITION).cogroup(needed.groupBy("owner"))
         return self.stage("built", grouped.applyInArrow(build_group, spark_schema(schema)))
 
-    def events(self, ready_runs: list[dict[str, Any]], prepared: Any) -> tuple[Any, Any, Any, dict[int, int]]:
-        """(event rows, name rows, event counts) of the ready runs, and the count of events whose
-        attributes are not JSON, per run."""
+    def stage_events(self, ready_runs: list[dict[str, Any]], prepared: Any) -> tuple[Path, dict[int, int]]:
+        """Every event of the ready runs read once by Spark's Parquet reader and made a lake row in
+        the JVM: its run and event id from its file and row (broadcast), its name id from (kind, name)
+        (broadcast, the names prepare read from the parts' dictionaries), its stack id from the raw
+        one (broadcast), its attributes checked as JSON (counted by an observation of the write).
+        Written as run partitions under the staging folder; returns that folder and, per run, the
+        events whose attributes are not JSON (looked for per run only when the write saw some)."""
+        from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        files = [
-            (path, run["run_number"], first)
-            for run in ready_runs
-            for path, first in zip(run["event_files"], run["event_first"])
-        ]
-        if not files:
-            return None, None, None, {}
-        # (Parts of raw schema 1 and 2 have no correlation_id column: Spark reads it as null.)
-        raw_schema = "ts long, thread_id long, kind string, name string, stack_id decimal(20,0), attrs string, correlation_id long"
-        paths = [os.path.abspath(f[0]) for f in files]
-        reader = self.spark.read.schema(raw_schema).parquet(*paths)
-        file_map = self.spark.createDataFrame(
-            [(path, f[1], f[2]) for path, f in zip(paths, files)], "local_path string, run_number long, first long"
+        target = self.staging / "event_rows"
+        stacks = (
+            prepared.where(F.col("part") == "stack").select("stack.*").withColumnRenamed("stack_id", "lake_stack_id")
         )
-        # Spark names each file by a URI ('file:' + the percent-encoded path): decoded back to the
-        # path this job listed ('+' is literal in a URI path, so it is kept from url_decode).
-        local = F.expr("url_decode(replace(regexp_replace(_metadata.file_path, '^file:(//)?', ''), '+', '%2B'))")
-        events = reader.select("*", local.alias("local_path"), F.col("_metadata.row_index").alias("row_index")).join(
-            F.broadcast(file_map), "local_path"
-        )
+        names = prepared.where(F.col("part") == "name").select("name.*")
+        bad_json = F.col("attrs").isNotNull() & F.try_parse_json(F.col("attrs")).isNull()
         # The raw stack id is a uint64 (a DECIMAL(20, 0) to Spark): its bits as a signed long.
         signed = F.expr(
             "CAST(CASE WHEN stack_id >= 9223372036854775808BD THEN stack_id - 18446744073709551616BD "
             "ELSE stack_id END AS BIGINT)"
         )
-        events = events.withColumn("raw_id", signed)
-        # One pass over (run, kind, name, raw stack): the names, the attributes that are not JSON,
-        # and (re-keyed below) the event counts.
-        bad_json = F.col("attrs").isNotNull() & F.try_parse_json(F.col("attrs")).isNull()
-        grouped = events.groupBy(PARTITION, "kind", "name", "raw_id").agg(
-            F.count(F.lit(1)).alias("events"), F.sum(bad_json.cast("long")).alias("bad")
-        )
-        grouped = self.stage("names", grouped, partition=None)
-        bad = {row[0]: row[1] for row in grouped.groupBy(PARTITION).agg(F.sum("bad")).collect() if row[1]}
-
-        def name_ids(batches):
-            for batch in batches:
-                kinds, texts = batch.column("kind").to_pylist(), batch.column("name").to_pylist()
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array(ids.name_ids(kinds, texts), pa.int64()), batch.column("kind"), batch.column("name")],
-                    names=["name_id", "kind", "name"],
-                )
-
-        distinct = grouped.select("kind", "name").distinct()
-        name_rows = self.stage(
-            "name_ids", distinct.mapInArrow(name_ids, spark_schema(TABLES["event_names"].schema)), None
-        )
-        raw = prepared.where(F.col("part") == "stack").select("stack.*").withColumnRenamed("stack_id", "lake_stack_id")
-        rows = (
-            events.join(F.broadcast(name_rows), ["kind", "name"])
-            .join(raw, [PARTITION, "raw_id"], "left")
-            .select(
+        bad_seen = 0
+        for batch in _broadcast_batches(ready_runs, self.options.broadcast_stacks):
+            events = self._raw_events(batch)
+            if events is None:
+                continue
+            numbers = [run["run_number"] for run in batch]
+            batch_stacks = stacks.where(F.col(PARTITION).isin(numbers))
+            batch_names = names.where(F.col(PARTITION).isin(numbers)).select("kind", "name", "name_id")
+            rows = (
+                events.join(F.broadcast(batch_names.dropDuplicates(["kind", "name"])), ["kind", "name"])
+                .withColumn("raw_id", signed)
+                .join(F.broadcast(batch_stacks), [PARTITION, "raw_id"], "left")
+            )
+            observed = Observation()
+            rows = rows.observe(observed, F.sum(bad_json.cast("long")).alias("bad")).select(
                 (F.col("first") + F.col("row_index") + 1).alias("event_id"),
                 F.col(PARTITION),
                 F.timestamp_micros(F.expr("(ts + 500) div 1000")).alias("ts"),
@@ -522,41 +529,96 @@ class _Job:
                 F.col("lake_stack_id").alias("stack_id"),
                 _attrs_with_correlation_id(F).alias("attrs"),
             )
+            rows.write.mode("append").partitionBy(PARTITION).parquet(str(target))
+            bad_seen += observed.get.get("bad") or 0
+        bad: dict[int, int] = {}
+        if bad_seen:
+            events = self._raw_events(ready_runs)
+            per_run = events.where(bad_json).groupBy(PARTITION).count().collect()
+            bad = {row[0]: row[1] for row in per_run}
+        return target, bad
+
+    def _raw_events(self, runs: list[dict[str, Any]]) -> Any:
+        """The raw events of `runs` with the run number and first event id of their file, and their
+        row's index in it (None: the runs have no events parts)."""
+        from pyspark.sql import functions as F
+
+        # `file:` and the absolute path as it is: Hadoop's Path takes no percent-escapes.
+        files = [
+            (f"file:{Path(path).absolute()}", run["run_number"], first)
+            for run in runs
+            for path, first in zip(run["event_files"], run["event_first"])
+        ]
+        if not files:
+            return None
+        reader = self.spark.read.schema(RAW_EVENTS).parquet(*[f[0] for f in files])
+        # `_metadata.file_path` spells a file as Hadoop's Path makes it a URI (percent-escapes): the
+        # files are matched on that spelling, made by the JVM once per file rather than per event.
+        hadoop_path = self.spark.sparkContext._jvm.org.apache.hadoop.fs.Path
+        file_map = self.spark.createDataFrame(
+            [(hadoop_path(uri).toUri().toString(), number, first) for uri, number, first in files],
+            f"file_path string, {PARTITION} long, first long",
         )
-        counts = (
-            grouped.join(F.broadcast(name_rows), ["kind", "name"])
-            .join(raw, [PARTITION, "raw_id"], "left")
-            .groupBy(PARTITION, "name_id", F.col("lake_stack_id").alias("stack_id"))
-            .agg(F.sum("events").alias("events"))
+        events = reader.select("*", F.col("_metadata.file_path").alias("file_path"), "_metadata.row_index")
+        return events.join(F.broadcast(file_map), "file_path")
+
+    def count_events(self, staged: Path) -> tuple[Any, dict[int, int], dict[int, int]]:
+        """`event_counts` rows of the staged events (Spark SQL's aggregation over the two id columns
+        written), and per run its distinct stacks and its events without a stack."""
+        from pyspark.sql import functions as F
+
+        if not store.data_files(staged):
+            return None, {}, {}
+        rows = self.spark.read.parquet(str(staged))
+        counts = rows.groupBy(PARTITION, "name_id", "stack_id").agg(F.count(F.lit(1)).alias("events"))
+        counts = self.stage("counts", counts.select(*TABLES["event_counts"].schema.names), partition=None)
+        per_run = counts.groupBy(PARTITION).agg(
+            F.count_distinct("stack_id"), F.sum(F.when(F.col("stack_id").isNull(), F.col("events")))
         )
-        return rows, name_rows, counts, bad
+        stacks, without = {}, {}
+        for number, distinct, nulls in per_run.collect():
+            stacks[number], without[number] = distinct, nulls or 0
+        return counts, stacks, without
+
+    def publish_events(self, staged: Path, runs: list[dict[str, Any]]) -> None:
+        """The staged events partitions of `runs` moved into the lake, each replacing the run's own."""
+        for run in runs:
+            source = staged / f"{PARTITION}={run['run_number']}"
+            if source.is_dir():
+                store.swap_in(source, store.partition_dir(self.lake, "event_rows", run["run_number"]))
 
     def load(self, prepared: Any, ready_runs: list[dict[str, Any]], summary: IngestSummary) -> dict[int, int]:
         """Everything after `prepare` for the runs to load; returns new stacks per run. Runs whose
-        events' attributes are not JSON are quarantined here (their dicts in `ready_runs` change)."""
+        events' attributes are not JSON, and complete runs with events whose stack they do not hold,
+        are quarantined here (their dicts in `ready_runs` change)."""
         from pyspark.sql import functions as F
 
+        from tbpipe.pipeline.rawrun import dangling_events_note
+
         spark = self.spark
-        with self.step("names and attributes"):
-            events, names, counts, bad = self.events(ready_runs, prepared)
-        if bad:
-            # Attributes that are not JSON quarantine the run, as DuckDB's JSON column does.
-            for run in ready_runs:
-                if bad.get(run["run_number"]):
+        with self.step("write events"):
+            staged, bad = self.stage_events(ready_runs, prepared)
+        with self.step("count events"):
+            counts, stacks_per_run, null_stacks = self.count_events(staged)
+        for run in ready_runs:
+            number = run["run_number"]
+            dangling = steps.dangling_events(run, null_stacks.get(number, 0))
+            if bad.get(number):
+                # Attributes that are not JSON quarantine the run, as DuckDB's JSON column does.
+                run["status"] = "quarantined"
+                run["reason"] = f"{Path(run['path'])}: events have attributes that are not JSON ({bad[number]} events)"
+            elif dangling:
+                run["notes"] = [*(run["notes"] or []), dangling_events_note(dangling)]
+                if run["complete"]:
                     run["status"] = "quarantined"
-                    run["reason"] = (
-                        f"{Path(run['path'])}: events have attributes that are not JSON "
-                        f"({bad[run['run_number']]} events)"
-                    )
-            ready_runs = [r for r in ready_runs if r["status"] != "quarantined"]
-            if events is not None:
-                events = events.where(~F.col(PARTITION).isin(list(bad)))
-                counts = counts.where(~F.col(PARTITION).isin(list(bad)))
+                    run["reason"] = f"{Path(run['path'])}: {'; '.join(run['notes'])}"
+        ready_runs = [r for r in ready_runs if r["status"] != "quarantined"]
+        if not ready_runs:
+            return {}
+        numbers = [r["run_number"] for r in ready_runs]
         ready = spark.createDataFrame(
             [(r["run_number"], r["path"]) for r in ready_runs], "run_number long, path string"
         )
-        if not ready_runs:
-            return {}
         self.generated = self.generated_code(ready_runs)
         with self.step("lay out"):
             laid, owners = self.lay_out(prepared, ready)
@@ -584,25 +646,19 @@ class _Job:
                 "generated_code",
                 spark.createDataFrame(self.generated, "prefix string, generator string, first_run_id string"),
             )
-        counts_by_run: dict[int, int] = {}
-        if events is not None:
-            with self.step("write events"):
-                self.append_new("event_names", names)
-                self.write_partitions(
-                    "event_rows", events.repartition(PARTITION).sortWithinPartitions(PARTITION, "event_id")
-                )
-            with self.step("count events"):
-                counts = self.stage("counts", counts.select(*TABLES["event_counts"].schema.names), partition=None)
+        if counts is not None:
+            with self.step("publish events and counts"):
+                names = prepared.where((F.col("part") == "name") & F.col(f"name.{PARTITION}").isin(numbers))
+                self.append_new("event_names", names.select("name.name_id", "name.kind", "name.name"))
+                self.publish_events(staged, ready_runs)
+                counts = counts.where(F.col(PARTITION).isin(numbers))
                 self.write_partitions("event_counts", counts.repartition(PARTITION))
-                counts_by_run = {
-                    row[0]: row[1] for row in counts.groupBy(PARTITION).agg(F.count_distinct("stack_id")).collect()
-                }
             with self.step("count sites"):
                 self.write_site_counts(counts)
         with self.step("write runs"):
             replaced = [r["run_id"] for r in ready_runs if r["status"] == "updated"]
             self.replace_runs("run_modules", _run_modules(prepared, ready), replaced)
-            self.replace_run_rows(self.run_rows(ready_runs, counts_by_run, new_stacks), replaced)
+            self.replace_run_rows(self.run_rows(ready_runs, stacks_per_run, new_stacks), replaced)
         if built is not None:
             _count_frames(built, summary)
         return new_stacks
@@ -750,7 +806,7 @@ def lake_rules(lake: Path, user_code: Sequence[str]) -> list[tuple[str, bool, st
     return sorted((prefix, is_user, origin) for prefix, (is_user, origin) in rules.items())
 
 
-def ingest_runs_spark(roots: Sequence[Path], options: SparkIngestOptions, *, spark: Any = None) -> IngestSummary:
+def ingest_runs_spark(roots: Sequence[Path], options: SparkIngestOptions, *, spark: Any = None) -> SparkIngestSummary:
     """Ingests every run folder under `roots` into the lake with Spark; see the module docstring."""
     from pyspark.sql import functions as F
 
@@ -758,10 +814,12 @@ def ingest_runs_spark(roots: Sequence[Path], options: SparkIngestOptions, *, spa
     from tbpipe.pipeline.rawrun import find_run_dirs
 
     started = time.monotonic()
-    lake = Path(options.lake).resolve()
+    # Executors resolve paths in folders of their own: every path handed to them is absolute.
+    lake = executors.local_path(options.lake)
     store.create_lake(lake)
-    run_dirs = find_run_dirs([Path(r) for r in roots])
-    summary = IngestSummary(db_path=lake)
+    given = {executors.local_path(r): Path(r) for r in roots}
+    run_dirs = find_run_dirs(list(given))
+    summary = SparkIngestSummary(db_path=lake)
     rules = lake_rules(lake, options.user_code)
     summary.user_code = parse_user_code(list(options.user_code))
     known: dict[str, tuple[bool, str]] = {}
@@ -780,13 +838,23 @@ def ingest_runs_spark(roots: Sequence[Path], options: SparkIngestOptions, *, spa
     for key, value in JOB_CONF.items():
         if key not in options.conf:
             spark.conf.set(key, value)
-    if SHARD_CONF in options.conf:
-        options.shard_addresses = int(options.conf[SHARD_CONF])
+    settings = {key: options.conf.get(key) or spark.conf.get(key, None) for key in _JOB_SETTINGS}
+    if settings[SHARD_CONF]:
+        options.shard_addresses = int(settings[SHARD_CONF])
+    if settings[BROADCAST_CONF]:
+        options.broadcast_stacks = int(settings[BROADCAST_CONF])
     job = _Job(spark, options, rules)
+    job.symbol_store = executors.symbol_store({k: v for k, v in settings.items() if v}, options.cache_dir)
     try:
+        with job.step("check executors"):
+            reports = executors.check_executors(spark, lake, __version__)
+            summary.executors = [executors.report_line(report) for report in reports]
         with job.step("prepare"):
             prepared = job.prepare(run_dirs, known)
             runs = [r.asDict(recursive=True) for r in prepared.where(F.col("part") == "run").select("run.*").collect()]
+        unreachable = executors.unreachable_runs(runs)
+        if unreachable:
+            executors.refuse_unreachable(unreachable)
         ready_runs = [r for r in runs if r["status"] in ("ingested", "updated")]
         new_stacks: dict[int, int] = {}
         if ready_runs:
@@ -797,7 +865,7 @@ def ingest_runs_spark(roots: Sequence[Path], options: SparkIngestOptions, *, spa
     for run in runs:
         summary.outcomes.append(
             RunOutcome(
-                Path(run["path"]),
+                _as_given(Path(run["path"]), given),
                 run["status"],
                 run_id=run["run_id"],
                 complete=run["complete"],
@@ -810,6 +878,33 @@ def ingest_runs_spark(roots: Sequence[Path], options: SparkIngestOptions, *, spa
     summary.outcomes.sort(key=lambda o: str(o.path))
     summary.seconds = time.monotonic() - started
     return summary
+
+
+_JOB_SETTINGS = (SHARD_CONF, BROADCAST_CONF, executors.SYMBOL_STORE_CONF)
+
+
+def _as_given(path: Path, given: dict[Path, Path]) -> Path:
+    """A run folder as the user named it: under the root given (relative, if it was)."""
+    for absolute, named in given.items():
+        if path == absolute or absolute in path.parents:
+            return named / path.relative_to(absolute)
+    return path
+
+
+def _broadcast_batches(runs: list[dict[str, Any]], limit: int) -> Iterator[list[dict[str, Any]]]:
+    """The runs in batches whose raw stacks (rows of the broadcast stack map) stay under `limit`
+    (a run with more is a batch alone)."""
+    batch: list[dict[str, Any]] = []
+    held = 0
+    for run in runs:
+        stacks = run["stacks"] or 0
+        if batch and held + stacks > limit:
+            yield batch
+            batch, held = [], 0
+        batch.append(run)
+        held += stacks
+    if batch:
+        yield batch
 
 
 def _run_modules(prepared: Any, ready: Any) -> Any:
@@ -851,7 +946,10 @@ def _attrs_with_correlation_id(F: Any) -> Any:
     alone = F.concat(member, F.lit("}"))
     spliced = F.concat(member, F.lit(","), F.regexp_replace(attrs, r"^\s*\{", ""))
     merged = F.when(attrs.isNull() | attrs.rlike(r"^\s*\{\s*\}\s*$"), alone).otherwise(spliced)
-    return F.when(correlation.isNull(), attrs).otherwise(merged)
+    # An object whose first member follows its brace (what the capture writes) is spliced without
+    # a regular expression per event, as the `event_attrs` macro does.
+    plain = F.concat(member, F.lit(","), F.expr("substring(attrs, 2)"))
+    return F.when(correlation.isNull(), attrs).when(attrs.startswith('{"'), plain).otherwise(merged)
 
 
 __all__ = ["SparkIngestOptions", "ingest_runs_spark", "spark_session"]

@@ -7,7 +7,9 @@ in-memory DuckDB). The Spark job (`lake.spark_ingest`) runs them in `mapInArrow`
 `applyInArrow` UDFs; nothing here knows about Spark, so the same functions are tested alone.
 
 1. `prepare_run`   validate a run, flatten and hash its stacks: its run row, its distinct stacks
-                   (raw id -> stack id) and its modules. Damaged runs come back quarantined.
+                   (raw id -> stack id), its modules and its event names (from the events parts'
+                   dictionaries and footers: no event is read here). Damaged runs come back
+                   quarantined; a folder the executor cannot read comes back 'unreachable'.
 2. `lay_out_run`   for the stacks a run was chosen to bring in: their slots (combined order,
                    before inline expansion), stack rows and the Python files they name.
 3. `symbolize`     one shard of (module, address) requests through the symbolizer.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +30,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from tbpipe.pipeline.db.ingest.siting import reference_sites
 from tbpipe.pipeline.lake import ids
@@ -41,7 +43,7 @@ STACK_PARTS = ("stacks", "modules", "code", "code_origins")  # the raw parts tha
 PREPARED_RUN = pa.schema(
     [
         ("path", pa.string()),
-        ("status", pa.string()),  # 'ingested', 'updated', 'present' or 'quarantined'
+        ("status", pa.string()),  # 'ingested', 'updated', 'present', 'quarantined' or 'unreachable'
         ("reason", pa.string()),
         ("run_id", pa.string()),
         ("run_number", pa.int64()),
@@ -52,7 +54,12 @@ PREPARED_RUN = pa.schema(
         ("event_files", pa.list_(pa.string())),
         ("event_rows", pa.list_(pa.int64())),  # rows per events part
         ("events", pa.int64()),
+        ("without_stack", pa.int64()),  # events that took no stack, by the parts' footers
+        ("stacks", pa.int64()),  # distinct raw stacks
     ]
+)
+RUN_NAME = pa.schema(
+    [("run_number", pa.int64()), ("name_id", pa.int64()), ("kind", pa.string()), ("name", pa.string())]
 )
 RAW_STACK = pa.schema(
     [
@@ -105,11 +112,12 @@ class PreparedRun:
     run: dict[str, Any]  # a PREPARED_RUN row
     stacks: pa.Table = field(default_factory=lambda: RAW_STACK.empty_table())  # RAW_STACK
     modules: pa.Table = field(default_factory=lambda: schema_of("run_modules").empty_table())
+    names: pa.Table = field(default_factory=lambda: RUN_NAME.empty_table())  # the (kind, name) its events use
 
 
 def _run_row(path: Path, status: str, **values: Any) -> dict[str, Any]:
     row = {name: None for name in PREPARED_RUN.names}
-    row.update(path=str(path), status=status, notes=[], event_files=[], event_rows=[], events=0)
+    row.update(path=str(path), status=status, notes=[], event_files=[], event_rows=[], events=0, without_stack=0)
     row.update(values)
     return row
 
@@ -118,11 +126,12 @@ def prepare_run(
     run_dir: str | Path, known: dict[str, tuple[bool, str]], *, recover_manifests: bool = False
 ) -> PreparedRun:
     """Validates, reads, flattens and hashes one run, as the DuckDB ingest does; `known` is the
-    lake's runs as run_id -> (complete, parts fingerprint), for runs already there."""
+    lake's runs as run_id -> (complete, parts fingerprint), for runs already there. Events whose
+    stack the run does not hold are counted by the job from the loaded events (`dangling_events`)."""
     from tbpipe.pipeline.db.ingest.gpu import GPU_TABLES
     from tbpipe.pipeline.rawrun import (
         DamagedRunError,
-        dangling_events_note,
+        events_part,
         manifest_or_recovered,
         part_files,
         parts_fingerprint,
@@ -133,6 +142,9 @@ def prepare_run(
     from tbpipe.pipeline.stacks.flatten import flatten_run
 
     run_dir = Path(run_dir)
+    if not os.access(run_dir, os.R_OK | os.X_OK) or not run_dir.is_dir():
+        # The driver listed it: this executor does not share the driver's disk (or its permissions).
+        return PreparedRun(_run_row(run_dir, "unreachable", reason=f"{run_dir} (on {socket.gethostname()})"))
     notes: list[str] = []
     try:
         manifest, recovery_notes = manifest_or_recovered(run_dir, recover_manifests)
@@ -147,18 +159,13 @@ def prepare_run(
     if existing is not None and (existing[0] or existing[1] == fingerprint):
         return PreparedRun(_run_row(run_dir, "present", run_id=run_id, run_number=number, complete=bool(existing[0])))
     try:
-        event_files = [(path, verify_part(path, "events")) for path in files["events"]]
+        event_files = [(path, events_part(path)) for path in files["events"]]
         gpu_parts = sum(verify_part(path, table) >= 0 for table in GPU_TABLES for path in files[table])
         tables = read_tables(files, STACK_PARTS)
         notes = notes + reference_problems(tables)
         if notes and manifest.get("complete") and not manifest.get("recovered"):
             raise DamagedRunError(f"{run_dir}: {'; '.join(notes)}")
         flat = flatten_run(tables)
-        dangling = _dangling_events(event_files, flat.raw_ids)
-        if dangling:
-            notes.append(dangling_events_note(dangling))
-        if dangling and manifest.get("complete"):
-            raise DamagedRunError(f"{run_dir}: {'; '.join(notes)}")
         if gpu_parts:
             notes.append(
                 f"GPU activity ({gpu_parts} parts) is not loaded by the Spark ingest: for GPU time, ingest the run "
@@ -175,9 +182,11 @@ def prepare_run(
         manifest=json.dumps(manifest),
         fingerprint=fingerprint,
         notes=notes,
-        event_files=[str(path) for path, _rows in event_files],
-        event_rows=[rows for _path, rows in event_files],
-        events=sum(rows for _path, rows in event_files),
+        event_files=[str(path) for path, _part in event_files],
+        event_rows=[part.rows for _path, part in event_files],
+        events=sum(part.rows for _path, part in event_files),
+        without_stack=sum(part.without_stack for _path, part in event_files),
+        stacks=len(flat.raw_ids),
     )
     stacks = pa.table(
         {
@@ -199,30 +208,29 @@ def prepare_run(
         },
         schema=schema_of("run_modules"),
     )
-    return PreparedRun(run, stacks, modules)
+    pairs = sorted(set().union(*(part.names for _path, part in event_files)))
+    names = pa.table(
+        {
+            "run_number": pa.array([number] * len(pairs), pa.int64()),
+            "name_id": pa.array(ids.name_ids([p[0] for p in pairs], [p[1] for p in pairs]), pa.int64()),
+            "kind": pa.array([p[0] for p in pairs], pa.string()),
+            "name": pa.array([p[1] for p in pairs], pa.string()),
+        },
+        schema=RUN_NAME,
+    )
+    return PreparedRun(run, stacks, modules, names)
+
+
+def dangling_events(run: dict[str, Any], null_stack_events: int) -> int:
+    """Events of a prepared run whose stack the run does not hold (a killed process flushed the
+    events, not the stack): the loaded events without a stack, less those that took none."""
+    return max(0, null_stack_events - (run["without_stack"] or 0))
 
 
 def _numpy(column: pa.ChunkedArray | pa.Array, dtype) -> np.ndarray:
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     return column.to_numpy(zero_copy_only=False).astype(dtype) if len(column) else np.zeros(0, dtype)
-
-
-def _dangling_events(event_files: list[tuple[Path, int]], raw_ids: np.ndarray) -> int:
-    """Events whose stack the run does not hold (a killed process flushed the events, not the stack)."""
-    from tbpipe.pipeline.errors import first_line
-    from tbpipe.pipeline.rawrun import DamagedRunError
-
-    value_set = pa.array(raw_ids, pa.uint64())
-    dangling = 0
-    for path, _rows in event_files:
-        try:
-            column = pq.read_table(path, columns=["stack_id"])["stack_id"].drop_null()
-        except (OSError, pa.ArrowException, ValueError) as error:
-            raise DamagedRunError(f"{path.parent}: events unreadable ({first_line(error)})") from None
-        if len(column):
-            dangling += len(column) - (pc.sum(pc.is_in(column, value_set=value_set)).as_py() or 0)
-    return dangling
 
 
 # ------------------------------------------------------------------------------------------ 2. lay out
