@@ -177,7 +177,7 @@ def main() -> None:
     started = time.perf_counter()
     con.execute("SELECT kind, name, site_key, sum(events) FROM call_sites GROUP BY ALL ORDER BY 4 DESC LIMIT 20")
     query = time.perf_counter() - started
-    if not args.skip_duckdb:
+    if (args.work / "scale.duckdb").is_file():  # this run's database, or an earlier run's (--skip-duckdb)
         print(f"call_sites: {_call_sites_differences(con, args.work / 'scale.duckdb')}")
     con.close()
     # The steps whose work grows with events (prepare reads no event: it grows with runs and stacks).
