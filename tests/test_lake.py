@@ -63,14 +63,18 @@ def spark_cluster(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def executor_archive(tmp_path_factory) -> Path:
-    """`tbpipe lake package` of a venv holding tbpipe as a wheel installs it (the suite's own venv
-    is an editable install, which the command refuses: checked here too)."""
+    """`tbpipe lake package` of a venv holding tbpipe as a wheel installs it; the same venv marked as
+    an editable install (which points executors at this machine's checkout) is refused first."""
     from support.spark_cluster import venv_with_installed_tbpipe
 
     base = tmp_path_factory.mktemp("executor-env")
-    editable = tbpipe("lake", "package", "--out", str(base / "refused.tar.gz"))
-    assert editable.returncode == 2 and "editable" in editable.stderr, editable.stdout + editable.stderr
     venv = venv_with_installed_tbpipe(base / "venv")
+    (marker,) = venv.glob("lib/python*/site-packages/tbpipe-*.dist-info")
+    (marker / "direct_url.json").write_text(json.dumps({"url": "file:///checkout", "dir_info": {"editable": True}}))
+    editable = tbpipe("lake", "package", "--venv", str(venv), "--out", str(base / "refused.tar.gz"))
+    assert editable.returncode == 2 and "editable mode" in " ".join(editable.stderr.split()), editable.stderr
+    assert not (base / "refused.tar.gz").exists()
+    (marker / "direct_url.json").unlink()
     archive = base / "tbpipe-env.tar.gz"
     result = tbpipe("lake", "package", "--venv", str(venv), "--out", str(archive))
     assert result.returncode == 0, result.stdout + result.stderr

@@ -41,7 +41,10 @@ def register(app: typer.Typer) -> None:
             False, "--offline", help="Ask no debuginfod server (files already in its cache are still used)."
         ),
         cache_dir: Path | None = typer.Option(
-            None, "--cache-dir", help="Symbol store (default: $TBPIPE_CACHE_DIR or the user cache dir)."
+            None,
+            "--cache-dir",
+            help="Symbol store (default: $TBPIPE_CACHE_DIR or the user cache dir; with --engine spark, the "
+            "executors' unless --conf spark.tbpipe.symbolStore=DIR names one).",
         ),
         user_code: list[str] | None = typer.Option(
             None,

@@ -25,11 +25,12 @@ _PROBE = """
 import importlib.metadata as m, json, sys
 import tbpipe.capture, tbpipe._native
 dist = m.distribution("tbpipe")
-direct = dist.read_text("direct_url.json")
+direct = json.loads(dist.read_text("direct_url.json") or "{}")
 print(json.dumps({
     "version": tbpipe.capture.__version__,
     "location": tbpipe.capture.__file__,
-    "editable": bool(direct and json.loads(direct).get("dir_info", {}).get("editable")),
+    "editable": bool(direct.get("dir_info", {}).get("editable")),
+    "source": direct.get("url"),
     "python": "%d.%d" % sys.version_info[:2],
 }))
 """
@@ -79,7 +80,7 @@ def package_venv(venv: Path, archive: Path, *, force: bool = False) -> Packed:
     if found["editable"]:
         raise UsageError(
             f"{venv}: tbpipe is installed there in editable mode (pip install -e), which points at "
-            f"{Path(found['location']).parent.parent} on this machine only; make a venv for the executors with "
+            f"{found['source']} on this machine only; make a venv for the executors with "
             "`python -m venv V && V/bin/pip install 'tbpipe[spark]'` (or a wheel built by `pip wheel .`) and pass --venv V"
         )
     try:
