@@ -183,6 +183,9 @@ def initial_manifest(
             "events_rate_limited": 0,  # left out by max_events_per_stack_per_s
             "events_written": 0,
             "stacks_written": 0,
+            "stacks_reused": 0,  # events that took an earlier event's stack (see capture/torch_ops.py)
+            "stacks_reuse_checked": 0,  # reused stacks gathered anyway to check them
+            "stacks_reuse_mismatched": 0,  # checks that found another stack
         },
         "source_status": {},  # per source: "recording", or one line saying why it records nothing
         "files": {},

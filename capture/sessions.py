@@ -331,6 +331,11 @@ class Session:
         totals = self._writer.manifest["counters"]
         totals["events_sampled_out"] = overhead["sampled_out"]
         totals["events_rate_limited"] = overhead["rate_limited"]
+        # Stacks reused from an earlier event at the same place, checks of them, and checks that
+        # found another stack (Recorder::set_stack_reuse).
+        totals["stacks_reused"] = overhead.get("stacks_reused", 0)
+        totals["stacks_reuse_checked"] = overhead.get("reuse_checked", 0)
+        totals["stacks_reuse_mismatched"] = overhead.get("reuse_mismatched", 0)
         self._update_source_status()
         self._writer.write(drained, counters, gpu, self._compile_parts())
 

@@ -32,15 +32,24 @@ _PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "compression_level": 
 # and the flusher writes a part per second. Stacks keep level 3 (markedly smaller there, for little
 # more time).
 _EVENTS_COMPRESSION_LEVEL = 1
-# A CUDA call's correlation id counts up across the process: delta-packed, about a byte an event.
+# A CUDA call's correlation id counts up across the process: delta-packed, about a byte an event; so
+# do an op's id, its parent's and autograd's sequence numbers (each close to the event's before).
 _EVENTS_ENCODING = {
     "ts": "DELTA_BINARY_PACKED",
     "thread_id": "DELTA_BINARY_PACKED",
     "correlation_id": "DELTA_BINARY_PACKED",
+    "op_id": "DELTA_BINARY_PACKED",
+    "op_parent": "DELTA_BINARY_PACKED",
+    "op_seq": "DELTA_BINARY_PACKED",
+    "op_bwd_seq": "DELTA_BINARY_PACKED",
 }
 # Attributes are often unique per event (an op's id), and a stack's hash is unique in its part: a
 # dictionary would only be built to be dropped.
 _NOT_DICTIONARY = {"attrs", "stack_hash"}
+# Statistics (each page's min and max, its nulls) cost the flusher a comparison per value and column;
+# of a timestamped part's, readers use those of these columns only (the ingest counts the events
+# without a stack from the footer).
+_STATISTICS = ["ts", "stack_id"]
 
 
 def parquet_options(column_names: list[str]) -> dict[str, Any]:
@@ -52,6 +61,7 @@ def parquet_options(column_names: list[str]) -> dict[str, Any]:
         "column_encoding": encoding,
         **_PARQUET_OPTIONS,
         **({"compression_level": _EVENTS_COMPRESSION_LEVEL} if timestamped else {}),
+        **({"write_statistics": [c for c in _STATISTICS if c in column_names]} if timestamped else {}),
     }
 
 
@@ -70,6 +80,24 @@ def _attrs_column(drained: dict[str, Any], count: int) -> pa.Array:
         serialized = columns.strings([json.dumps(a, default=str, sort_keys=True) for _, a in objects])
         texts = pc.replace_with_mask(texts, columns.booleans(mask), serialized)
     return columns.null_where(texts, columns.values_of(pc.binary_length(texts)) == 0)
+
+
+# The drained bits of `op_present` (capi.h's TBPIPE_OP_*) that say which op columns hold a value.
+_OP_ID, _OP_DEPTH, _OP_PARENT, _OP_SEQ, _OP_BACKWARD = 1, 2, 4, 8, 16
+_OP_VALUES = (
+    ("op_id", _OP_ID, pa.int64()),
+    ("op_depth", _OP_DEPTH, pa.int32()),
+    ("op_parent", _OP_PARENT, pa.int64()),
+    ("op_seq", _OP_SEQ, pa.int64()),
+    ("op_seq_thread", _OP_SEQ, pa.int64()),
+    ("op_bwd_seq", _OP_BACKWARD, pa.int64()),
+    ("op_fwd_thread", _OP_BACKWARD, pa.int64()),
+)
+
+
+def _valid_where(values: pa.Array, valid: np.ndarray) -> pa.Array:
+    """A fixed-width column of `values` with its rows where `valid` is false made null."""
+    return columns.null_where(values, ~valid)
 
 
 def _list_offsets(ends: pa.Array) -> pa.Array:
@@ -156,9 +184,17 @@ class RunWriter:
             self._manifest_written = write_manifest(self.run_dir, self.manifest, self._manifest_written)
 
     def _write_parquet(self, table: pa.Table, file_name: str) -> None:
-        # Written under a hidden name and renamed, so a file that exists is whole.
+        # Written under a hidden name and renamed, so a file that exists is whole. A part with
+        # dictionary columns (an event's names) keeps no Arrow schema: readers see the strings of the
+        # raw schema, whose metadata the file keeps.
         temporary = self.run_dir / f".{file_name}.tmp"
-        pq.write_table(table, temporary, **parquet_options(table.column_names))
+        options = parquet_options(table.column_names)
+        if any(pa.types.is_dictionary(field.type) for field in table.schema):
+            with pq.ParquetWriter(temporary, table.schema.remove_metadata(), store_schema=False, **options) as parquet:
+                parquet.write_table(table)
+                parquet.add_key_value_metadata(table.schema.metadata)
+        else:
+            pq.write_table(table, temporary, **options)
         os.replace(temporary, self.run_dir / file_name)
 
     def _gpu_activity(self, gpu: dict[str, Any]) -> pa.Table:
@@ -230,29 +266,69 @@ class RunWriter:
         totals["gpu_records_malformed"] = counts["malformed"]  # shorter than their layout
         self.manifest["gpu_activity"] = {"clock_offset_ns": gpu["clock_offset_ns"]}
 
-    def _strings_for(self, ids: pa.Array) -> pa.Array:
+    def _interned(self) -> pa.Array:
+        """Every string interned so far, by id."""
         if self._strings is None:
             self._strings = columns.strings([""])  # id 0 is "no string"
         new = _native.strings_since(len(self._strings))
         if new:
             self._strings = pa.concat_arrays([self._strings, columns.strings(new)])
-        return self._strings.take(ids)
+        return self._strings
+
+    def _strings_for(self, ids: pa.Array) -> pa.Array:
+        return self._interned().take(ids)
+
+    def _dictionary_of(self, ids: np.ndarray, null_where_zero: bool = False) -> pa.DictionaryArray:
+        """The strings of interned ids as a dictionary column (each string used once in its dictionary,
+        in id order; id 0 null where asked): Parquet writes its dictionary page from it as it is,
+        where a string column would have every value hashed."""
+        strings = self._interned()
+        used = np.zeros(len(strings), dtype=bool)
+        used[ids] = True
+        if null_where_zero:
+            used[0] = False
+        numbers = np.cumsum(used, dtype=np.int32) - 1  # an id's place in the dictionary
+        indices = columns.fixed_width(numbers[ids], pa.int32())
+        if null_where_zero:
+            indices = columns.null_where(indices, ids == 0)
+        return pa.DictionaryArray.from_arrays(
+            indices, strings.take(columns.fixed_width(np.flatnonzero(used), pa.int64()))
+        )
+
+    def _op_columns(self, drained: dict[str, Any], count: int) -> list[pa.Array]:
+        """The op_* columns (raw schema 5): null for every event that is not an op."""
+        present = drained.get("op_present")  # absent from an extension older than the schema
+        if present is None or not len(present):
+            dictionary = pa.dictionary(pa.int32(), pa.string())
+            return [pa.nulls(count, arrow_type) for _name, _bit, arrow_type in _OP_VALUES] + [
+                pa.nulls(count, dictionary),
+                pa.nulls(count, dictionary),
+            ]
+        values = [
+            _valid_where(columns.fixed_width(drained[name], arrow_type), (present & bit) != 0)
+            for name, bit, arrow_type in _OP_VALUES
+        ]
+        return values + [
+            self._dictionary_of(drained["op_bwd_node"], null_where_zero=True),
+            self._dictionary_of(drained["op_scope"], null_where_zero=True),
+        ]
 
     def _events(self, drained: dict[str, Any]) -> pa.Table:
         schema = raw.events_schema()
         ts = columns.fixed_width(drained["ts_ns"], pa.int64()).view(schema.field("ts").type)
-        return pa.Table.from_arrays(
-            [
-                ts,
-                columns.fixed_width(drained["thread_id"], pa.int64()),
-                self._strings_for(columns.fixed_width(drained["kind_id"], pa.uint32())),
-                self._strings_for(columns.fixed_width(drained["name_id"], pa.uint32())),
-                columns.null_where_zero(columns.fixed_width(drained["stack_id"], pa.uint64())),
-                _attrs_column(drained, len(ts)),
-                columns.null_where_zero(columns.fixed_width(drained["correlation_id"], pa.uint32())),
-            ],
-            schema=schema,
-        )
+        arrays = [
+            ts,
+            columns.fixed_width(drained["thread_id"], pa.int64()),
+            self._dictionary_of(drained["kind_id"]),
+            self._dictionary_of(drained["name_id"]),
+            columns.null_where_zero(columns.fixed_width(drained["stack_id"], pa.uint64())),
+            _attrs_column(drained, len(ts)),
+            columns.null_where_zero(columns.fixed_width(drained["correlation_id"], pa.uint32())),
+            *self._op_columns(drained, len(ts)),
+        ]
+        # The raw schema, its strings as the dictionaries they are made as.
+        fields = [pa.field(field.name, array.type, nullable=field.nullable) for field, array in zip(schema, arrays)]
+        return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=schema.metadata))
 
     def _stacks(self, drained: dict[str, Any]) -> pa.Table:
         """The drained stacks, without their hashes (`_with_hashes` adds them)."""

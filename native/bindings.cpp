@@ -103,6 +103,16 @@ py::dict drain() {
     objects.append(py::make_tuple(event, py::reinterpret_steal<py::object>(object)));
   }
   out["attr_objects"] = objects;
+  out["op_present"] = owning_array(std::move(drained.op_present));
+  out["op_id"] = owning_array(std::move(drained.op_id));
+  out["op_depth"] = owning_array(std::move(drained.op_depth));
+  out["op_parent"] = owning_array(std::move(drained.op_parent));
+  out["op_seq"] = owning_array(std::move(drained.op_seq));
+  out["op_seq_thread"] = owning_array(std::move(drained.op_seq_thread));
+  out["op_bwd_seq"] = owning_array(std::move(drained.op_bwd_seq));
+  out["op_fwd_thread"] = owning_array(std::move(drained.op_fwd_thread));
+  out["op_bwd_node"] = owning_array(std::move(drained.op_bwd_node));
+  out["op_scope"] = owning_array(std::move(drained.op_scope));
   out["stack_ids"] = owning_array(std::move(drained.stack_ids));
   out["stack_status"] = owning_array(std::move(drained.stack_status));
   out["stack_thread"] = owning_array(std::move(drained.stack_thread));
@@ -259,12 +269,21 @@ int capi_sample() {
   return recorder.active() && recorder.sample_next() ? 1 : 0;
 }
 
+void capi_record_op(uint32_t kind_id, uint32_t name_id, const TbpipeOpAttrs* op, const void* scope, uint32_t flags) {
+  Recorder& recorder = Recorder::instance();
+  if (!recorder.active() || op == nullptr) return;
+  UnwindOptions options = options_for_native_caller();
+  options.skip_caller_module = true;
+  recorder.record_native_op(kind_id, name_id, *op, options, scope, flags);
+}
+
 // Always, active or not: a scope opened while recording may end after the session stopped.
 void capi_end_scope(const void* scope) { Recorder::instance().end_scope(scope); }
 
 const TbpipeCApi kCApi = {TBPIPE_CAPI_VERSION,   sizeof(TbpipeCApi),  capi_record,    capi_gather,
                           capi_traceback_object, capi_free_traceback, capi_active,    capi_intern,
-                          capi_record_interned,  capi_record_scoped,  capi_end_scope, capi_sample};
+                          capi_record_interned,  capi_record_scoped,  capi_end_scope, capi_sample,
+                          capi_record_op};
 
 }  // namespace
 }  // namespace tbpipe

@@ -19,6 +19,26 @@ extern "C" {
 #define TBPIPE_CAPI_CAPSULE "tbpipe._native._C_API"
 #define TBPIPE_CAPI_VERSION 1u
 
+// The attributes of an op event (record_op). `present` says which fields hold a value.
+typedef struct TbpipeOpAttrs {
+  uint32_t present;     // TBPIPE_OP_* bits
+  uint32_t depth;       // TBPIPE_OP_DEPTH: how many recorded ops enclose it on its thread
+  uint64_t id;          // TBPIPE_OP_ID: its number on its thread
+  uint64_t parent;      // TBPIPE_OP_PARENT: the id of the innermost enclosing op
+  int64_t seq;          // TBPIPE_OP_SEQ: autograd's sequence number of a forward op...
+  uint64_t seq_thread;  // ... and the number of the thread that ran it
+  int64_t bwd_seq;      // TBPIPE_OP_BACKWARD: the sequence number of the backward node it runs in...
+  uint64_t fwd_thread;  // ... and the number of the thread that ran that node's forward op
+  uint32_t bwd_node;    // the backward node's name (an `intern` id), 0: none
+  uint32_t scope;       // what it is when not a plain op ("backward", "user", ...: an `intern` id), 0: a plain op
+} TbpipeOpAttrs;
+
+#define TBPIPE_OP_ID 1u
+#define TBPIPE_OP_DEPTH 2u
+#define TBPIPE_OP_PARENT 4u
+#define TBPIPE_OP_SEQ 8u
+#define TBPIPE_OP_BACKWARD 16u
+
 typedef struct TbpipeCApi {
   uint32_t abi_version;  // TBPIPE_CAPI_VERSION
   uint32_t size;         // sizeof(TbpipeCApi) of the tbpipe that filled it
@@ -71,6 +91,12 @@ typedef struct TbpipeCApi {
   // out, and counted so). A source that draws first describes only the events it keeps, and
   // records them with TBPIPE_RECORD_SAMPLED so that they are not drawn again.
   int (*sample)(void);
+
+  // `record_scoped` for an op event whose attributes are `op`'s typed fields (the events table's
+  // op_* columns) rather than JSON text: nothing is formatted per event, and the flusher writes
+  // them as integer columns. Drawn by the session's sample rate unless `flags` has
+  // TBPIPE_RECORD_SAMPLED.
+  void (*record_op)(uint32_t kind_id, uint32_t name_id, const TbpipeOpAttrs* op, const void* scope, uint32_t flags);
 } TbpipeCApi;
 
 #define TBPIPE_RECORD_SAMPLED 1u  // `record_scoped` flag: drawn with `sample()` already, and kept

@@ -75,6 +75,17 @@ size_t walk_python_frames_spliced(PythonFrame* out, size_t max, bool* truncated,
 // when it has none: equal to an earlier walk's first frame, the thread's Python stack is the same.
 const void* innermost_python_frame();
 
+// What decides the calling thread's Python stack, read without interning anything: a hash over each
+// frame's code object (its address, file name and first line), instruction offset, the opcode there
+// (CPython specializes it in place, and each form calls on through other C code) and entry flag, and
+// the frame a walk would write first. Equal hashes mean that a walk writes the same frames, as long
+// as a code object's address was not reused by another of the same file and first line.
+struct PythonStackKey {
+  const void* innermost;  // null when the thread has no Python frames
+  uint64_t hash;
+};
+PythonStackKey python_stack_key();
+
 // True when the calling thread holds the GIL (its thread state is current).
 bool thread_holds_gil();
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 
+#include "hash_mix.h"
 #include "modules.h"
 #include "python_frames.h"
 #include "string_table.h"
@@ -200,6 +201,12 @@ struct BufferData {
   };
   std::vector<Attr> attrs;
   std::string attr_text;
+  // Op attributes (record_native_op), with the index of their event in `events`.
+  struct Op {
+    TbpipeOpAttrs attrs;
+    uint32_t event;
+  };
+  std::vector<Op> ops;
   std::vector<uint64_t> stack_ids;
   std::vector<uint32_t> stack_status;
   std::vector<uint32_t> native_ends, python_ends;
@@ -214,6 +221,7 @@ struct BufferData {
     events.clear();
     attrs.clear();
     attr_text.clear();
+    ops.clear();
     stack_ids.clear();
     stack_status.clear();
     native_ends.clear();
@@ -235,9 +243,14 @@ class OpenScopes {
 
   struct Level {
     const void* scope = nullptr;
-    bool has_stack = false;  // false: sampled out, or past the depth cap
+    bool has_stack = false;  // `stack` holds the event's frames (false: sampled out, reused, past the depth cap)
+    bool has_id = false;     // `stack_id` is the event's stack (gathered or reused), its scope on this stack
     const void* python_top = nullptr;
-    uint64_t stack_id = 0;  // with has_stack: the stack's hash
+    uint64_t stack_id = 0;   // with has_id: the stack's hash
+    uint64_t limit_key = 0;  // with has_id, while a per-stack limit applies: the stack's limit_key()
+    uint32_t name_id = 0;    // its event's name
+    uint32_t children = 0;   // scopes opened directly inside this one so far
+    uint32_t place = 0;      // this scope's place among its parent's children (0 at the outermost)
     std::unique_ptr<RawStack> stack;
     std::unique_ptr<NativeFrameState[]> states;
   };
@@ -245,6 +258,7 @@ class OpenScopes {
   // The slot for a new scope, pushed; null past the depth cap (the scope is then not tracked).
   Level* open(const void* scope) {
     if (depth_ == kMaxDepth) return nullptr;
+    const uint32_t place = depth_ > 0 ? levels_[depth_ - 1].children++ : 0;
     if (levels_.size() == depth_) levels_.emplace_back();
     Level& level = levels_[depth_++];
     if (!level.stack) {
@@ -253,8 +267,21 @@ class OpenScopes {
     }
     level.scope = scope;
     level.has_stack = false;
+    level.has_id = false;
     level.python_top = nullptr;
+    level.children = 0;
+    level.place = place;
     return &level;
+  }
+
+  // The innermost open scope below `level` whose stack id is known and whose scope encloses
+  // `scope` on the C stack (deeper frames lie at lower addresses), or null.
+  const Level* parent_with_id(const Level* level, const void* scope) const {
+    for (size_t i = static_cast<size_t>(level - levels_.data()); i > 0; --i) {
+      const Level& parent = levels_[i - 1];
+      if (parent.has_id) return parent.scope > scope ? &parent : nullptr;
+    }
+    return nullptr;
   }
 
   // The innermost open scope below `level` whose stack a gather can splice onto, or null.
@@ -265,10 +292,10 @@ class OpenScopes {
     return nullptr;
   }
 
-  // The innermost open scope whose stack is known, or null.
-  const Level* innermost_with_stack() const {
+  // The innermost open scope whose stack id is known, or null.
+  const Level* innermost_with_id() const {
     for (size_t i = depth_; i > 0; --i) {
-      if (levels_[i - 1].has_stack) return &levels_[i - 1];
+      if (levels_[i - 1].has_id) return &levels_[i - 1];
     }
     return nullptr;
   }
@@ -287,6 +314,77 @@ class OpenScopes {
   size_t depth_ = 0;
 };
 
+// The stacks this thread's scoped events gathered, by the place that decided them (see
+// set_stack_reuse), allocated on the thread's first scoped event and fixed in size. Entries lie in
+// the order their places were first seen, and each lookup tries the entry after the one found last
+// before the index: a training step meets its ops in the same order every time, so the next entry is
+// usually the one wanted, in a cache line the previous lookup brought in. Entries count only in the
+// generation they were made in (a new session, other stack parts, a change of modules); a full table
+// starts afresh.
+class ReusedStacks {
+ public:
+  struct Entry {
+    uint64_t key;
+    uint64_t stack_id;
+    uint64_t limit_key;     // with `limited`
+    uint8_t limited;        // limit_key was computed (a per-stack limit applied when it was made)
+    uint8_t ambiguous;      // a check found another stack at this place: gathered every time
+    uint16_t first_checks;  // reuses left that are checked before reuses are checked at random
+  };
+
+  // The entry for `key` in this generation, or null.
+  Entry* find(uint64_t key, uint32_t generation) {
+    if (generation != generation_) {
+      clear();
+      generation_ = generation;
+      return nullptr;
+    }
+    const uint32_t next = last_ + 1;
+    if (next < size_ && entries_[next].key == key) {
+      last_ = next;
+      return &entries_[next];
+    }
+    for (uint32_t slot = slot_of(key);; slot = (slot + 1) & (kIndexSize - 1)) {
+      const uint32_t index = index_[slot];
+      if (index == 0) return nullptr;
+      if (entries_[index - 1].key == key) {
+        last_ = index - 1;
+        return &entries_[index - 1];
+      }
+    }
+  }
+
+  // Remembers a place first seen (find() returned null for it in this generation).
+  void put(uint64_t key, uint64_t stack_id, uint64_t limit_key, bool limited) {
+    if (size_ == kCapacity) clear();
+    uint32_t slot = slot_of(key);
+    while (index_[slot] != 0) slot = (slot + 1) & (kIndexSize - 1);
+    entries_[size_] = Entry{key, stack_id, limit_key, static_cast<uint8_t>(limited), 0, kFirstChecks};
+    index_[slot] = ++size_;
+    last_ = size_ - 1;
+  }
+
+ private:
+  // A place's first reuses are all checked: where an op's code takes another path by its inputs'
+  // shapes (a place holding two stacks), it shows early.
+  static constexpr uint16_t kFirstChecks = 2;
+  static constexpr uint32_t kCapacity = 8192;       // places (256 KiB)
+  static constexpr uint32_t kIndexSize = 2 * 8192;  // slots: entry index + 1, 0 when free (64 KiB)
+
+  static uint32_t slot_of(uint64_t key) { return static_cast<uint32_t>(key >> 32) & (kIndexSize - 1); }
+  void clear() {
+    std::fill(index_, index_ + kIndexSize, 0u);
+    size_ = 0;
+    last_ = 0;
+  }
+
+  uint32_t generation_ = 0;
+  uint32_t size_ = 0;
+  uint32_t last_ = 0;  // the entry found or added last
+  uint32_t index_[kIndexSize] = {};
+  Entry entries_[kCapacity];
+};
+
 struct Recorder::ThreadBuffer {
   std::atomic_flag busy = ATOMIC_FLAG_INIT;
   int64_t thread_id = 0;
@@ -296,12 +394,17 @@ struct Recorder::ThreadBuffer {
   std::atomic<uint64_t> dropped{0};
   std::atomic<uint64_t> sampled_out{0};
   std::atomic<uint64_t> rate_limited{0};
+  std::atomic<uint64_t> stacks_reused{0};
+  std::atomic<uint64_t> reuse_checked{0};
+  std::atomic<uint64_t> reuse_mismatched{0};
   std::atomic<bool> exited{false};
   // Overhead limits, touched by the owner thread only.
   uint64_t random_state = 0;
   uint32_t windows_generation = 0;
   std::unique_ptr<StackWindows> windows;  // created on the first limited event
   OpenScopes scopes;                      // owner thread only
+  std::unique_ptr<ReusedStacks> reused;   // owner thread only; created on the first scoped event
+  uint32_t reuses_until_check = 1;        // owner thread only: reuses left before the next check
   // The producer appends to `front`; a drain swaps it with `back` under the
   // spin flag (O(1)) and copies `back` out afterwards, so the producer never
   // waits for a copy and keeps reusing the vectors' capacity.
@@ -315,6 +418,9 @@ struct Recorder::Impl {
   uint64_t exited_dropped = 0;
   uint64_t exited_sampled_out = 0;
   uint64_t exited_rate_limited = 0;
+  uint64_t exited_stacks_reused = 0;
+  uint64_t exited_reuse_checked = 0;
+  uint64_t exited_reuse_mismatched = 0;
   SeenStacks seen;
   std::atomic<uint64_t> fork_generation{0};
 };
@@ -389,13 +495,18 @@ void Recorder::start(bool python, bool native, uint64_t max_buffered_events) {
     std::lock_guard<std::mutex> guard(impl_->mutex);
     impl_->exited_recorded = impl_->exited_dropped = 0;
     impl_->exited_sampled_out = impl_->exited_rate_limited = 0;
+    impl_->exited_stacks_reused = impl_->exited_reuse_checked = impl_->exited_reuse_mismatched = 0;
     for (ThreadBuffer* buffer : impl_->buffers) {
       buffer->recorded.store(0, std::memory_order_relaxed);
       buffer->dropped.store(0, std::memory_order_relaxed);
       buffer->sampled_out.store(0, std::memory_order_relaxed);
       buffer->rate_limited.store(0, std::memory_order_relaxed);
+      buffer->stacks_reused.store(0, std::memory_order_relaxed);
+      buffer->reuse_checked.store(0, std::memory_order_relaxed);
+      buffer->reuse_mismatched.store(0, std::memory_order_relaxed);
     }
   }
+  reuse_generation_.fetch_add(1, std::memory_order_relaxed);   // the seen set is new: so are the reusable stacks
   limits_generation_.fetch_add(1, std::memory_order_relaxed);  // every stack starts a fresh window
   stacks_.store(0);
   active_.store(true, std::memory_order_release);
@@ -406,6 +517,12 @@ void Recorder::stop() { active_.store(false, std::memory_order_release); }
 void Recorder::set_stack_parts(bool python, bool native) {
   want_python_.store(python, std::memory_order_relaxed);
   want_native_.store(native, std::memory_order_relaxed);
+  reuse_generation_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Recorder::set_stack_reuse(bool enabled, uint32_t check_every) {
+  reuse_check_every_.store(check_every > 0 ? check_every : 1, std::memory_order_relaxed);
+  reuse_.store(enabled, std::memory_order_relaxed);
 }
 
 void Recorder::set_overhead_limits(const OverheadLimits& limits) {
@@ -438,6 +555,11 @@ bool Recorder::record_native_scoped(uint32_t kind_id, uint32_t name_id, const ch
   return record_event(kind_id, name_id, nullptr, attrs_json, attrs_json_size, options, scope, flags);
 }
 
+bool Recorder::record_native_op(uint32_t kind_id, uint32_t name_id, const TbpipeOpAttrs& op,
+                                const UnwindOptions& options, const void* scope, uint32_t flags) {
+  return record_event(kind_id, name_id, nullptr, nullptr, 0, options, scope, flags, 0, &op);
+}
+
 void Recorder::end_scope(const void* scope) {
   ThreadSlot& slot = this_thread_slot;
   // A thread that never recorded (or only before a fork) has nothing open.
@@ -445,25 +567,61 @@ void Recorder::end_scope(const void* scope) {
   slot.buffer->scopes.close(scope);
 }
 
-bool Recorder::sample(ThreadBuffer* buffer) {
-  const uint64_t threshold = sample_threshold_.load(std::memory_order_relaxed);
-  if (threshold == UINT64_MAX) return true;
+uint64_t Recorder::next_random(ThreadBuffer* buffer) {
   // xorshift64*: a few cycles, and per thread, so no shared state.
   uint64_t x = buffer->random_state;
   x ^= x >> 12;
   x ^= x << 25;
   x ^= x >> 27;
   buffer->random_state = x;
-  if (x * 0x2545F4914F6CDD1DULL < threshold) return true;
+  return x * 0x2545F4914F6CDD1DULL;
+}
+
+bool Recorder::sample(ThreadBuffer* buffer) {
+  const uint64_t threshold = sample_threshold_.load(std::memory_order_relaxed);
+  if (threshold == UINT64_MAX) return true;
+  if (next_random(buffer) < threshold) return true;
   buffer->sampled_out.store(buffer->sampled_out.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   return false;
 }
 
 bool Recorder::sample_next() { return sample(this_thread_buffer()); }
 
+namespace {
+
+// Bump a per-thread counter that only its owner writes.
+inline void count(std::atomic<uint64_t>& counter) {
+  counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
+
+// The place of a scoped event (`level` just opened) whose stack may be reused: see set_stack_reuse.
+uint64_t reuse_place(const OpenScopes::Level& level, uint32_t kind_id, uint32_t name_id,
+                     const OpenScopes::Level* parent, const void** python_top) {
+  uint64_t key = mix64((static_cast<uint64_t>(kind_id) << 32) | name_id);
+  const uintptr_t scope = reinterpret_cast<uintptr_t>(level.scope);
+  if (parent != nullptr) {
+    // Inside an open scope: its stack and name (ops of other names may share a stack: autograd
+    // calls every backward node from one place), how much deeper this scope lies and its place
+    // among the scopes opened in it decide the frames in between; the Python frames are the
+    // parent's while its innermost one still runs the call it ran then.
+    key = mix64(key ^ parent->stack_id ^ (static_cast<uint64_t>(parent->name_id) << 32));
+    key =
+        mix64(key ^ (reinterpret_cast<uintptr_t>(parent->scope) - scope) ^ (static_cast<uint64_t>(level.place) << 48));
+    *python_top = innermost_python_frame();
+    if (*python_top == parent->python_top) return key | 1;
+  } else {
+    key = mix64(key ^ scope);
+  }
+  const PythonStackKey python = python_stack_key();
+  *python_top = python.innermost;
+  return mix64(key ^ python.hash) | 1;
+}
+
+}  // namespace
+
 bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json,
                             size_t attrs_json_size, const UnwindOptions& options, const void* scope,
-                            uint32_t scoped_flags, uint32_t correlation_id) {
+                            uint32_t scoped_flags, uint32_t correlation_id, const TbpipeOpAttrs* op) {
   ThreadBuffer* buffer = this_thread_buffer();
   if (!(scoped_flags & kScopedSampled) && !sample(buffer)) {
     Py_XDECREF(attrs);
@@ -471,57 +629,132 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
   }
   const bool python = want_python_.load(std::memory_order_relaxed);
   const bool native = want_native_.load(std::memory_order_relaxed);
+  const uint32_t per_stack_limit = max_per_stack_per_s_.load(std::memory_order_relaxed);
   // The enclosing scope's stack, when the event may take it and it still holds: its scope is a live
   // frame of this stack (a scope left open by a missed end is not) and no Python frame came since
   // (which only a stack with its Python half can tell).
   const OpenScopes::Level* enclosing = nullptr;
   if ((scoped_flags & kScopedNested) && python && nested_enclosing_.load(std::memory_order_relaxed)) {
-    enclosing = buffer->scopes.innermost_with_stack();
+    enclosing = buffer->scopes.innermost_with_id();
     if (enclosing != nullptr &&
         (!address_on_this_stack(enclosing->scope) || innermost_python_frame() != enclosing->python_top)) {
       enclosing = nullptr;
     }
   }
   OpenScopes::Level* level = scope != nullptr && enclosing == nullptr ? buffer->scopes.open(scope) : nullptr;
-  RawStack* gathered = level != nullptr ? level->stack.get() : &thread_scratch_stack();
-  const RawStack& stack = enclosing != nullptr ? *enclosing->stack : *gathered;
-  uint64_t stack_id = enclosing != nullptr ? enclosing->stack_id : 0;
-  if ((python || native) && enclosing == nullptr) {
-    if (level == nullptr) {
-      gather_stack(gathered, python, native, options);
-    } else {
-      // Inside an open scope, the outer frames are that scope's: splice onto its stack.
-      const OpenScopes::Level* source =
-          splicing_.load(std::memory_order_relaxed) ? buffer->scopes.source_below(level) : nullptr;
-      StackSplice splice;
-      if (source != nullptr) {
-        splice = StackSplice{source->stack.get(), source->states.get(), source->python_top, source->scope};
+  if (level != nullptr) level->name_id = name_id;
+  // The event's stack: its id, its frames when this event has them at hand (to write if new; a
+  // reused stack was written when it was first gathered), its key for the per-stack limit.
+  uint64_t stack_id = 0;
+  const RawStack* frames = nullptr;
+  uint64_t limit = 0;
+  bool limited = false;
+  bool reused = false;
+  uint64_t place = 0;  // where a gathered stack is remembered for reuse (0: nowhere)
+  ReusedStacks::Entry* checked = nullptr;
+  const uint32_t generation = reuse_generation_.load(std::memory_order_relaxed) +
+                              static_cast<uint32_t>(ModuleRegistry::instance().generation());
+  if (enclosing != nullptr) {
+    stack_id = enclosing->stack_id;
+    frames = enclosing->has_stack ? enclosing->stack.get() : nullptr;
+    limit = enclosing->limit_key;
+    limited = limit != 0;
+  } else if (python || native) {
+    // Only a scope in a frame of this stack says which frames stay unchanged inside it (an op
+    // object on the heap, such as a Python `record_function`'s, says nothing).
+    const bool on_stack = level != nullptr && address_on_this_stack(scope);
+    const void* python_top = nullptr;
+    if (on_stack && reuse_.load(std::memory_order_relaxed)) {
+      if (!buffer->reused) buffer->reused.reset(new ReusedStacks());
+      place = reuse_place(*level, kind_id, name_id, buffer->scopes.parent_with_id(level, scope), &python_top);
+      ReusedStacks::Entry* entry = buffer->reused->find(place, generation);
+      if (entry != nullptr && entry->ambiguous) {
+        place = 0;  // gathered every time, and the entry stays as it is
+      } else if (entry != nullptr) {
+        if (entry->first_checks > 0 || (per_stack_limit != 0 && !entry->limited)) {
+          // Checked (and the limit's key learned, where a limit came on since the entry was made).
+          if (entry->first_checks > 0) --entry->first_checks;
+          --entry->first_checks;
+          checked = entry;
+        } else if (--buffer->reuses_until_check > 0) {
+          reused = true;
+          stack_id = entry->stack_id;
+          limit = entry->limit_key;
+          limited = entry->limited != 0;
+          count(buffer->stacks_reused);
+        } else {
+          checked = entry;
+          // Every `check_every` reuses on average, at random (a step's ops repeat in a fixed order).
+          const uint32_t every = reuse_check_every_.load(std::memory_order_relaxed);
+          buffer->reuses_until_check =
+              every == 1 ? 1 : 1 + static_cast<uint32_t>(next_random(buffer) % (2 * every - 1));
+        }
       }
-      gather_stack_spliced(gathered, python, native, options, level->states.get(), &level->python_top,
-                           source != nullptr ? &splice : nullptr);
-      // Only a scope in a frame of this stack says which frames stay unchanged inside it (an op
-      // object on the heap, such as a Python `record_function`'s, says nothing).
-      level->has_stack = address_on_this_stack(scope);
     }
-    stack_id = hash_stack(stack);
-    if (level != nullptr) level->stack_id = stack_id;
+    if (reused) {
+      level->has_id = true;
+      level->stack_id = stack_id;
+      level->limit_key = limit;
+      level->python_top = python_top;
+    } else {
+      RawStack* gathered = level != nullptr ? level->stack.get() : &thread_scratch_stack();
+      if (level == nullptr) {
+        gather_stack(gathered, python, native, options);
+      } else {
+        // Inside an open scope, the outer frames are that scope's: splice onto its stack.
+        const OpenScopes::Level* source =
+            splicing_.load(std::memory_order_relaxed) ? buffer->scopes.source_below(level) : nullptr;
+        StackSplice splice;
+        if (source != nullptr) {
+          splice = StackSplice{source->stack.get(), source->states.get(), source->python_top, source->scope};
+        }
+        gather_stack_spliced(gathered, python, native, options, level->states.get(), &level->python_top,
+                             source != nullptr ? &splice : nullptr);
+        level->has_stack = on_stack;
+        level->has_id = on_stack;
+        if (python_top != nullptr) level->python_top = python_top;  // also known without the Python half
+      }
+      frames = gathered;
+      stack_id = hash_stack(*gathered);
+      if (per_stack_limit != 0) {
+        limit = limit_key(*gathered, stack_id);
+        limited = true;
+      }
+      if (level != nullptr) {
+        level->stack_id = stack_id;
+        level->limit_key = limit;
+      }
+      if (checked != nullptr) {
+        count(buffer->reuse_checked);
+        if (checked->stack_id != stack_id) {
+          count(buffer->reuse_mismatched);
+          checked->ambiguous = 1;
+        } else if (limited) {
+          checked->limit_key = limit;
+          checked->limited = 1;
+        }
+      }
+    }
   }
-  const uint32_t per_stack_limit = max_per_stack_per_s_.load(std::memory_order_relaxed);
   if (per_stack_limit != 0 && stack_id != 0) {
     // Checked before the seen-set insert: a stack must never be marked written
     // by an event that is then left out.
-    const uint32_t generation = limits_generation_.load(std::memory_order_relaxed);
-    if (!buffer->windows || buffer->windows_generation != generation) {
+    const uint32_t limits = limits_generation_.load(std::memory_order_relaxed);
+    if (!buffer->windows || buffer->windows_generation != limits) {
       buffer->windows.reset(new StackWindows());
-      buffer->windows_generation = generation;
+      buffer->windows_generation = limits;
     }
-    if (!buffer->windows->admit(limit_key(stack, stack_id), per_stack_limit, coarse_now_ms())) {
-      buffer->rate_limited.store(buffer->rate_limited.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    if (!buffer->windows->admit(limited ? limit : stack_id, per_stack_limit, coarse_now_ms())) {
+      count(buffer->rate_limited);
       Py_XDECREF(attrs);
       return false;
     }
   }
-  const bool new_stack = stack_id != 0 && insert_seen(stack_id);
+  // A reused stack is in the seen set: it was remembered only once its first event was admitted.
+  const bool new_stack = !reused && frames != nullptr && stack_id != 0 && insert_seen(stack_id);
+  // A place first seen is remembered once its stack is in the seen set.
+  if (place != 0 && !reused && checked == nullptr && stack_id != 0)
+    buffer->reused->put(place, stack_id, limit, limited);
   const int64_t ts = now_ns();
 
   SpinGuard guard(buffer->busy);
@@ -529,6 +762,7 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
   // A new stack is written even when its event is dropped below: it is now in
   // the seen-set, so later events will refer to it without writing it again.
   if (new_stack) {
+    const RawStack& stack = *frames;
     stacks_.fetch_add(1, std::memory_order_relaxed);
     data.stack_ids.push_back(stack_id);
     data.stack_status.push_back(stack.status);
@@ -551,7 +785,7 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
   }
   if (data.events.size() >= max_buffered_events_) {
     // The flusher is not keeping up: drop rather than grow without bound.
-    buffer->dropped.store(buffer->dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    count(buffer->dropped);
     Py_XDECREF(attrs);
     return false;
   }
@@ -565,10 +799,45 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
     data.attr_text.append(attrs_json, attrs_json_size);
     data.attrs.push_back(BufferData::Attr{nullptr, begin, static_cast<uint32_t>(data.attr_text.size())});
   }
+  if (op != nullptr) data.ops.push_back(BufferData::Op{*op, static_cast<uint32_t>(data.events.size())});
   data.events.push_back(EventRecord{ts, stack_id, kind_id, name_id, attrs_index, correlation_id});
-  buffer->recorded.store(buffer->recorded.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  count(buffer->recorded);
   return true;
 }
+
+namespace {
+
+// The drained op columns, as long as `events` (a value for each event, none where op_present is 0).
+void size_op_columns(Drained* out, size_t events) {
+  out->op_present.resize(events, 0);
+  for (std::vector<int64_t>* column :
+       {&out->op_id, &out->op_parent, &out->op_seq, &out->op_seq_thread, &out->op_bwd_seq, &out->op_fwd_thread}) {
+    column->resize(events, 0);
+  }
+  out->op_depth.resize(events, 0);
+  out->op_bwd_node.resize(events, 0);
+  out->op_scope.resize(events, 0);
+}
+
+// A buffer's op attributes into the drained columns: its events are out's [first, end).
+void drain_ops(const BufferData& data, size_t first, size_t end, Drained* out) {
+  size_op_columns(out, end);
+  for (const BufferData::Op& op : data.ops) {
+    const size_t i = first + op.event;
+    out->op_present[i] = static_cast<uint8_t>(op.attrs.present);
+    out->op_id[i] = static_cast<int64_t>(op.attrs.id);
+    out->op_parent[i] = static_cast<int64_t>(op.attrs.parent);
+    out->op_seq[i] = op.attrs.seq;
+    out->op_seq_thread[i] = static_cast<int64_t>(op.attrs.seq_thread);
+    out->op_bwd_seq[i] = op.attrs.bwd_seq;
+    out->op_fwd_thread[i] = static_cast<int64_t>(op.attrs.fwd_thread);
+    out->op_depth[i] = static_cast<int32_t>(op.attrs.depth);
+    out->op_bwd_node[i] = op.attrs.bwd_node;
+    out->op_scope[i] = op.attrs.scope;
+  }
+}
+
+}  // namespace
 
 void Recorder::drain(Drained* out) {
   std::lock_guard<std::mutex> guard(impl_->mutex);
@@ -610,6 +879,7 @@ void Recorder::drain(Drained* out) {
       }
       out->attr_offsets.push_back(static_cast<int64_t>(out->attr_text.size()));
     }
+    if (!data.ops.empty()) drain_ops(data, events - data.events.size(), events, out);
     const uint32_t native_base = static_cast<uint32_t>(out->native_module.size());
     const uint32_t python_base = static_cast<uint32_t>(out->python_code.size());
     append(out->stack_ids, data.stack_ids);
@@ -629,12 +899,16 @@ void Recorder::drain(Drained* out) {
       impl_->exited_dropped += buffer->dropped.load(std::memory_order_relaxed);
       impl_->exited_sampled_out += buffer->sampled_out.load(std::memory_order_relaxed);
       impl_->exited_rate_limited += buffer->rate_limited.load(std::memory_order_relaxed);
+      impl_->exited_stacks_reused += buffer->stacks_reused.load(std::memory_order_relaxed);
+      impl_->exited_reuse_checked += buffer->reuse_checked.load(std::memory_order_relaxed);
+      impl_->exited_reuse_mismatched += buffer->reuse_mismatched.load(std::memory_order_relaxed);
       delete buffer;
     } else {
       keep.push_back(buffer);
     }
   }
   impl_->buffers.swap(keep);
+  if (!out->op_present.empty()) size_op_columns(out, out->ts_ns.size());
   out->dropped = impl_->exited_dropped;
   for (ThreadBuffer* buffer : impl_->buffers) out->dropped += buffer->dropped.load(std::memory_order_relaxed);
 }
@@ -646,11 +920,17 @@ RecorderCounters Recorder::counters() const {
   counters.dropped = impl_->exited_dropped;
   counters.sampled_out = impl_->exited_sampled_out;
   counters.rate_limited = impl_->exited_rate_limited;
+  counters.stacks_reused = impl_->exited_stacks_reused;
+  counters.reuse_checked = impl_->exited_reuse_checked;
+  counters.reuse_mismatched = impl_->exited_reuse_mismatched;
   for (ThreadBuffer* buffer : impl_->buffers) {
     counters.recorded += buffer->recorded.load(std::memory_order_relaxed);
     counters.dropped += buffer->dropped.load(std::memory_order_relaxed);
     counters.sampled_out += buffer->sampled_out.load(std::memory_order_relaxed);
     counters.rate_limited += buffer->rate_limited.load(std::memory_order_relaxed);
+    counters.stacks_reused += buffer->stacks_reused.load(std::memory_order_relaxed);
+    counters.reuse_checked += buffer->reuse_checked.load(std::memory_order_relaxed);
+    counters.reuse_mismatched += buffer->reuse_mismatched.load(std::memory_order_relaxed);
   }
   counters.stacks = stacks_.load(std::memory_order_relaxed);
   return counters;

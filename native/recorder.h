@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "capi.h"
 #include "frames.h"
 #include "gather.h"
 
@@ -43,6 +44,13 @@ struct Drained {
   std::string attr_text;
   std::vector<int64_t> attr_offsets{0};
   std::vector<std::pair<int64_t, PyObject*>> attr_objects;
+  // Attributes of op events (record_native_op), one per event, each holding a value where
+  // op_present has its TBPIPE_OP_* bit (none for events that are not ops); all empty when no event
+  // drained is an op.
+  std::vector<uint8_t> op_present;
+  std::vector<int64_t> op_id, op_parent, op_seq, op_seq_thread, op_bwd_seq, op_fwd_thread;
+  std::vector<int32_t> op_depth;
+  std::vector<uint32_t> op_bwd_node, op_scope;  // StringTable ids, 0: none
   // stacks, flattened: stack i owns native[native_ends[i-1]:native_ends[i]]
   std::vector<uint64_t> stack_ids;
   std::vector<uint32_t> stack_status;
@@ -63,6 +71,11 @@ struct RecorderCounters {
   uint64_t stacks = 0;
   uint64_t sampled_out = 0;   // left out by OverheadLimits::sample_rate
   uint64_t rate_limited = 0;  // left out by OverheadLimits::max_per_stack_per_s
+  // Stack reuse (set_stack_reuse): events that took an earlier event's stack without gathering one,
+  // reused stacks gathered anyway to check them, and checks that found another stack.
+  uint64_t stacks_reused = 0;
+  uint64_t reuse_checked = 0;
+  uint64_t reuse_mismatched = 0;
 };
 
 // Overhead control for busy event sources. Sampling is decided before the
@@ -114,6 +127,9 @@ class Recorder {
   // and always gathers), and opens no scope of its own.
   bool record_native_scoped(uint32_t kind_id, uint32_t name_id, const char* attrs_json, size_t attrs_json_size,
                             const UnwindOptions& options, const void* scope, uint32_t flags);
+  // record_native_scoped for an op event with typed attributes instead of JSON text.
+  bool record_native_op(uint32_t kind_id, uint32_t name_id, const TbpipeOpAttrs& op, const UnwindOptions& options,
+                        const void* scope, uint32_t flags);
   static constexpr uint32_t kScopedSampled = 1;
   static constexpr uint32_t kScopedNested = 2;
   // The sample-rate draw for the calling thread's next event, counted as sampled out when it is
@@ -126,6 +142,14 @@ class Recorder {
   // Whether nested scoped events take their enclosing scope's stack (off by default: each gathers
   // its own): the session's op_stacks.
   void set_nested_stacks_enclosing(bool enabled) { nested_enclosing_.store(enabled, std::memory_order_relaxed); }
+  // Whether a scoped event may take the stack an earlier event of its thread gathered in the same
+  // place (on by default), instead of gathering its own. The place is what decides a stack without
+  // walking it: the thread's Python frames (python_stack_key), the event's kind and name, its
+  // scope's depth on the C stack, and, inside an open scope, that scope's stack and the event's
+  // place among the events opened in it (two calls of one op from one function are told apart by
+  // their order). One reuse in about `check_every` (1: every one) gathers the stack anyway and
+  // compares: a place found to hold another stack is not reused again. The counters count both.
+  void set_stack_reuse(bool enabled, uint32_t check_every);
 
   // Moves everything buffered out of every thread's buffer (the GIL must be
   // held: attribute objects change hands).
@@ -140,9 +164,10 @@ class Recorder {
   Recorder();
   ThreadBuffer* this_thread_buffer();
   bool record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json, size_t attrs_json_size,
-                    const UnwindOptions& options, const void* scope, uint32_t scoped_flags,
-                    uint32_t correlation_id = 0);
+                    const UnwindOptions& options, const void* scope, uint32_t scoped_flags, uint32_t correlation_id = 0,
+                    const TbpipeOpAttrs* op = nullptr);
   bool sample(ThreadBuffer* buffer);
+  static uint64_t next_random(ThreadBuffer* buffer);
   bool insert_seen(uint64_t stack_id);
 
   std::atomic<bool> active_{false};
@@ -150,6 +175,11 @@ class Recorder {
   std::atomic<bool> want_native_{true};
   std::atomic<bool> splicing_{true};
   std::atomic<bool> nested_enclosing_{false};
+  std::atomic<bool> reuse_{true};
+  std::atomic<uint32_t> reuse_check_every_{256};
+  // Bumped whenever a stack reused from before would no longer be right: a new session (its seen
+  // set is new), other stack parts.
+  std::atomic<uint32_t> reuse_generation_{1};
   uint64_t max_buffered_events_ = 1u << 22;
   // sample_rate as a threshold on a 64-bit random draw; UINT64_MAX = keep all.
   std::atomic<uint64_t> sample_threshold_{UINT64_MAX};

@@ -581,11 +581,21 @@ void register_source_bindings(py::module_& m) {
       py::arg("python") = true, py::arg("native") = true,
       "Which halves of the stack events recorded from now on get (the session's python/native settings), "
       "changed inside a session: for benchmarks that compare them.");
+  m.def(
+      "_set_stack_reuse",
+      [](bool enabled, uint32_t check_every) { Recorder::instance().set_stack_reuse(enabled, check_every); },
+      py::arg("enabled"), py::arg("check_every") = 256,
+      "Whether scoped events (the torch-ops observer's) take the stack an earlier event of their thread gathered "
+      "in the same place instead of gathering one (on by default), and how often a reuse is checked by gathering "
+      "anyway (1 in about check_every): tests compare both ways.");
   m.def("_overhead_counters", []() {
     RecorderCounters c = Recorder::instance().counters();
     py::dict out;
     out["sampled_out"] = c.sampled_out;
     out["rate_limited"] = c.rate_limited;
+    out["stacks_reused"] = c.stacks_reused;
+    out["reuse_checked"] = c.reuse_checked;
+    out["reuse_mismatched"] = c.reuse_mismatched;
     return out;
   });
 }

@@ -349,6 +349,8 @@ class EventsPart(NamedTuple):
     names: set[tuple[str, str]]  # the distinct (kind, name) pairs
     # The part has the `correlation_id` column (raw schema 3 on); older parts keep the id in `attrs`.
     correlation_column: bool = True
+    # The part has the op_* columns (raw schema 5 on); older parts keep an op's attributes in `attrs`.
+    op_columns: bool = True
 
 
 def events_part(path: Path) -> EventsPart:
@@ -386,7 +388,8 @@ def events_part(path: Path) -> EventsPart:
         kind_text, name_text = kinds.dictionary.to_pylist(), texts.dictionary.to_pylist()
         names.update(zip([kind_text[i] for i in pairs // width], [name_text[i] for i in pairs % width]))
     correlation_column = "correlation_id" in metadata.schema.names
-    return EventsPart(metadata.num_rows, without_stack, names, correlation_column)
+    op_columns = "op_id" in metadata.schema.names
+    return EventsPart(metadata.num_rows, without_stack, names, correlation_column, op_columns)
 
 
 def dangling_events_note(count: int) -> str:

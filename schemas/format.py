@@ -8,6 +8,6 @@ FORMAT_NAME = "tbpipe-raw"
 # The version this tbpipe writes. Readers accept every version from OLDEST_READABLE_RAW_SCHEMA_VERSION
 # up to it (`readable_raw_schema_version`); a table added by a version is optional in runs of it and
 # absent from older runs (TABLE_SINCE), a column added by a version absent from older parts (COLUMN_SINCE).
-RAW_SCHEMA_VERSION = 4
+RAW_SCHEMA_VERSION = 5
 OLDEST_READABLE_RAW_SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"

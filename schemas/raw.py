@@ -1,4 +1,4 @@
-"""Arrow schemas of a raw run directory, version 4, and the constants its columns use.
+"""Arrow schemas of a raw run directory, version 5, and the constants its columns use.
 
 The frame and stack flags and stop reasons are defined here once; the extension (`tbpipe._native`)
 exports the same names from its C++ enums, and the tests hold each pair equal.
@@ -29,6 +29,7 @@ from tbpipe.schemas.format import (  # noqa: F401 - defined there, without pyarr
     OLDEST_READABLE_RAW_SCHEMA_VERSION,
     RAW_SCHEMA_VERSION,
 )
+from tbpipe.schemas.op_attributes import OP_COLUMNS
 
 SCHEMA_KEY = b"tbpipe.table"
 VERSION_KEY = b"tbpipe.schema_version"
@@ -56,6 +57,18 @@ def events_schema() -> pa.Schema:
             # id, the key of the GPU activity the call caused; null for other events. It differs in every
             # event: inside `attrs` it made a third of an events part's bytes, as a column it delta-packs.
             pa.field("correlation_id", pa.uint32()),
+            # (version 5) the attributes of an op event from the torch-ops observer, typed: as JSON text in
+            # `attrs` they were most of the capture's cost per op (formatted per event, compressed at the
+            # flush). Null for other events, and where the attribute does not apply (schemas/op_attributes.py).
+            pa.field("op_id", pa.int64()),  # the op's number on its thread
+            pa.field("op_depth", pa.int32()),  # how many recorded ops enclose it on its thread
+            pa.field("op_parent", pa.int64()),  # op_id of the innermost enclosing op
+            pa.field("op_seq", pa.int64()),  # autograd's sequence number of a forward op...
+            pa.field("op_seq_thread", pa.int64()),  # ... and RecordFunction's number for its thread
+            pa.field("op_bwd_seq", pa.int64()),  # in autograd's backward: the node's sequence number,
+            pa.field("op_fwd_thread", pa.int64()),  # the number of its forward op's thread,
+            pa.field("op_bwd_node", pa.string()),  # and its name
+            pa.field("op_scope", pa.string()),  # what it is when not a plain op: backward, user, ...
         ],
     )
 
@@ -278,7 +291,11 @@ CORRELATED_KINDS = ("kernel_launch", "graph_launch", "memcpy", "memset")
 
 # Columns added by a later raw schema version (appended, nullable), by (table, column): parts of
 # older versions lack them, and readers take them as null.
-COLUMN_SINCE = {("events", "correlation_id"): 3, ("stacks", "stack_hash"): 4}
+COLUMN_SINCE = {
+    ("events", "correlation_id"): 3,
+    ("stacks", "stack_hash"): 4,
+    **{("events", column): 5 for column in OP_COLUMNS},
+}
 
 
 @functools.cache  # a reader checks every part against it: built once (a schema is immutable)

@@ -188,7 +188,7 @@ def test_a_run_of_raw_schema_version_1_still_loads(tmp_path, symbol_cache) -> No
     with capture.session(tmp_path / "runs"):
         capture.record("user", "step", n=1)
     (run,) = read_runs(tmp_path / "runs")
-    assert run.manifest["schema_version"] == raw.RAW_SCHEMA_VERSION == 4
+    assert run.manifest["schema_version"] == raw.RAW_SCHEMA_VERSION == 5
     rewrite_as_raw_version(run.path, 1)
     summary = ingest_runs(
         [tmp_path / "runs"], IngestOptions(db_path=tmp_path / "v1.duckdb", cache_dir=symbol_cache, progress=False)
@@ -207,7 +207,7 @@ def test_a_part_older_than_its_table_is_damaged(tmp_path) -> None:
     pq.write_table(table.replace_schema_metadata(metadata), run.path / raw.table_file_name("code_origins", 7))
     with pytest.raises(
         DamagedRunError,
-        match="expected table 'code_origins' schema version 2 to 4, file says 'code_origins' version '1'",
+        match="expected table 'code_origins' schema version 2 to 5, file says 'code_origins' version '1'",
     ):
         read_runs(tmp_path / "runs")
 

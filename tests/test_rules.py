@@ -10,13 +10,16 @@ every fast path with the reference definition beside it:
   (`flatten_run`) and the capture call it, and the Arrow column encoders;
 - siting (pipeline/db/ingest/siting.py): `stack_sites_from` (SQL) against `sites_of_laid_out`;
 - site counts (pipeline/db/ingest/site_counts.py): `count_sites` (SQL) against `site_counts_of`
-  (numpy) and `spark_site_counts` (Spark).
+  (numpy) and `spark_site_counts` (Spark);
+- an op event's attributes as JSON text (schemas/op_attributes.py): `event_attrs_text` against the
+  DuckDB SQL (the ingest's) and the Spark column (the lake's).
 
 Hand-written cases with expected answers stay with their stages (test_stacks.py, test_siting.py).
 """
 
 from __future__ import annotations
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -32,6 +35,7 @@ from tbpipe.pipeline.stacks.flatten import flatten_run
 from tbpipe.pipeline.stacks.origins import ORIGIN_FLAG
 from tbpipe.schemas import identity, raw
 from tbpipe.schemas.modulekey import ModuleKey, module_key_column
+from tbpipe.schemas.op_attributes import event_attrs_spark, event_attrs_sql, event_attrs_text
 
 E, M, ENTRY = raw.NATIVE_FRAME_EVAL_LOOP, raw.NATIVE_FRAME_MARKER, raw.PYTHON_FRAME_ENTRY
 BY_FP, EXACT, RESOLVED = raw.NATIVE_FRAME_BY_FRAME_POINTER, raw.NATIVE_FRAME_EXACT_PC, raw.PYTHON_FRAME_LINE_RESOLVED
@@ -408,3 +412,51 @@ def test_site_counts_spark_path_is_the_reference(con, spark, case) -> None:
     counted = spark_site_counts(spark.createDataFrame(event_counts), spark.createDataFrame(stack_sites))
     rows = [tuple(row) for row in counted.select(*COUNT_COLUMNS).collect()]
     assert sorted(rows, key=repr) == _counted_by_reference(con, event_counts, stack_sites)
+
+
+# ------------------------------------------------------------------------------------------ op attributes
+
+INT64 = st.integers(-(2**63), 2**63 - 1)
+OP_COLUMN_VALUES = {
+    "op_id": INT64,
+    "op_depth": INT32,
+    "op_parent": INT64,
+    "op_seq": INT64,
+    "op_seq_thread": INT64,
+    "op_bwd_seq": INT64,
+    "op_fwd_thread": INT64,
+    "op_bwd_node": TEXT,
+    "op_scope": TEXT,
+}
+# Raw events as an events part holds them: an op's attributes in its columns, any other event's in `attrs`.
+RAW_EVENT = st.fixed_dictionaries(
+    {
+        "attrs": st.none() | st.sampled_from(['{"grid":[1,1,1]}', "{}"]),
+        **{column: st.none() | values for column, values in OP_COLUMN_VALUES.items()},
+    }
+)
+
+
+def _raw_events(rows: list[dict]) -> pa.Table:
+    schema = raw.events_schema()
+    return pa.table({name: pa.array([row[name] for row in rows], schema.field(name).type) for name in rows[0]})
+
+
+@QUICK
+@given(rows=st.lists(RAW_EVENT, min_size=1, max_size=20))
+def test_op_attributes_duckdb_path_is_the_reference(rows) -> None:
+    events = _raw_events(rows)  # noqa: F841 - read by DuckDB by its name
+    texts = duckdb.connect().execute(f"SELECT {event_attrs_sql('e', 'e.attrs')} FROM events e").fetchall()
+    assert [text for (text,) in texts] == [event_attrs_text(row) for row in rows]
+
+
+@settings(QUICK, max_examples=8, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(rows=st.lists(RAW_EVENT, min_size=1, max_size=20))
+def test_op_attributes_spark_path_is_the_reference(spark, rows) -> None:
+    from pyspark.sql import functions as F
+
+    texts = [
+        row[0]
+        for row in spark.createDataFrame(_raw_events(rows)).select(event_attrs_spark(F, F.col("attrs"))).collect()
+    ]
+    assert texts == [event_attrs_text(row) for row in rows]

@@ -22,6 +22,7 @@ from conftest import run_python
 from support.runs import read_runs
 
 from tbpipe import _native, capture
+from tbpipe.schemas.op_attributes import event_attrs_text
 
 torch = pytest.importorskip(
     "torch", reason=f"PyTorch is not installed for this Python ({sys.version.split()[0]}); the torch-ops tests need it"
@@ -42,10 +43,11 @@ def line_of(marker: str) -> int:
 
 
 def op_events(run) -> list[dict]:
+    """The run's op events, each with its attributes as the database keeps them (a dict)."""
     events = run.tables["events"].drop_columns(["ts"])
     rows = events.filter(pc.equal(events["kind"], "op")).to_pylist()
     for row in rows:
-        row["attrs"] = json.loads(row["attrs"] or "{}")
+        row["attrs"] = json.loads(event_attrs_text(row) or "{}")
     return rows
 
 

@@ -7,9 +7,10 @@
 // nodes and for user scopes (`record_function`). The start callback records an `op` event through
 // tbpipe._native's C API (capi.h): the recorder gathers the calling thread's combined stack and
 // applies sampling and the per-stack limit. Nothing here touches Python objects on the hot path: the
-// attributes are JSON text written into a stack buffer, names are interned once per thread.
+// attributes are typed fields (TbpipeOpAttrs, the events table's op_* columns), names are interned
+// once per thread.
 //
-// Attributes of an event (absent when they do not apply):
+// Attributes of an event, each in the events table's column op_<name> (absent where it does not apply):
 //   id          this op's number on its thread (with the event's thread, unique in the run)
 //   depth       how many observed ops enclose it on its thread (0: called from outside any op);
 //               absent at sample rates below 1, where torch draws the ops (see g_torch_rate)
@@ -26,7 +27,6 @@
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <atomic>
-#include <charconv>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -169,102 +169,7 @@ uint32_t name_id(ThreadState& state, const char* name) {
   return id;
 }
 
-// ---------------------------------------------------------------------------- attributes as JSON text
-
-// A fixed buffer: an event's attributes fit in a few dozen bytes; a name too long for what is left is
-// cut (at a UTF-8 character boundary) rather than allocated for.
-class JsonWriter {
- public:
-  // Keys are literals: written in one piece (an op's attributes are mostly keys and numbers).
-  template <size_t N>
-  void key(const char (&name)[N]) {
-    char text[N + 3];
-    text[0] = first_ ? '{' : ',';
-    text[1] = '"';
-    std::memcpy(text + 2, name, N - 1);
-    text[N + 1] = '"';
-    text[N + 2] = ':';
-    append(text, sizeof text);
-    first_ = false;
-  }
-  void value(uint64_t number) {
-    char digits[20];
-    const std::to_chars_result end = std::to_chars(digits, digits + sizeof digits, number);
-    append(digits, static_cast<size_t>(end.ptr - digits));
-  }
-  void value(int64_t number) {
-    if (number < 0) {
-      put('-');
-      value(static_cast<uint64_t>(0) - static_cast<uint64_t>(number));
-    } else {
-      value(static_cast<uint64_t>(number));
-    }
-  }
-  // A JSON string; cut (at a character boundary) where it would leave no room for what follows, and
-  // with '?' for bytes that are not UTF-8.
-  void string(const char* text) {
-    static const char kHex[] = "0123456789abcdef";
-    put('"');
-    const unsigned char* c = reinterpret_cast<const unsigned char*>(text);
-    while (*c != 0) {
-      size_t length = 1;  // of the UTF-8 sequence starting here
-      if (*c >= 0xF0) {
-        length = 4;
-      } else if (*c >= 0xE0) {
-        length = 3;
-      } else if (*c >= 0xC0) {
-        length = 2;
-      }
-      bool valid = *c < 0x80 || (*c >= 0xC0 && *c < 0xF8);
-      for (size_t i = 1; valid && i < length; ++i) valid = (c[i] & 0xC0) == 0x80;  // stops at the NUL too
-      if (!valid) length = 1;
-      const bool escaped = *c == '"' || *c == '\\';
-      const size_t written = !valid ? 1 : escaped ? 2 : *c < 0x20 ? 6 : length;
-      if (size_ + written > kTextRoom) break;
-      if (!valid) {
-        put('?');
-      } else if (escaped) {
-        put('\\');
-        put(static_cast<char>(*c));
-      } else if (*c < 0x20) {
-        put('\\');
-        put('u');
-        put('0');
-        put('0');
-        put(kHex[*c >> 4]);
-        put(kHex[*c & 15]);
-      } else {
-        for (size_t i = 0; i < length; ++i) put(static_cast<char>(c[i]));
-      }
-      c += length;
-    }
-    put('"');
-  }
-  // The text, or empty when nothing was written.
-  std::string_view finish() {
-    if (first_) return {};
-    put('}');
-    return std::string_view(buffer_, size_);
-  }
-
- private:
-  static constexpr size_t kSize = 512;
-  static constexpr size_t kTextRoom = kSize - 64;  // numbers and the closing brace always fit after a text
-  void put(char c) {
-    if (size_ < kSize) buffer_[size_++] = c;
-  }
-  void append(const char* text, size_t length) {
-    if (size_ + length <= kSize) {
-      std::memcpy(buffer_ + size_, text, length);
-      size_ += length;
-    } else {
-      for (size_t i = 0; i < length; ++i) put(text[i]);
-    }
-  }
-  char buffer_[kSize];
-  size_t size_ = 0;
-  bool first_ = true;
-};
+// ---------------------------------------------------------------------------- attributes
 
 const char* scope_name(at::RecordScope scope) {
   switch (scope) {
@@ -295,47 +200,54 @@ const char* scope_name(at::RecordScope scope) {
 
 // ---------------------------------------------------------------------------- the callbacks
 
+// The interned text of a scope that is not a plain op (0 for a plain op), looked up once per scope.
+uint32_t scope_id(at::RecordScope scope) {
+  static std::atomic<uint32_t> ids[static_cast<size_t>(at::RecordScope::NUM_SCOPES)];
+  const size_t index = static_cast<size_t>(scope);
+  if (index >= static_cast<size_t>(at::RecordScope::NUM_SCOPES)) return 0;
+  uint32_t id = ids[index].load(std::memory_order_relaxed);
+  if (id == 0) {
+    const char* text = scope_name(scope);
+    if (text == nullptr) return 0;
+    id = g_api->intern(text, std::strlen(text));
+    ids[index].store(id, std::memory_order_relaxed);
+  }
+  return id;
+}
+
 void record_op(ThreadState& state, const at::RecordFunction& fn, const char* name, const Frame& frame,
                const Frame* parent, at::RecordScope scope, bool scoped) {
-  JsonWriter attrs;
-  attrs.key("id");
-  attrs.value(frame.id);
+  TbpipeOpAttrs op;
+  op.present = TBPIPE_OP_ID;
+  op.id = frame.id;
   // With torch drawing ops, the enclosing ops were mostly not drawn: the nesting is not known.
   if (g_torch_rate.load(std::memory_order_relaxed) >= 1.0) {
-    attrs.key("depth");
-    attrs.value(static_cast<uint64_t>(state.frames.size()));
+    op.present |= TBPIPE_OP_DEPTH;
+    op.depth = static_cast<uint32_t>(state.frames.size());
     if (parent != nullptr) {
-      attrs.key("parent");
-      attrs.value(parent->id);
+      op.present |= TBPIPE_OP_PARENT;
+      op.parent = parent->id;
     }
   }
   const int64_t seq = fn.seqNr();
   if (scope == at::RecordScope::FUNCTION && seq >= 0) {
-    attrs.key("seq");
-    attrs.value(seq);
-    attrs.key("seq_thread");
-    attrs.value(static_cast<uint64_t>(fn.threadId()));
+    op.present |= TBPIPE_OP_SEQ;
+    op.seq = seq;
+    op.seq_thread = static_cast<uint64_t>(fn.threadId());
   }
+  op.bwd_node = 0;
   if (frame.bwd_seq >= 0) {
-    attrs.key("bwd_seq");
-    attrs.value(frame.bwd_seq);
-    attrs.key("fwd_thread");
-    attrs.value(frame.fwd_thread);
-    if (frame.bwd_node != nullptr) {
-      attrs.key("bwd_node");
-      attrs.string(frame.bwd_node);
-    }
+    op.present |= TBPIPE_OP_BACKWARD;
+    op.bwd_seq = frame.bwd_seq;
+    op.fwd_thread = frame.fwd_thread;
+    if (frame.bwd_node != nullptr) op.bwd_node = name_id(state, frame.bwd_node);
   }
-  if (const char* scope_text = scope_name(scope)) {
-    attrs.key("scope");
-    attrs.string(scope_text);
-  }
-  const std::string_view text = attrs.finish();
+  op.scope = scope_id(scope);
   // A nesting op runs on this thread until its end callback: the ops inside it reuse the outer part
   // of this event's stack. Drawn by sample() already.
   // An op called inside another: the session may give it the enclosing op's stack (op_stacks).
   const uint32_t flags = TBPIPE_RECORD_SAMPLED | (parent != nullptr ? TBPIPE_RECORD_NESTED : 0u);
-  g_api->record_scoped(g_kind_op, name_id(state, name), text.data(), text.size(), scoped ? &fn : nullptr, flags);
+  g_api->record_op(g_kind_op, name_id(state, name), &op, scoped ? &fn : nullptr, flags);
 }
 
 // The autograd engine's range around one node: the node's own range, then the checks and sums of
@@ -463,7 +375,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 const TbpipeCApi* api_from(PyObject* capsule) {
   auto* api = static_cast<const TbpipeCApi*>(PyCapsule_GetPointer(capsule, TBPIPE_CAPI_CAPSULE));
   if (api == nullptr) return nullptr;
-  if (api->abi_version != TBPIPE_CAPI_VERSION || !TBPIPE_CAPI_HAS(api, sample)) {
+  if (api->abi_version != TBPIPE_CAPI_VERSION || !TBPIPE_CAPI_HAS(api, record_op)) {
     PyErr_Format(PyExc_RuntimeError,
                  "tbpipe._native's C API (version %u, %u bytes) is not the one this observer was built for "
                  "(version %u)",

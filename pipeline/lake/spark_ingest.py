@@ -56,6 +56,7 @@ from tbpipe.pipeline.db.ingest.site_counts import spark_site_counts
 from tbpipe.pipeline.lake import executors, steps, store
 from tbpipe.pipeline.lake.store import LakeError
 from tbpipe.schemas.lake import CONTENT, PARTITION, TABLES
+from tbpipe.schemas.op_attributes import event_attrs_spark
 
 if TYPE_CHECKING:
     from tbpipe.pipeline.symbols.debuginfod import DebuginfodSettings
@@ -66,9 +67,12 @@ DEFAULT_COMPACT_FILES = 32  # an unpartitioned table with more files than this i
 # Raw stacks (run, raw id -> stack id) re-keyed by one broadcast join at most: runs beyond go in another pass.
 DEFAULT_BROADCAST_STACKS = 4_000_000
 BROADCAST_CONF = "spark.tbpipe.broadcastStacks"  # --conf that sets it
-# The raw events as Spark reads them (parts of raw schema 1 and 2 have no correlation_id: read as null).
+# The raw events as Spark reads them (parts of raw schema 1 and 2 have no correlation_id, parts before 5
+# no op_* columns: read as null).
 RAW_EVENTS = (
-    "ts long, thread_id long, kind string, name string, stack_id decimal(20,0), attrs string, correlation_id long"
+    "ts long, thread_id long, kind string, name string, stack_id decimal(20,0), attrs string, correlation_id long, "
+    "op_id long, op_depth int, op_parent long, op_seq long, op_seq_thread long, op_bwd_seq long, op_fwd_thread long, "
+    "op_bwd_node string, op_scope string"
 )
 
 
@@ -938,10 +942,11 @@ def _remove_empty(path: Path) -> None:
 
 
 def _attrs_with_correlation_id(F: Any) -> Any:
-    """An event's attributes as the lake keeps them: a CUDA call's correlation id (a column of its own
-    in raw schema 3) put back into the JSON text, first, in the same text as the DuckDB file's
-    `event_attrs` gives for an object with members, an empty object or none."""
-    attrs, correlation = F.col("attrs"), F.col("correlation_id")
+    """An event's attributes as the lake keeps them: an op's made from its op_* columns (raw schema 5),
+    a CUDA call's correlation id (a column of its own in raw schema 3) put back into the JSON text,
+    first, in the same text as the DuckDB file's `event_attrs` gives for an object with members, an
+    empty object or none."""
+    attrs, correlation = event_attrs_spark(F, F.col("attrs")), F.col("correlation_id")
     member = F.concat(F.lit('{"correlation_id":'), correlation.cast("string"))
     alone = F.concat(member, F.lit("}"))
     spliced = F.concat(member, F.lit(","), F.regexp_replace(attrs, r"^\s*\{", ""))

@@ -16,6 +16,7 @@ from tbpipe.pipeline.rawrun import (
     read_tables,
     reference_problems,
 )
+from tbpipe.schemas.op_attributes import OP_COLUMNS, event_attrs_text
 from tbpipe.schemas.raw import RUN_TABLES
 
 
@@ -54,7 +55,8 @@ def read_runs(out_dir: Path) -> list[RawRun]:
 def rewrite_as_raw_version(run_dir: Path, version: int) -> None:
     """Rewrites a run's parts as tbpipe wrote them at raw schema `version`: their metadata and the
     manifest say it, events parts before version 3 keep a CUDA call's correlation id in `attrs` (a
-    column of its own since), and stacks parts before version 4 have no `stack_hash`."""
+    column of its own since), events parts before version 5 an op's attributes (op_* columns since),
+    and stacks parts before version 4 have no `stack_hash`."""
     import json
 
     import pyarrow.parquet as pq
@@ -64,6 +66,10 @@ def rewrite_as_raw_version(run_dir: Path, version: int) -> None:
     for part in sorted(run_dir.glob("*.parquet")):
         table = pq.read_table(part)
         metadata = dict(table.schema.metadata)
+        if part.name.startswith("events-") and version < 5 and "op_id" in table.column_names:
+            attrs = [event_attrs_text(row) for row in table.to_pylist()]  # an op's attributes, as JSON text
+            table = table.drop_columns(list(OP_COLUMNS))
+            table = table.set_column(table.column_names.index("attrs"), "attrs", pa.array(attrs, pa.string()))
         if part.name.startswith("events-") and version < 3 and "correlation_id" in table.column_names:
             attrs = [
                 json.dumps({"correlation_id": ids, **json.loads(text or "{}")}) if ids is not None else text

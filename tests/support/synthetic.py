@@ -69,8 +69,9 @@ def manifest_for(run_id: str, *, complete: bool = True, labels: dict[str, str] |
 # Bumped whenever the parts are written differently, so that benches regenerate what they keep.
 # 2: the capture's write options (page checksums, encodings); 3: events at zstd level 1; 4: raw schema 3
 # (a launch's correlation id in a column of its own); 5: raw schema 4 (stack hashes written, as the
-# capture writes them); 6: stack hashes without a dictionary
-PARTS_FORMAT = 6
+# capture writes them); 6: stack hashes without a dictionary; 7: raw schema 5 (an op's attributes in
+# columns of their own)
+PARTS_FORMAT = 7
 
 
 def write_part(run_dir: Path, table_name: str, sequence: int, table: pa.Table) -> str:

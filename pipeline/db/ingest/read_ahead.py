@@ -61,6 +61,8 @@ class PreparedRun:
     events_without_stack: int  # events whose part says they took no stack
     # Events parts of raw schema 1 or 2, whose CUDA calls have their correlation id in `attrs` only.
     parts_without_correlation: frozenset[Path]
+    # Events parts of raw schema 4 and older, without the op_* columns (ops' attributes in `attrs`).
+    parts_without_op_columns: frozenset[Path]
     # Its stacks, modules, code and code_origins parts: read again when it was prepared without its
     # frames (`flat.has_frames` false) and must bring in a stack after all (`read_whole`).
     stack_files: dict[str, list[Path]]
@@ -184,6 +186,7 @@ class RunReader:
             parts_without_correlation=frozenset(
                 p for p, part in zip(files["events"], events) if not part.correlation_column
             ),
+            parts_without_op_columns=frozenset(p for p, part in zip(files["events"], events) if not part.op_columns),
             stack_files={table: files[table] for table in STACK_TABLES},
         )
 

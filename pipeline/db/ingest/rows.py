@@ -26,6 +26,7 @@ from tbpipe.pipeline.db.schema import correlation_id_in_attrs
 from tbpipe.pipeline.errors import first_line
 from tbpipe.pipeline.rawrun import dangling_events_note
 from tbpipe.schemas.lake import TABLES
+from tbpipe.schemas.op_attributes import event_attrs_sql
 from tbpipe.schemas.raw import CORRELATED_KINDS
 
 if TYPE_CHECKING:  # the stages' hand-offs, which import this module's helpers
@@ -83,6 +84,19 @@ def attrs_columns(ids: StackIds, parts: list[tuple[int, Path, int]]) -> tuple[st
     """The SQL of `event_rows.attrs` and `event_rows.correlation_id` for the events of `parts`
     (read as `e`, a part known by its `e.file_index` when there are several), and what `read_parquet`
     needs added."""
+    attrs, correlation_id, options = _correlation_columns(ids, parts)
+    without_op_columns = sum(path in ids.runs[i].parts_without_op_columns for i, path, _rows in parts)
+    if without_op_columns == len(parts):
+        return attrs, correlation_id, options
+    # An op's attributes are its op_* columns (raw schema 5 on): made the JSON text the database keeps.
+    # Parts without them among others: read by column name, their op columns NULL.
+    union = ", union_by_name = true" if without_op_columns else ""
+    return event_attrs_sql("e", attrs), correlation_id, options or union
+
+
+def _correlation_columns(ids: StackIds, parts: list[tuple[int, Path, int]]) -> tuple[str, str, str]:
+    """attrs_columns without the op columns: the correlation id out of the attributes of parts
+    older than raw schema 3."""
     legacy = [k for k, (i, path, _rows) in enumerate(parts) if path in ids.runs[i].parts_without_correlation]
     if not legacy:
         return "e.attrs", "e.correlation_id", ""
