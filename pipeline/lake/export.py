@@ -9,6 +9,8 @@ lake replaces the tables it writes: the lake then holds what the database holds.
 
 from __future__ import annotations
 
+import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from tbpipe.pipeline.db import open_database
+from tbpipe.pipeline.db.connection import query_arrow, query_value
 from tbpipe.pipeline.lake import ids, store
 from tbpipe.pipeline.progress import StepProgress
 from tbpipe.schemas.lake import PARTITION, TABLES
@@ -41,7 +45,6 @@ def _select(table: str, overrides: dict[str, str], source: str) -> str:
 
 def _maps(con: Any) -> dict[str, pa.Table]:
     """Old id -> lake id, per kind of id."""
-    from tbpipe.pipeline.db.connection import query_arrow
 
     runs = query_arrow(con, "SELECT run_number AS old, run_id FROM runs")
     names = query_arrow(con, "SELECT name_id AS old, kind, name FROM event_names")
@@ -161,9 +164,6 @@ def _queries() -> dict[str, str]:
 def export_database(db_path: Path, lake: Path, progress: bool | None = False) -> ExportSummary:
     """Writes every table of the database at `db_path` into the lake at `lake` (made if needed);
     `progress`: a bar over the tables on stderr (None: on a terminal, `progress.on_terminal`)."""
-    import time
-
-    from tbpipe.pipeline.db import open_database
 
     started = time.monotonic()
     lake = Path(lake)
@@ -182,9 +182,6 @@ def export_database(db_path: Path, lake: Path, progress: bool | None = False) ->
 def _write_tables(con: Any, lake: Path, queries: dict[str, str], bar: StepProgress) -> dict[str, int]:
     """Every table of `queries` written into a staging folder, then all swapped into the lake; each
     table's row count."""
-    import shutil
-
-    from tbpipe.pipeline.db.connection import query_value
 
     for name, table in _maps(con).items():
         con.register(name, table)

@@ -39,6 +39,7 @@ import os
 import shutil
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -52,9 +53,12 @@ import pyarrow.parquet as pq
 
 from tbpipe.capture import __version__
 from tbpipe.pipeline.db.ingest.outcomes import IngestSummary, RunOutcome
+from tbpipe.pipeline.db.ingest.rows import run_row
 from tbpipe.pipeline.db.ingest.site_counts import spark_site_counts
+from tbpipe.pipeline.db.ingest.siting import generated_code_rows, parse_user_code, tbpipe_source_dirs
 from tbpipe.pipeline.lake import executors, steps, store
 from tbpipe.pipeline.lake.store import LakeError
+from tbpipe.pipeline.rawrun import dangling_events_note, find_run_dirs
 from tbpipe.schemas.lake import CONTENT, PARTITION, TABLES
 from tbpipe.schemas.op_attributes import event_attrs_spark
 
@@ -268,7 +272,6 @@ class _Job:
     def add_files(self, frame: Any, directory: Path) -> int:
         """Writes `frame` beside the table and moves its non-empty files into `directory`: readers
         see whole files only, and a job that adds no rows adds no files. Returns the rows added."""
-        import uuid
 
         target = self.staging / f"add-{uuid.uuid4().hex}"
         frame.coalesce(self._files()).write.mode("overwrite").parquet(str(target))
@@ -597,8 +600,6 @@ class _Job:
         are quarantined here (their dicts in `ready_runs` change)."""
         from pyspark.sql import functions as F
 
-        from tbpipe.pipeline.rawrun import dangling_events_note
-
         spark = self.spark
         with self.step("write events"):
             staged, bad = self.stage_events(ready_runs, prepared)
@@ -676,7 +677,6 @@ class _Job:
     # ---------------------------------------------------------------- the runs rows
 
     def run_rows(self, ready: list[dict[str, Any]], counts: dict[int, int], new_stacks: dict[int, int]) -> pa.Table:
-        from tbpipe.pipeline.db.ingest.rows import run_row
 
         now = int(time.time() * 1e6)
         rows = [
@@ -733,7 +733,6 @@ class _Job:
         first. A new folder that holds files or modules of stacks the lake has already sited would
         need every stored stack sited again (the DuckDB ingest does that), which the job does not
         do yet: it is refused."""
-        from tbpipe.pipeline.db.ingest.siting import generated_code_rows
 
         known: dict[str, tuple[str, str | None]] = {}
         con = store.connect(self.lake)
@@ -785,7 +784,6 @@ def lake_rules(lake: Path, user_code: Sequence[str]) -> list[tuple[str, bool, st
     Rules that change what is user code would need every stored stack sited again, which the
     lake's job does not do yet: such a change is refused.
     """
-    from tbpipe.pipeline.db.ingest.siting import parse_user_code, tbpipe_source_dirs
 
     rules: dict[str, tuple[bool, str]] = {}
     stored: dict[str, bool] = {}
@@ -813,9 +811,6 @@ def lake_rules(lake: Path, user_code: Sequence[str]) -> list[tuple[str, bool, st
 def ingest_runs_spark(roots: Sequence[Path], options: SparkIngestOptions, *, spark: Any = None) -> SparkIngestSummary:
     """Ingests every run folder under `roots` into the lake with Spark; see the module docstring."""
     from pyspark.sql import functions as F
-
-    from tbpipe.pipeline.db.ingest.siting import parse_user_code
-    from tbpipe.pipeline.rawrun import find_run_dirs
 
     started = time.monotonic()
     # Executors resolve paths in folders of their own: every path handed to them is absolute.

@@ -21,6 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tbpipe.pipeline.db import schema
+from tbpipe.pipeline.lake import store
+from tbpipe.pipeline.lake.spark_ingest import spark_schema
+from tbpipe.schemas.lake import TABLES
+from tbpipe.schemas.raw import CORRELATED_KINDS
+
 _MACRO = re.compile(
     r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?MACRO\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(([^)]*)\)\s+AS\s+(.*?)\s*;?\s*$",
     re.IGNORECASE | re.DOTALL,
@@ -126,8 +132,6 @@ def _parse(sql: str) -> Any:
 
 
 def _macros_and_views() -> tuple[dict[str, Macro], list[tuple[str, str]]]:
-    from tbpipe.pipeline.db import schema
-    from tbpipe.pipeline.lake import store
 
     macros: dict[str, Macro] = {}
     views: list[tuple[str, str]] = []
@@ -234,8 +238,6 @@ def _derive_correlation_ids(spark: Any) -> None:
     32-bit integer, 0 meaning none)."""
     from pyspark.sql import functions as F
 
-    from tbpipe.schemas.raw import CORRELATED_KINDS
-
     names = spark.table("event_names").where(F.col("kind").isin(*CORRELATED_KINDS))
     correlated = names.select("name_id", F.lit(True).alias("correlated"))
     events = spark.table("event_rows")
@@ -251,9 +253,6 @@ def _derive_correlation_ids(spark: Any) -> None:
 def register_lake(spark: Any, lake: Path, views: list[str] | None = None) -> list[str]:
     """Temp views in `spark` named like the database's tables over the lake's files, then the
     packaged views translated; returns the names of the views created."""
-    from tbpipe.pipeline.lake import store
-    from tbpipe.pipeline.lake.spark_ingest import spark_schema
-    from tbpipe.schemas.lake import TABLES
 
     lake = Path(lake)
     store.check_lake(lake)

@@ -27,14 +27,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tbpipe.pipeline.db.ingest.siting import reference_sites
+from tbpipe.capture import __version__
+from tbpipe.pipeline.db import schema
+from tbpipe.pipeline.db.ingest.gpu import GPU_TABLES
+from tbpipe.pipeline.db.ingest.siting import import_roots, portable_file, reference_sites
 from tbpipe.pipeline.lake import ids
+from tbpipe.pipeline.rawrun import (
+    DamagedRunError,
+    events_part,
+    manifest_or_recovered,
+    part_files,
+    parts_fingerprint,
+    read_tables,
+    reference_problems,
+    verify_part,
+)
 from tbpipe.pipeline.stacks import layout
+from tbpipe.pipeline.stacks.flatten import flatten_run
+from tbpipe.pipeline.symbols import ModuleRef, Symbolizer
+from tbpipe.pipeline.symbols.debuginfod import DebuginfodSettings
 from tbpipe.schemas.lake import TABLES
+from tbpipe.schemas.modulekey import ModuleKey
 
 # ------------------------------------------------------------------------------------------ schemas of the steps
 
@@ -128,18 +146,6 @@ def prepare_run(
     """Validates, reads, flattens and hashes one run, as the DuckDB ingest does; `known` is the
     lake's runs as run_id -> (complete, parts fingerprint), for runs already there. Events whose
     stack the run does not hold are counted by the job from the loaded events (`dangling_events`)."""
-    from tbpipe.pipeline.db.ingest.gpu import GPU_TABLES
-    from tbpipe.pipeline.rawrun import (
-        DamagedRunError,
-        events_part,
-        manifest_or_recovered,
-        part_files,
-        parts_fingerprint,
-        read_tables,
-        reference_problems,
-        verify_part,
-    )
-    from tbpipe.pipeline.stacks.flatten import flatten_run
 
     run_dir = Path(run_dir)
     if not os.access(run_dir, os.R_OK | os.X_OK) or not run_dir.is_dir():
@@ -245,9 +251,6 @@ class LaidOutRun:
 
 def lay_out_run(run_dir: str | Path, stack_ids: np.ndarray, *, recover_manifests: bool = False) -> LaidOutRun:
     """Slots of the given stacks (by lake stack id) of one run, which holds them all."""
-    from tbpipe.pipeline.db.ingest.siting import import_roots, portable_file
-    from tbpipe.pipeline.rawrun import manifest_or_recovered, part_files, read_tables
-    from tbpipe.pipeline.stacks.flatten import flatten_run
 
     run_dir = Path(run_dir)
     manifest, _notes = manifest_or_recovered(run_dir, recover_manifests)
@@ -333,7 +336,6 @@ def symbol_requests(slots: pa.Table) -> pa.Table:
 def new_symbolizer(cache_dir: str | None, debug_dirs: list[str], debuginfod: Any = None) -> Any:
     """A Symbolizer for one executor task: its own store (or the shared one), no worker pool (the
     engine runs tasks side by side); `debuginfod`: `shipped_debuginfod`'s settings."""
-    from tbpipe.pipeline.symbols import Symbolizer
 
     return Symbolizer(cache_dir=cache_dir, debug_dirs=list(debug_dirs), jobs=1, progress=False, debuginfod=debuginfod)
 
@@ -341,7 +343,6 @@ def new_symbolizer(cache_dir: str | None, debug_dirs: list[str], debuginfod: Any
 def shipped_debuginfod(settings: Any = None) -> Any:
     """The debuginfod settings executors get: the servers and timeout read on the driver (executors
     on other machines have other environments), each executor's own debuginfod cache."""
-    from tbpipe.pipeline.symbols.debuginfod import DebuginfodSettings
 
     return (settings or DebuginfodSettings()).resolved()
 
@@ -352,8 +353,6 @@ def symbolize(requests: pa.Table, symbolizer: Any) -> tuple[pa.Table, pa.Table]:
     Each module is asked for in one call, by its key (a build-ID, a path, or a garbled note), as
     the DuckDB ingest asks: the same addresses give the same rows.
     """
-    from tbpipe.pipeline.symbols import ModuleRef
-    from tbpipe.schemas.modulekey import ModuleKey
 
     if requests.num_rows == 0:
         return schema_of("symbols").empty_table(), schema_of("modules").empty_table()
@@ -495,11 +494,6 @@ _siting = threading.local()
 def _siting_connection() -> Any:
     con = getattr(_siting, "con", None)
     if con is None:
-        import duckdb
-
-        from tbpipe.capture import __version__
-        from tbpipe.pipeline.db import schema
-
         con = duckdb.connect()
         con.execute("SET enable_progress_bar = false")
         con.execute(f"SET threads = {max(1, int(os.environ.get('TBPIPE_SITING_THREADS', '1')))}")

@@ -18,8 +18,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 
+from tbpipe.pipeline.db import schema
 from tbpipe.pipeline.db.schema import correlation_id_in_attrs, sql_text
 from tbpipe.pipeline.errors import TbpipeError
 from tbpipe.schemas.lake import LAKE_FILE, LAKE_FORMAT, LAKE_VERSION, PARTITION, TABLES, LakeTable
@@ -153,7 +156,6 @@ def _stored_columns(table: LakeTable, files: list[Path]) -> tuple[set[str], bool
     lake written before a column was added (`runs.rolled_up_at`) reads it as NULL. None: not looked at."""
     if table.partitioned or not files:
         return None
-    import pyarrow.parquet as pq
 
     held = [set(pq.read_schema(path).names) for path in files]
     every = set().union(*held)
@@ -192,7 +194,6 @@ def table_view_sql(root: Path, table: LakeTable) -> str:
 
 def install_views(con: Any, root: Path) -> None:
     """Views named like the database's tables over the lake's files, then the packaged views and macros."""
-    from tbpipe.pipeline.db import schema
 
     for table in TABLES.values():
         con.execute(f"CREATE OR REPLACE VIEW {table.name} AS {table_view_sql(root, table)}")
@@ -208,7 +209,6 @@ def install_views(con: Any, root: Path) -> None:
 
 def connect(root: Path) -> Any:
     """An in-memory DuckDB connection whose tables are views over the lake at `root`."""
-    import duckdb
 
     root = Path(root)
     check_lake(root)
