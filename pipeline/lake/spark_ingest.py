@@ -948,7 +948,7 @@ def _attrs_with_correlation_id(F: Any) -> Any:
     merged = F.when(attrs.isNull() | attrs.rlike(r"^\s*\{\s*\}\s*$"), alone).otherwise(spliced)
     # An object whose first member follows its brace (what the capture writes) is spliced without
     # a regular expression per event, as the `event_attrs` macro does.
-    plain = F.concat(member, F.lit(","), F.expr("substring(attrs, 2)"))
+    plain = F.concat(member, F.lit(","), attrs.substr(F.lit(2), F.length(attrs)))
     return F.when(correlation.isNull(), attrs).when(attrs.startswith('{"'), plain).otherwise(merged)
 
 
