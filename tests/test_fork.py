@@ -36,8 +36,16 @@ def _outermost_names(run) -> list[str]:
     """Names of the ops the program called itself: the observer also records the ops those call,
     with a `parent` attribute."""
     events = run.tables.get("events")
-    rows = [] if events is None else events.select(["name", "attrs"]).to_pylist()
-    return [r["name"] for r in rows if "parent" not in json.loads(r["attrs"] or "{}")]
+    if events is None:
+        return []
+    # The observer writes an op's attributes as op_* columns (raw schema 5 on); the dispatch mode,
+    # and older parts, as JSON text in `attrs` (schemas/op_attributes.py: event_attrs_text).
+    columns = [c for c in ("name", "attrs", "op_id", "op_parent") if c in events.column_names]
+    return [
+        r["name"]
+        for r in events.select(columns).to_pylist()
+        if (r["op_parent"] if r.get("op_id") is not None else json.loads(r["attrs"] or "{}").get("parent")) is None
+    ]
 
 
 # -- plain os.fork() -----------------------------------------------------------------------------

@@ -445,10 +445,13 @@ def test_a_killed_process_keeps_the_gpu_activity_of_its_flushes(double_library: 
         tmp_path,
         """
         import signal
-        capture.session(os.environ["OUT"], sources=["cuda"], flush_interval_s=0.2).start()
+        s = capture.session(os.environ["OUT"], sources=["cuda"], flush_interval_s=0.2).start()
         double.tbpipe_double_cuda_launch_kernel(b"k", 1, 1, 1, 32, 1, 1, c_size_t(0), c_size_t(0), 11)
         kernel_record(b"k", 11, 100)  # never delivered by the "GPU": the periodic flush asks CUPTI for it
-        time.sleep(1.0)
+        # Killed once a flush has written it (the first flush also loads the writer's libraries).
+        deadline = time.monotonic() + 30
+        while not list(s.run_dir.glob("gpu_activity-*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.05)
         print("pending", double.tbpipe_double_activity_pending(), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
         """,

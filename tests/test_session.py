@@ -213,7 +213,11 @@ from tbpipe import _native, capture
 s = capture.session({str(out_dir)!r}, flush_interval_s=0.2).start()
 for i in range(500):
     capture.record("user", "before", i=i)
-time.sleep(1.0)           # several flushes happen
+# Killed once a flush has written them (the first flush also loads the writer's libraries).
+deadline = time.monotonic() + 30
+while not list(s.run_dir.glob("events-*.parquet")) and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(0.5)           # and a few flushes more
 print("flushed", flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
