@@ -287,7 +287,9 @@ def mixed(nights, generated, workload, symbol_cache, spark, tmp_path_factory) ->
     duckdb_summary = ingest_runs([runs], IngestOptions(db_path=db, cache_dir=symbol_cache, progress=False))
     assert duckdb_summary.ok, [o.reason for o in duckdb_summary.outcomes]
     lake = base / "lake"
-    summary = ingest_runs_spark([runs], SparkIngestOptions(lake=lake, cache_dir=symbol_cache), spark=spark)
+    # A broadcast of one raw stack at most: each run's events are re-keyed in a pass of their own.
+    options = SparkIngestOptions(lake=lake, cache_dir=symbol_cache, broadcast_stacks=1)
+    summary = ingest_runs_spark([runs], options, spark=spark)
     assert summary.ingested == 3 and summary.incomplete == 1, [o.reason for o in summary.outcomes]
     return {
         "runs": runs,
