@@ -338,15 +338,15 @@ const void* innermost_python_frame() {
 
 namespace {
 
-// One frame's share of a PythonStackKey (`opcode` -1 when the frame has not started).
-inline uint64_t key_step(uint64_t hash, PyObject* code, int32_t index, int opcode, bool entry) {
+// One frame's share of a PythonStackKey: its code object (with its first line, against an address
+// another code object took after the first died), instruction and entry flag. Read from the frame and
+// the code object's header: the bytecode itself is not touched.
+inline uint64_t key_step(uint64_t hash, PyObject* code, int32_t index, bool entry) {
   const PyCodeObject* object = reinterpret_cast<const PyCodeObject*>(code);
-  uint64_t word = reinterpret_cast<uintptr_t>(code) ^ (static_cast<uint64_t>(static_cast<uint32_t>(index)) << 40) ^
-                  (static_cast<uint64_t>(opcode & 0xFF) << 32) ^ (entry ? 1u : 0u);
-  hash = mix64(hash ^ word);
-  const uint64_t origin = reinterpret_cast<uintptr_t>(object->co_filename) ^
-                          (static_cast<uint64_t>(static_cast<uint32_t>(object->co_firstlineno)) << 48);
-  return hash ^ origin;
+  const uint64_t word =
+      reinterpret_cast<uintptr_t>(code) ^ (static_cast<uint64_t>(static_cast<uint32_t>(index)) << 40) ^
+      (static_cast<uint64_t>(static_cast<uint32_t>(object->co_firstlineno)) << 20) ^ (entry ? 1u : 0u);
+  return mix64(hash ^ word);
 }
 
 }  // namespace
@@ -365,16 +365,12 @@ PythonStackKey python_stack_key() {
     if (code == nullptr) continue;
     if (key.innermost == nullptr) key.innermost = frame;
     if (++frames > kMaxPythonFrames) break;  // as deep as a walk goes
-    const int index = _PyInterpreterFrame_LASTI(frame);
-    const Py_ssize_t units = Py_SIZE(code);  // code units (_Py_CODEUNIT) of the bytecode
-    const int opcode =
-        index >= 0 && index < units ? _Py_OPCODE(_PyCode_CODE(reinterpret_cast<PyCodeObject*>(code))[index]) : -1;
 #if PY_VERSION_HEX >= 0x030C0000
     const bool entry = frame->previous == nullptr || frame->previous->owner == FRAME_OWNED_BY_CSTACK;
 #else
     const bool entry = frame->is_entry;
 #endif
-    key.hash = key_step(key.hash, code, index, opcode, entry);
+    key.hash = key_step(key.hash, code, _PyInterpreterFrame_LASTI(frame), entry);
   }
 #else
   for (PyFrameObject* frame = state->frame; frame != nullptr; frame = frame->f_back) {
@@ -382,13 +378,7 @@ PythonStackKey python_stack_key() {
     if (!is_code(code)) continue;
     if (key.innermost == nullptr) key.innermost = frame;
     if (++frames > kMaxPythonFrames) break;
-    const int index = frame->f_lasti;
-    PyObject* bytes = frame->f_code->co_code;
-    const Py_ssize_t units = PyBytes_GET_SIZE(bytes) / static_cast<Py_ssize_t>(sizeof(_Py_CODEUNIT));
-    const int opcode = index >= 0 && index < units
-                           ? _Py_OPCODE(reinterpret_cast<const _Py_CODEUNIT*>(PyBytes_AS_STRING(bytes))[index])
-                           : -1;
-    key.hash = key_step(key.hash, code, index, opcode, true);
+    key.hash = key_step(key.hash, code, frame->f_lasti, true);
   }
 #endif
   key.hash = mix64(key.hash ^ frames);

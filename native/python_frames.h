@@ -76,10 +76,11 @@ size_t walk_python_frames_spliced(PythonFrame* out, size_t max, bool* truncated,
 const void* innermost_python_frame();
 
 // What decides the calling thread's Python stack, read without interning anything: a hash over each
-// frame's code object (its address, file name and first line), instruction offset, the opcode there
-// (CPython specializes it in place, and each form calls on through other C code) and entry flag, and
-// the frame a walk would write first. Equal hashes mean that a walk writes the same frames, as long
-// as a code object's address was not reused by another of the same file and first line.
+// frame's code object (its address and first line), instruction offset and entry flag, and the frame
+// a walk would write first. Equal hashes mean that a walk writes the same frames, as long as a code
+// object's address was not reused by another with the same first line. (Which C path an instruction
+// takes, such as a call specialized by CPython in place, is told apart by the native frames: see
+// Recorder::set_stack_reuse.)
 struct PythonStackKey {
   const void* innermost;  // null when the thread has no Python frames
   uint64_t hash;

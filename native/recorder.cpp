@@ -323,14 +323,84 @@ class OpenScopes {
 // starts afresh.
 class ReusedStacks {
  public:
+  static constexpr size_t kSlots = 32;  // a candidate's innermost frames compared
+
   struct Entry {
     uint64_t key;
     uint64_t stack_id;
     uint64_t limit_key;     // with `limited`
     uint8_t limited;        // limit_key was computed (a per-stack limit applied when it was made)
-    uint8_t ambiguous;      // a check found another stack at this place: gathered every time
+    uint8_t ambiguous;      // a check found another stack at this place: its candidates decide
     uint16_t first_checks;  // reuses left that are checked before reuses are checked at random
+    uint32_t candidates;    // with `ambiguous`: its group of candidates + 1 (0: none left to give it)
   };
+
+  // A stack of an ambiguous place with the words its innermost frames' return addresses were read
+  // from, by their slots' offsets from the event's scope: an event at this place whose slots hold
+  // the same words took the same path (the return addresses are the native frames' PCs), and takes
+  // this stack. Slots are read only in the live part of the thread's stack (above the reader's frame).
+  struct Candidate {
+    uint64_t stack_id;
+    uint64_t limit_key;
+    uint8_t limited;
+    uint8_t slots;  // 0: an unused candidate
+    struct Slot {
+      int64_t offset;  // from the scope
+      uintptr_t word;
+    } slot[kSlots];
+  };
+
+  // The candidate of an ambiguous place whose slots hold their words now, or null.
+  Candidate* matching(const Entry& entry, uintptr_t scope, uintptr_t live_lo, uintptr_t live_hi) {
+    if (entry.candidates == 0) return nullptr;
+    Group& group = groups_[entry.candidates - 1];
+    for (Candidate& candidate : group.candidates) {
+      if (candidate.slots == 0) continue;
+      size_t i = 0;
+      for (; i < candidate.slots; ++i) {
+        const uintptr_t slot = scope + static_cast<uintptr_t>(candidate.slot[i].offset);
+        if (slot < live_lo || slot + sizeof(uintptr_t) > live_hi ||
+            *reinterpret_cast<const uintptr_t*>(slot) != candidate.slot[i].word) {
+          break;
+        }
+      }
+      if (i == candidate.slots) return &candidate;
+    }
+    return nullptr;
+  }
+
+  // Adds a stack just gathered at an ambiguous place (its frames' walk states in `states`) as a
+  // candidate, replacing the oldest when the place has as many as it keeps; nothing when the stack
+  // has no native frame read from a slot (a Python-only stack needs none), or no group is left.
+  void add_candidate(Entry& entry, uint64_t stack_id, uint64_t limit_key, bool limited, const RawStack& stack,
+                     const NativeFrameState* states, uintptr_t scope, uintptr_t live_lo, uintptr_t live_hi) {
+    if (entry.candidates == 0) {
+      if (!groups_) groups_.reset(new Group[kGroups]());
+      if (groups_used_ == kGroups) return;
+      entry.candidates = ++groups_used_;
+      groups_[entry.candidates - 1] = Group{};
+    }
+    Candidate candidate{stack_id, limit_key, static_cast<uint8_t>(limited), 0, {}};
+    for (size_t k = 0; k < stack.native_count && candidate.slots < kSlots; ++k) {
+      const NativeFrame& frame = stack.native[k];
+      if (frame.flags & kFrameMarker) break;
+      if (frame.flags & kFrameExactPc) return;                  // a signal frame's PC lies in no slot
+      const uintptr_t slot = states[k].sp - sizeof(uintptr_t);  // where the walk read it from
+      if (slot < live_lo || slot + sizeof(uintptr_t) > live_hi || (slot & (sizeof(uintptr_t) - 1))) return;
+      const uintptr_t word = *reinterpret_cast<const uintptr_t*>(slot);
+#if defined(__x86_64__)
+      if (word != frame.pc) return;  // a return address read from elsewhere (an unusual CFI rule)
+#endif
+      candidate.slot[candidate.slots++] = Candidate::Slot{static_cast<int64_t>(slot - scope), word};
+    }
+    if (candidate.slots == 0) return;
+    Group& group = groups_[entry.candidates - 1];
+    group.candidates[group.next] = candidate;
+    group.next = static_cast<uint8_t>((group.next + 1) % kCandidates);
+  }
+
+  // Forgets a candidate a check found to hold another stack (its slots did not tell them apart).
+  static void drop(Candidate* candidate) { candidate->slots = 0; }
 
   // The entry for `key` in this generation, or null.
   Entry* find(uint64_t key, uint32_t generation) {
@@ -359,35 +429,48 @@ class ReusedStacks {
     if (size_ == kCapacity) clear();
     uint32_t slot = slot_of(key);
     while (index_[slot] != 0) slot = (slot + 1) & (kIndexSize - 1);
-    entries_[size_] = Entry{key, stack_id, limit_key, static_cast<uint8_t>(limited), 0, kFirstChecks};
+    entries_[size_] = Entry{key, stack_id, limit_key, static_cast<uint8_t>(limited), 0, kFirstChecks, 0};
     index_[slot] = ++size_;
     last_ = size_ - 1;
   }
 
  private:
-  // A place's first reuses are all checked: where an op's code takes another path by its inputs'
-  // shapes (a place holding two stacks), it shows early.
-  static constexpr uint16_t kFirstChecks = 2;
+  // A place's first reuse is checked: where an op's code takes another path by its inputs' shapes (a
+  // place holding two stacks), it mostly shows then.
+  static constexpr uint16_t kFirstChecks = 1;
   static constexpr uint32_t kCapacity = 8192;       // places (256 KiB)
   static constexpr uint32_t kIndexSize = 2 * 8192;  // slots: entry index + 1, 0 when free (64 KiB)
+  // Ambiguous places: each keeps up to kCandidates stacks (a group, 4 KiB); groups for kGroups
+  // places are allocated when the first place turns out ambiguous.
+  static constexpr size_t kCandidates = 8;
+  static constexpr uint32_t kGroups = 128;
+
+  struct Group {
+    Candidate candidates[kCandidates];
+    uint8_t next;  // the candidate to replace next
+  };
 
   static uint32_t slot_of(uint64_t key) { return static_cast<uint32_t>(key >> 32) & (kIndexSize - 1); }
   void clear() {
     std::fill(index_, index_ + kIndexSize, 0u);
     size_ = 0;
     last_ = 0;
+    groups_used_ = 0;
   }
 
   uint32_t generation_ = 0;
   uint32_t size_ = 0;
   uint32_t last_ = 0;  // the entry found or added last
+  uint32_t groups_used_ = 0;
   uint32_t index_[kIndexSize] = {};
   Entry entries_[kCapacity];
+  std::unique_ptr<Group[]> groups_;
 };
 
 struct Recorder::ThreadBuffer {
   std::atomic_flag busy = ATOMIC_FLAG_INIT;
   int64_t thread_id = 0;
+  uintptr_t stack_lo = 0, stack_hi = 0;  // the thread's stack (this_thread_stack), kept here: no TLS per event
   // Per-thread counters (written by the owner only): a shared atomic would
   // bounce one cache line between every recording thread.
   std::atomic<uint64_t> recorded{0};
@@ -442,6 +525,11 @@ namespace tbpipe {
 namespace {
 
 thread_local ThreadSlot this_thread_slot;
+// The same buffer and generation for the hot path, as initial-exec thread-locals (a load off %fs):
+// in a library loaded with dlopen, this_thread_slot (a thread_local with a destructor) costs a
+// __tls_get_addr call or two at every access. Set beside the slot, cleared by its destructor.
+thread_local Recorder::ThreadBuffer* t_buffer __attribute__((tls_model("initial-exec"))) = nullptr;
+thread_local uint64_t t_buffer_generation __attribute__((tls_model("initial-exec"))) = 0;
 
 ThreadSlot::~ThreadSlot() {
   if (buffer != nullptr && live_generation != nullptr &&
@@ -449,6 +537,7 @@ ThreadSlot::~ThreadSlot() {
     buffer->exited.store(true, std::memory_order_release);
   }
   buffer = nullptr;
+  t_buffer = nullptr;
 }
 
 void child_after_fork() { Recorder::instance().after_fork_in_child(); }
@@ -463,12 +552,13 @@ Recorder& Recorder::instance() {
 }
 
 Recorder::ThreadBuffer* Recorder::this_thread_buffer() {
-  ThreadSlot& slot = this_thread_slot;
   const uint64_t generation = impl_->fork_generation.load(std::memory_order_relaxed);
-  if (slot.buffer != nullptr && slot.generation == generation) return slot.buffer;
+  if (t_buffer != nullptr && t_buffer_generation == generation) return t_buffer;
+  ThreadSlot& slot = this_thread_slot;
   // First event of this thread (or first since a fork): register a buffer.
   auto* buffer = new ThreadBuffer();
   buffer->thread_id = static_cast<int64_t>(syscall(SYS_gettid));
+  this_thread_stack(&buffer->stack_lo, &buffer->stack_hi);
   buffer->random_state = splitmix64(static_cast<uint64_t>(buffer->thread_id) ^ static_cast<uint64_t>(now_ns()) ^
                                     reinterpret_cast<uintptr_t>(buffer)) |
                          1;  // xorshift never leaves 0
@@ -479,6 +569,8 @@ Recorder::ThreadBuffer* Recorder::this_thread_buffer() {
   slot.buffer = buffer;
   slot.generation = generation;
   slot.live_generation = &impl_->fork_generation;
+  t_buffer = buffer;
+  t_buffer_generation = generation;
   return buffer;
 }
 
@@ -561,10 +653,9 @@ bool Recorder::record_native_op(uint32_t kind_id, uint32_t name_id, const Tbpipe
 }
 
 void Recorder::end_scope(const void* scope) {
-  ThreadSlot& slot = this_thread_slot;
   // A thread that never recorded (or only before a fork) has nothing open.
-  if (slot.buffer == nullptr || slot.generation != impl_->fork_generation.load(std::memory_order_relaxed)) return;
-  slot.buffer->scopes.close(scope);
+  if (t_buffer == nullptr || t_buffer_generation != impl_->fork_generation.load(std::memory_order_relaxed)) return;
+  t_buffer->scopes.close(scope);
 }
 
 uint64_t Recorder::next_random(ThreadBuffer* buffer) {
@@ -588,6 +679,13 @@ bool Recorder::sample(ThreadBuffer* buffer) {
 bool Recorder::sample_next() { return sample(this_thread_buffer()); }
 
 namespace {
+
+// Whether `address` lies on the stack of the thread that owns `buffer` (address_on_this_stack, from
+// the bounds the buffer keeps).
+inline bool on_stack(const Recorder::ThreadBuffer& buffer, const void* address) {
+  const uintptr_t value = reinterpret_cast<uintptr_t>(address);
+  return value >= buffer.stack_lo && value < buffer.stack_hi;
+}
 
 // Bump a per-thread counter that only its owner writes.
 inline void count(std::atomic<uint64_t>& counter) {
@@ -637,7 +735,7 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
   if ((scoped_flags & kScopedNested) && python && nested_enclosing_.load(std::memory_order_relaxed)) {
     enclosing = buffer->scopes.innermost_with_id();
     if (enclosing != nullptr &&
-        (!address_on_this_stack(enclosing->scope) || innermost_python_frame() != enclosing->python_top)) {
+        (!on_stack(*buffer, enclosing->scope) || innermost_python_frame() != enclosing->python_top)) {
       enclosing = nullptr;
     }
   }
@@ -650,10 +748,15 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
   uint64_t limit = 0;
   bool limited = false;
   bool reused = false;
-  uint64_t place = 0;  // where a gathered stack is remembered for reuse (0: nowhere)
-  ReusedStacks::Entry* checked = nullptr;
+  uint64_t place = 0;                            // where a gathered stack is remembered for reuse (0: nowhere)
+  ReusedStacks::Entry* entry = nullptr;          // the place's entry, when it has one
+  ReusedStacks::Candidate* candidate = nullptr;  // at an ambiguous place, the one whose slots match
+  bool checking = false;                         // a reuse gathered anyway, to compare
   const uint32_t generation = reuse_generation_.load(std::memory_order_relaxed) +
                               static_cast<uint32_t>(ModuleRegistry::instance().generation());
+  // The live part of this thread's stack: above this frame (a candidate's slots are read there).
+  const uintptr_t live_lo = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+  const uintptr_t scope_address = reinterpret_cast<uintptr_t>(scope);
   if (enclosing != nullptr) {
     stack_id = enclosing->stack_id;
     frames = enclosing->has_stack ? enclosing->stack.get() : nullptr;
@@ -662,28 +765,33 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
   } else if (python || native) {
     // Only a scope in a frame of this stack says which frames stay unchanged inside it (an op
     // object on the heap, such as a Python `record_function`'s, says nothing).
-    const bool on_stack = level != nullptr && address_on_this_stack(scope);
+    const bool scope_on_stack = level != nullptr && on_stack(*buffer, scope);
     const void* python_top = nullptr;
-    if (on_stack && reuse_.load(std::memory_order_relaxed)) {
+    if (scope_on_stack && reuse_.load(std::memory_order_relaxed)) {
       if (!buffer->reused) buffer->reused.reset(new ReusedStacks());
       place = reuse_place(*level, kind_id, name_id, buffer->scopes.parent_with_id(level, scope), &python_top);
-      ReusedStacks::Entry* entry = buffer->reused->find(place, generation);
+      entry = buffer->reused->find(place, generation);
       if (entry != nullptr && entry->ambiguous) {
-        place = 0;  // gathered every time, and the entry stays as it is
-      } else if (entry != nullptr) {
-        if (entry->first_checks > 0 || (per_stack_limit != 0 && !entry->limited)) {
-          // Checked (and the limit's key learned, where a limit came on since the entry was made).
+        candidate = buffer->reused->matching(*entry, scope_address, live_lo, buffer->stack_hi);
+      }
+      // The stack reusable here: the entry's, or at an ambiguous place the matching candidate's.
+      const uint64_t* known = candidate != nullptr                    ? &candidate->stack_id
+                              : entry != nullptr && !entry->ambiguous ? &entry->stack_id
+                                                                      : nullptr;
+      const bool knows_limit = candidate != nullptr ? candidate->limited != 0 : entry != nullptr && entry->limited;
+      if (known != nullptr) {
+        if (entry->first_checks > 0 || (per_stack_limit != 0 && !knows_limit)) {
+          // Checked (and the limit's key learned, where a limit came on since the stack was kept).
           if (entry->first_checks > 0) --entry->first_checks;
-          --entry->first_checks;
-          checked = entry;
+          checking = true;
         } else if (--buffer->reuses_until_check > 0) {
           reused = true;
-          stack_id = entry->stack_id;
-          limit = entry->limit_key;
-          limited = entry->limited != 0;
+          stack_id = *known;
+          limit = candidate != nullptr ? candidate->limit_key : entry->limit_key;
+          limited = knows_limit;
           count(buffer->stacks_reused);
         } else {
-          checked = entry;
+          checking = true;
           // Every `check_every` reuses on average, at random (a step's ops repeat in a fixed order).
           const uint32_t every = reuse_check_every_.load(std::memory_order_relaxed);
           buffer->reuses_until_check =
@@ -710,8 +818,8 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
         }
         gather_stack_spliced(gathered, python, native, options, level->states.get(), &level->python_top,
                              source != nullptr ? &splice : nullptr);
-        level->has_stack = on_stack;
-        level->has_id = on_stack;
+        level->has_stack = scope_on_stack;
+        level->has_id = scope_on_stack;
         if (python_top != nullptr) level->python_top = python_top;  // also known without the Python half
       }
       frames = gathered;
@@ -724,15 +832,26 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
         level->stack_id = stack_id;
         level->limit_key = limit;
       }
-      if (checked != nullptr) {
+      bool confirmed = false;  // a check found the candidate's stack again
+      if (checking) {
         count(buffer->reuse_checked);
-        if (checked->stack_id != stack_id) {
+        const uint64_t kept = candidate != nullptr ? candidate->stack_id : entry->stack_id;
+        if (kept != stack_id) {
           count(buffer->reuse_mismatched);
-          checked->ambiguous = 1;
-        } else if (limited) {
-          checked->limit_key = limit;
-          checked->limited = 1;
+          // The place holds more than one stack: from now on its candidates' slots decide.
+          if (candidate != nullptr) ReusedStacks::drop(candidate);
+          entry->ambiguous = 1;
+        } else {
+          confirmed = candidate != nullptr;
+          if (limited) {
+            (candidate != nullptr ? candidate->limit_key : entry->limit_key) = limit;
+            (candidate != nullptr ? candidate->limited : entry->limited) = 1;
+          }
         }
+      }
+      if (entry != nullptr && entry->ambiguous && level != nullptr && !confirmed) {
+        buffer->reused->add_candidate(*entry, stack_id, limit, limited, *gathered, level->states.get(), scope_address,
+                                      live_lo, buffer->stack_hi);
       }
     }
   }
@@ -753,8 +872,7 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
   // A reused stack is in the seen set: it was remembered only once its first event was admitted.
   const bool new_stack = !reused && frames != nullptr && stack_id != 0 && insert_seen(stack_id);
   // A place first seen is remembered once its stack is in the seen set.
-  if (place != 0 && !reused && checked == nullptr && stack_id != 0)
-    buffer->reused->put(place, stack_id, limit, limited);
+  if (place != 0 && entry == nullptr && stack_id != 0) buffer->reused->put(place, stack_id, limit, limited);
   const int64_t ts = now_ns();
 
   SpinGuard guard(buffer->busy);

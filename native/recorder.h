@@ -147,8 +147,11 @@ class Recorder {
   // walking it: the thread's Python frames (python_stack_key), the event's kind and name, its
   // scope's depth on the C stack, and, inside an open scope, that scope's stack and the event's
   // place among the events opened in it (two calls of one op from one function are told apart by
-  // their order). One reuse in about `check_every` (1: every one) gathers the stack anyway and
-  // compares: a place found to hold another stack is not reused again. The counters count both.
+  // their order). A place's first reuse, and then one in about `check_every` (1: every one), gathers
+  // the stack anyway and compares: a place found to hold another stack (the same op called from
+  // two lines of one C++ function, as its inputs decide) keeps each stack it meets with the return
+  // addresses of its innermost native frames as they lie on the thread's stack, and an event there
+  // takes the stack whose return addresses it finds in the same slots. The counters count both.
   void set_stack_reuse(bool enabled, uint32_t check_every);
 
   // Moves everything buffered out of every thread's buffer (the GIL must be

@@ -584,9 +584,18 @@ bool address_on_this_stack(const void* address) {
 
 uint64_t spliced_walks_on_this_thread() { return t_spliced_walks; }
 
+void this_thread_stack(uintptr_t* lo, uintptr_t* hi) {
+  ThreadState& ts = t_state;
+  if (!ts.initialized) init_thread(ts);
+  *lo = ts.stack_lo;
+  *hi = ts.stack_hi;
+}
+
 #else
 
 bool address_on_this_stack(const void*) { return false; }
+
+void this_thread_stack(uintptr_t* lo, uintptr_t* hi) { *lo = *hi = 0; }
 
 uint64_t spliced_walks_on_this_thread() { return 0; }
 

@@ -57,6 +57,9 @@ size_t unwind_native(NativeFrame* out, size_t max, const UnwindOptions& options)
 // Whether `address` lies on the calling thread's stack (bounds looked up once per thread).
 bool address_on_this_stack(const void* address);
 
+// The calling thread's stack, [*lo, *hi) (both 0 when unknown), for callers that keep them.
+void this_thread_stack(uintptr_t* lo, uintptr_t* hi);
+
 // How many walks of the calling thread took their outer frames from a splice (for tests).
 uint64_t spliced_walks_on_this_thread();
 

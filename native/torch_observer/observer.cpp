@@ -73,6 +73,7 @@ struct Frame {
   int64_t bwd_seq;       // -1 outside a backward node
   uint64_t fwd_thread;   // with bwd_seq
   const char* bwd_node;  // with bwd_seq: the node's name, owned by its RecordFunction (alive while nested)
+  uint32_t bwd_node_id;  // bwd_node interned (0: not yet), for the ops inside to share
   bool scoped;           // its event opened a scope in the recorder (end_scope when it ends)
   bool traced;           // run on fake tensors (tracing, not work): neither it nor anything inside is recorded
 };
@@ -147,9 +148,26 @@ constexpr size_t kMaxNamesPerThread = 4096;
 // Deeper nesting than this is recorded with its depth but not kept as a parent.
 constexpr size_t kMaxFrames = 1024;
 
-ThreadState& thread_state() {
-  thread_local ThreadState state;
-  return state;
+// The calling thread's state, reached through an initial-exec thread-local pointer (a load off
+// %fs): a thread_local of the state itself, in a library loaded with dlopen, costs __tls_get_addr
+// calls at every access, several per op. `t_owned` deletes it when the thread ends.
+thread_local ThreadState* t_state __attribute__((tls_model("initial-exec"))) = nullptr;
+
+struct OwnedState {
+  std::unique_ptr<ThreadState> state;
+  ~OwnedState() { t_state = nullptr; }
+};
+thread_local OwnedState t_owned;
+
+__attribute__((noinline)) ThreadState& new_thread_state() {
+  t_owned.state.reset(new ThreadState());
+  t_state = t_owned.state.get();
+  return *t_state;
+}
+
+inline ThreadState& thread_state() {
+  ThreadState* state = t_state;
+  return __builtin_expect(state != nullptr, 1) ? *state : new_thread_state();
 }
 
 uint32_t name_id(ThreadState& state, const char* name) {
@@ -215,8 +233,9 @@ uint32_t scope_id(at::RecordScope scope) {
   return id;
 }
 
-void record_op(ThreadState& state, const at::RecordFunction& fn, const char* name, const Frame& frame,
-               const Frame* parent, at::RecordScope scope, bool scoped) {
+void record_op(ThreadState& state, const at::RecordFunction& fn, const char* name, Frame& frame, const Frame* parent,
+               at::RecordScope scope, bool scoped) {
+  const uint32_t name_number = name_id(state, name);
   TbpipeOpAttrs op;
   op.present = TBPIPE_OP_ID;
   op.id = frame.id;
@@ -240,14 +259,19 @@ void record_op(ThreadState& state, const at::RecordFunction& fn, const char* nam
     op.present |= TBPIPE_OP_BACKWARD;
     op.bwd_seq = frame.bwd_seq;
     op.fwd_thread = frame.fwd_thread;
-    if (frame.bwd_node != nullptr) op.bwd_node = name_id(state, frame.bwd_node);
+    if (frame.bwd_node != nullptr && frame.bwd_node_id == 0) {
+      frame.bwd_node_id = frame.bwd_node == name ? name_number : name_id(state, frame.bwd_node);
+    }
+    op.bwd_node = frame.bwd_node_id;
   }
   op.scope = scope_id(scope);
-  // A nesting op runs on this thread until its end callback: the ops inside it reuse the outer part
-  // of this event's stack. Drawn by sample() already.
-  // An op called inside another: the session may give it the enclosing op's stack (op_stacks).
-  const uint32_t flags = TBPIPE_RECORD_SAMPLED | (parent != nullptr ? TBPIPE_RECORD_NESTED : 0u);
-  g_api->record_op(g_kind_op, name_id(state, name), &op, scoped ? &fn : nullptr, flags);
+  // Drawn by torch at rates below 1 (not again by the session's rate); else by the session's rate,
+  // in record_op. A nesting op runs on this thread until its end callback: the ops inside it reuse
+  // the outer part of this event's stack. An op called inside another: the session may give it the
+  // enclosing op's stack (op_stacks).
+  const uint32_t flags = (g_torch_rate.load(std::memory_order_relaxed) < 1.0 ? TBPIPE_RECORD_SAMPLED : 0u) |
+                         (parent != nullptr ? TBPIPE_RECORD_NESTED : 0u);
+  g_api->record_op(g_kind_op, name_number, &op, scoped ? &fn : nullptr, flags);
 }
 
 // The autograd engine's range around one node: the node's own range, then the checks and sums of
@@ -280,22 +304,24 @@ void start_op(const at::RecordFunction& fn) {
   // A traced op's fake implementation runs with the fake mode popped: its ops are skipped as inside it.
   if ((parent != nullptr && parent->traced) || g_compiling.load(std::memory_order_relaxed) ||
       tracing_on_this_thread()) {
-    if (nests) state.frames.push_back(Frame{&fn, nullptr, 0, -1, 0, nullptr, false, true});
+    if (nests) state.frames.push_back(Frame{&fn, nullptr, 0, -1, 0, nullptr, 0, false, true});
     return;
   }
   const at::RecordScope scope = fn.scope();
   const char* name = fn.name();
-  Frame frame{&fn, name, state.next_id++, -1, 0, nullptr, false, false};
+  Frame frame{&fn, name, state.next_id++, -1, 0, nullptr, 0, false, false};
   if (parent != nullptr) {
     frame.bwd_seq = parent->bwd_seq;
     frame.fwd_thread = parent->fwd_thread;
     frame.bwd_node = parent->bwd_node;
+    frame.bwd_node_id = parent->bwd_node_id;
   }
   if (frame.bwd_seq < 0 && !state.backward.empty()) {  // torch drawing: the node itself was not drawn
     const BackwardNode& node = state.backward.back();
     frame.bwd_seq = node.seq;
     frame.fwd_thread = node.fwd_thread;
     frame.bwd_node = node.name;
+    frame.bwd_node_id = 0;
   }
   // An autograd node's RecordFunction carries its sequence number and its forward op's thread; the ops
   // its backward calls inherit both, and so do the ops the engine runs on its outputs afterwards
@@ -304,17 +330,16 @@ void start_op(const at::RecordFunction& fn) {
     frame.bwd_seq = fn.seqNr();
     frame.fwd_thread = fn.forwardThreadId();
     frame.bwd_node = name;
+    frame.bwd_node_id = 0;
     if (parent != nullptr && parent->bwd_seq < 0 && is_engine_evaluate(parent->name)) {
       parent->bwd_seq = frame.bwd_seq;
       parent->fwd_thread = frame.fwd_thread;
       parent->bwd_node = parent->name + kEngineEvaluate.size();  // the node's name, in text the parent owns
+      parent->bwd_node_id = 0;
     }
   }
-  // The session's sample rate is drawn first (unless torch drew this op): an op left out costs no
-  // description.
-  if (g_level.load(std::memory_order_relaxed) > 0 &&
-      (g_torch_rate.load(std::memory_order_relaxed) < 1.0 || g_api->sample() != 0)) {
-    frame.scoped = nests;
+  if (g_level.load(std::memory_order_relaxed) > 0) {
+    frame.scoped = nests;  // (an op the session's sample rate leaves out opens no scope: ending it is a no-op)
     record_op(state, fn, name, frame, parent, scope, nests);
   }
   if (nests) state.frames.push_back(frame);
