@@ -67,7 +67,8 @@ def rewrite_as_raw_version(run_dir: Path, version: int) -> None:
         table = pq.read_table(part)
         metadata = dict(table.schema.metadata)
         if part.name.startswith("events-") and version < 5 and "op_id" in table.column_names:
-            attrs = [event_attrs_text(row) for row in table.to_pylist()]  # an op's attributes, as JSON text
+            # An op's attributes, as JSON text (only these columns: `ts` needs pandas to become Python).
+            attrs = [event_attrs_text(row) for row in table.select(["attrs", *OP_COLUMNS]).to_pylist()]
             table = table.drop_columns(list(OP_COLUMNS))
             table = table.set_column(table.column_names.index("attrs"), "attrs", pa.array(attrs, pa.string()))
         if part.name.startswith("events-") and version < 3 and "correlation_id" in table.column_names:
