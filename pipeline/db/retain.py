@@ -348,17 +348,20 @@ def store_rolled_up(con: Any, counts: str, threads: str, runs: dict[int, tuple[i
 def _forward_counts(con: Any, runs: list[_Run]) -> None:
     """The runs' backward events counted at their forward ops (none without autograd's backward
     work: the check reads only their events, the views of it every run's)."""
+    # Whether any of them has backward work: a materialized list of their op events' attributes,
+    # searched after (DuckDB 1.5 pushed a JSON test on `attrs` into the scan and cast it wrongly).
     numbers = _numbers(r.run_number for r in runs)
-    backward = query_value(
-        con,
+    con.execute(
         f"""
-        SELECT count(*) FROM (
-            SELECT 1 FROM event_rows e JOIN event_names n USING (name_id)
-            WHERE e.run_number IN ({numbers}) AND n.kind = 'op' AND json_exists(e.attrs, '$.bwd_seq')
-            LIMIT 1
-        )
-        """,
+        CREATE OR REPLACE TEMP TABLE retain_op_attrs AS
+        SELECT CAST(e.attrs AS VARCHAR) AS attrs FROM event_rows e JOIN event_names n USING (name_id)
+        WHERE e.run_number IN ({numbers}) AND n.kind = 'op'
+        """
     )
+    backward = query_value(
+        con, "SELECT count(*) FROM retain_op_attrs WHERE json_extract_string(attrs, '$.bwd_seq') IS NOT NULL"
+    )
+    con.execute("DROP TABLE retain_op_attrs")
     if not backward:
         return
     ids = ", ".join("?" * len(runs))
