@@ -66,6 +66,12 @@ def null_where(values: pa.Array, null: np.ndarray) -> pa.Array:
     )
 
 
+def with_validity(values: pa.Array, bitmap: np.ndarray) -> pa.Array:
+    """A fixed-width column of `values` (offset 0, no nulls) with Arrow's validity `bitmap` (bytes,
+    least significant bit first): where a bit is clear, the value is null."""
+    return pa.Array.from_buffers(values.type, len(values), [pa.py_buffer(bitmap), values.buffers()[1]])
+
+
 def null_where_zero(values: pa.Array) -> pa.Array:
     """A fixed-width column with its zeros made null (the recorder writes 0 for "none")."""
     return null_where(values, values_of(values) == 0)

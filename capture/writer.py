@@ -82,7 +82,8 @@ def _attrs_column(drained: dict[str, Any], count: int) -> pa.Array:
     return columns.null_where(texts, columns.values_of(pc.binary_length(texts)) == 0)
 
 
-# The drained bits of `op_present` (capi.h's TBPIPE_OP_*) that say which op columns hold a value.
+# The bits of capi.h's TBPIPE_OP_* that say which op columns hold a value (the drain gives a validity
+# bitmap per bit, op_valid_<bit>).
 _OP_ID, _OP_DEPTH, _OP_PARENT, _OP_SEQ, _OP_BACKWARD = 1, 2, 4, 8, 16
 _OP_VALUES = (
     ("op_id", _OP_ID, pa.int64()),
@@ -95,9 +96,24 @@ _OP_VALUES = (
 )
 
 
-def _valid_where(values: pa.Array, valid: np.ndarray) -> pa.Array:
-    """A fixed-width column of `values` with its rows where `valid` is false made null."""
-    return columns.null_where(values, ~valid)
+def _laid_out(drained: dict[str, Any]) -> dict[str, Any]:
+    """What an older extension drained, laid out as a current one lays it out (bindings.cpp's
+    layout_of): without op columns, names as dictionaries in the order of their ids."""
+
+    def bits(valid: np.ndarray) -> np.ndarray:
+        return np.packbits(valid, bitorder="little")
+
+    def dictionary(name: str, ids: np.ndarray) -> None:
+        strings, indices = np.unique(ids, return_inverse=True)
+        drained[f"{name}_index"] = indices.astype(np.int32)
+        drained[f"{name}_strings"] = strings.astype(np.uint32)
+
+    drained = dict(drained)
+    dictionary("kind", drained["kind_id"])
+    dictionary("name", drained["name_id"])
+    drained["stack_id_valid"] = bits(drained["stack_id"] != 0)
+    drained["correlation_id_valid"] = bits(drained["correlation_id"] != 0)
+    return drained
 
 
 def _list_offsets(ends: pa.Array) -> pa.Array:
@@ -278,52 +294,46 @@ class RunWriter:
     def _strings_for(self, ids: pa.Array) -> pa.Array:
         return self._interned().take(ids)
 
-    def _dictionary_of(self, ids: np.ndarray, null_where_zero: bool = False) -> pa.DictionaryArray:
-        """The strings of interned ids as a dictionary column (each string used once in its dictionary,
-        in id order; id 0 null where asked): Parquet writes its dictionary page from it as it is,
-        where a string column would have every value hashed."""
-        strings = self._interned()
-        used = np.zeros(len(strings), dtype=bool)
-        used[ids] = True
-        if null_where_zero:
-            used[0] = False
-        numbers = np.cumsum(used, dtype=np.int32) - 1  # an id's place in the dictionary
-        indices = columns.fixed_width(numbers[ids], pa.int32())
-        if null_where_zero:
-            indices = columns.null_where(indices, ids == 0)
-        return pa.DictionaryArray.from_arrays(
-            indices, strings.take(columns.fixed_width(np.flatnonzero(used), pa.int64()))
-        )
+    def _dictionary(self, drained: dict[str, Any], name: str) -> pa.DictionaryArray:
+        """A column of interned strings as the drain laid it out: indices into a dictionary of the
+        strings used (null where the drain gives a validity bitmap and its bit is clear). Parquet
+        writes the dictionary page from it as it is, where a string column has every value hashed."""
+        indices = columns.fixed_width(drained[f"{name}_index"], pa.int32())
+        valid = drained.get(f"{name}_valid")
+        if valid is not None:
+            indices = columns.with_validity(indices, valid)
+        strings = self._interned().take(columns.fixed_width(drained[f"{name}_strings"], pa.uint32()))
+        return pa.DictionaryArray.from_arrays(indices, strings)
 
     def _op_columns(self, drained: dict[str, Any], count: int) -> list[pa.Array]:
         """The op_* columns (raw schema 5): null for every event that is not an op."""
-        present = drained.get("op_present")  # absent from an extension older than the schema
-        if present is None or not len(present):
+        if "op_valid_1" not in drained:  # no op was drained
             dictionary = pa.dictionary(pa.int32(), pa.string())
             return [pa.nulls(count, arrow_type) for _name, _bit, arrow_type in _OP_VALUES] + [
                 pa.nulls(count, dictionary),
                 pa.nulls(count, dictionary),
             ]
         values = [
-            _valid_where(columns.fixed_width(drained[name], arrow_type), (present & bit) != 0)
+            columns.with_validity(columns.fixed_width(drained[name], arrow_type), drained[f"op_valid_{bit}"])
             for name, bit, arrow_type in _OP_VALUES
         ]
-        return values + [
-            self._dictionary_of(drained["op_bwd_node"], null_where_zero=True),
-            self._dictionary_of(drained["op_scope"], null_where_zero=True),
-        ]
+        return values + [self._dictionary(drained, "op_bwd_node"), self._dictionary(drained, "op_scope")]
 
     def _events(self, drained: dict[str, Any]) -> pa.Table:
         schema = raw.events_schema()
+        if "name_index" not in drained:  # an extension older than this writer
+            drained = _laid_out(drained)
         ts = columns.fixed_width(drained["ts_ns"], pa.int64()).view(schema.field("ts").type)
         arrays = [
             ts,
             columns.fixed_width(drained["thread_id"], pa.int64()),
-            self._dictionary_of(drained["kind_id"]),
-            self._dictionary_of(drained["name_id"]),
-            columns.null_where_zero(columns.fixed_width(drained["stack_id"], pa.uint64())),
+            self._dictionary(drained, "kind"),
+            self._dictionary(drained, "name"),
+            columns.with_validity(columns.fixed_width(drained["stack_id"], pa.uint64()), drained["stack_id_valid"]),
             _attrs_column(drained, len(ts)),
-            columns.null_where_zero(columns.fixed_width(drained["correlation_id"], pa.uint32())),
+            columns.with_validity(
+                columns.fixed_width(drained["correlation_id"], pa.uint32()), drained["correlation_id_valid"]
+            ),
             *self._op_columns(drained, len(ts)),
         ]
         # The raw schema, its strings as the dictionaries they are made as.

@@ -17,6 +17,7 @@
 
 #include "capi.h"
 #include "demangle.h"
+#include "drain_layout.h"
 #include "gather.h"
 #include "python_frames.h"
 #include "recorder.h"
@@ -81,15 +82,58 @@ py::array owning_array(Container&& values) {
                             release);
 }
 
+// The drained columns' Arrow layout (drain_layout.h): dictionary columns of the names, validity
+// bitmaps of the nullable columns (the op columns' by the TBPIPE_OP_* bit that says they hold a value).
+struct DrainedLayout {
+  DictionaryColumn kind, name, bwd_node, scope;
+  std::vector<uint8_t> stack_valid, correlation_valid;
+  std::vector<std::pair<uint32_t, std::vector<uint8_t>>> op_valid;  // (TBPIPE_OP_* bit, bitmap)
+};
+
+DrainedLayout layout_of(const Drained& drained) {
+  DrainedLayout layout;
+  const size_t events = drained.ts_ns.size();
+  layout.kind = dictionary_column(drained.kind_id, false);
+  layout.name = dictionary_column(drained.name_id, false);
+  layout.stack_valid = validity_bits(events, [&](size_t i) { return drained.stack_id[i] != 0; });
+  layout.correlation_valid = validity_bits(events, [&](size_t i) { return drained.correlation_id[i] != 0; });
+  if (!drained.op_present.empty()) {
+    layout.bwd_node = dictionary_column(drained.op_bwd_node, true);
+    layout.scope = dictionary_column(drained.op_scope, true);
+    for (const uint32_t bit : {TBPIPE_OP_ID, TBPIPE_OP_DEPTH, TBPIPE_OP_PARENT, TBPIPE_OP_SEQ, TBPIPE_OP_BACKWARD}) {
+      layout.op_valid.emplace_back(bit, validity_bits(events, [&](size_t i) { return drained.op_present[i] & bit; }));
+    }
+  }
+  return layout;
+}
+
+void put_dictionary(py::dict& out, const std::string& name, DictionaryColumn&& column) {
+  out[py::str(name + "_index")] = owning_array(std::move(column.indices));
+  out[py::str(name + "_strings")] = owning_array(std::move(column.strings));
+  if (!column.validity.empty()) out[py::str(name + "_valid")] = owning_array(std::move(column.validity));
+}
+
 py::dict drain() {
   Drained drained;
+  DrainedLayout layout;
   {
     // Merging the threads' buffers touches no Python object (attribute dicts change hands with
     // their references as they are): the program's threads run on meanwhile.
     py::gil_scoped_release released;
     Recorder::instance().drain(&drained);
+    layout = layout_of(drained);
   }
   py::dict out;
+  put_dictionary(out, "kind", std::move(layout.kind));
+  put_dictionary(out, "name", std::move(layout.name));
+  out["stack_id_valid"] = owning_array(std::move(layout.stack_valid));
+  out["correlation_id_valid"] = owning_array(std::move(layout.correlation_valid));
+  if (!drained.op_present.empty()) {
+    put_dictionary(out, "op_bwd_node", std::move(layout.bwd_node));
+    put_dictionary(out, "op_scope", std::move(layout.scope));
+    for (auto& [bit, bits] : layout.op_valid)
+      out[py::str("op_valid_" + std::to_string(bit))] = owning_array(std::move(bits));
+  }
   out["ts_ns"] = owning_array(std::move(drained.ts_ns));
   out["thread_id"] = owning_array(std::move(drained.thread_id));
   out["stack_id"] = owning_array(std::move(drained.stack_id));

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -19,7 +20,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 from conftest import run_python
-from support.runs import read_runs
+from support.runs import read_runs, rewrite_as_raw_version
 
 from tbpipe import _native, capture
 from tbpipe.schemas.op_attributes import event_attrs_text
@@ -189,6 +190,72 @@ def test_ops_inside_ops_have_the_same_stacks_as_a_full_walk_gives(out_dir: Path)
     run = recorded[True][1]
     (sin,) = [e for e in op_events(run) if e["name"] == "aten::sin"]
     assert innermost_here(run, sin["stack_id"]) == ("python_function_inside_an_op", line_of("INSIDE CUSTOM FUNCTION"))
+
+
+def leaf_op(x):
+    return torch.relu(x)  # LEAF OP
+
+
+def through_first(x):
+    return leaf_op(x)  # FIRST CALLER
+
+
+def through_second(x):
+    return leaf_op(x)  # SECOND CALLER
+
+
+class BackwardInPython(torch.autograd.Function):
+    """A node whose backward is Python: autograd's engine runs it between its C++ nodes."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return through_second(grad) + through_first(grad)
+
+
+def test_reused_stacks_are_the_stacks_a_walk_gives(out_dir: Path) -> None:
+    # Inside one C call the Python stack changes between ops: map() calls Python that calls the
+    # same op through two functions in turn (leaf_op's frame lies where it lay before, its caller
+    # another), and autograd's engine runs a Python backward between C++ nodes. The first layer's
+    # backward computes no input gradient, the second's does: one C++ function calls aten::mm from
+    # other lines, at the same place among the ops of nodes of one name and stack.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    x = torch.randn(3, 4, requires_grad=True)
+    callers = [through_first, through_second, through_second, through_first]
+
+    def workload(times: int) -> None:
+        for _ in range(times):
+            list(map(lambda call: call(x), callers))
+            BackwardInPython.apply(torch.sin(x)).sum().backward()
+            model(x.detach()).sum().backward()
+
+    # Gradients are made on the first backward and added to after; CPython specializes the calls
+    # it runs often, which changes the C frames under them: run until all that has happened.
+    workload(100)
+    runs = {}
+    try:
+        for reuse in (False, True):
+            _native._set_stack_reuse(reuse)
+            with capture.session(out_dir / str(reuse), sources=["torch-ops"]):
+                workload(8)
+            (runs[reuse],) = read_runs(out_dir / str(reuse))
+    finally:
+        _native._set_stack_reuse(True)
+    walked, reused = ([(e["name"], e["stack_id"]) for e in op_events(runs[r])] for r in (False, True))
+    assert reused == walked
+    counters = runs[True].manifest["counters"]
+    assert counters["stacks_reused"] > len(reused) // 2
+    assert counters["stacks_reuse_mismatched"] >= 1  # the place that holds two stacks was met
+    assert runs[False].manifest["counters"]["stacks_reused"] == 0
+    # The leaf's stacks name the caller each op had, in the order the calls came.
+    first_map = [e for e in op_events(runs[True]) if e["name"] == "aten::relu"][: len(callers)]
+    assert [python_frames(runs[True], e["stack_id"])[1][1:] for e in first_map] == [
+        (call.__name__, line_of("FIRST CALLER" if call is through_first else "SECOND CALLER")) for call in callers
+    ]
 
 
 def linear_layer_step(layer, x):
@@ -439,6 +506,31 @@ def test_backward_ops_are_sited_at_the_forward_line_in_the_database(
         ("aten::mm", "AddmmBackward0", here, backward, "aten::addmm", "TwoLayers.forward", here, second),
     ]
     assert counted == [(first, 1), (second, 2)]
+
+
+def test_op_attributes_load_alike_from_raw_schema_4_and_5(out_dir: Path, tmp_path: Path) -> None:
+    # Raw schema 5 keeps an op's attributes in columns of their own, 4 and older as JSON text. A run
+    # ingested as it was written, and a copy of it rewritten as version 4 ingested beside another
+    # run of version 5 (parts of both versions in one load): the same attributes in the same text.
+    torch.manual_seed(0)
+    model, x, y = TwoLayers(), torch.randn(4, 6), torch.randn(4, 3)
+    for name in ("written", "other"):
+        with capture.session(out_dir / name, sources=["torch-ops"]):
+            two_layer_training_step(model, x, y)
+    (written,) = read_runs(out_dir / "written")
+    assert written.tables["events"]["attrs"].null_count == written.tables["events"].num_rows
+    old = out_dir / "mixed" / written.path.name
+    shutil.copytree(written.path, old)
+    rewrite_as_raw_version(old, 4)
+    (other,) = read_runs(out_dir / "other")
+    shutil.copytree(other.path, out_dir / "mixed" / other.path.name)
+    sql = "SELECT attrs FROM events WHERE run_id = ? ORDER BY event_id"
+    as_written = query(ingest(out_dir / "written", tmp_path), sql, [written.run_id])
+    as_version_4 = query(ingest(out_dir / "mixed", tmp_path), sql, [written.run_id])
+    assert len(as_written) > 50 and as_version_4 == as_written
+    # The observer's keys, in its order, absent ones left out.
+    mm = [json.loads(text) for (text,) in as_written if '"bwd_node":"AddmmBackward0"' in text]
+    assert mm and all(list(attrs)[:3] == ["id", "depth", "parent"] and "seq" not in attrs for attrs in mm)
 
 
 @pytest.mark.parametrize("op_stacks", ["own", "outermost"])
