@@ -10,7 +10,8 @@ Two hooks; the first that works here is used, and the source's status line says 
    called with the ops it calls nested inside (`aten::linear` containing `aten::t` and
    `aten::addmm`), autograd's backward nodes (`AddmmBackward0`, scope "backward") and user scopes
    (`record_function`, scope "user"), exactly the entries of the profiler's CPU activity. Attributes
-   (see native/torch_observer/observer.cpp): id, depth, parent; seq and seq_thread on forward ops;
+   (see native/torch_observer/observer.cpp; in raw runs the events' op_* columns, in the database
+   JSON in `attrs` as for other events): id, depth, parent; seq and seq_thread on forward ops;
    bwd_seq, fwd_thread and bwd_node on a backward node and every op inside it. At a session sample
    rate below 1, torch's own RecordFunction sampler draws the ops (an op not drawn costs almost
    nothing and is not counted in the manifest's events_sampled_out), and depth and parent are left
@@ -18,7 +19,9 @@ Two hooks; the first that works here is used, and the source's status line says 
    inside one keeps its bwd_seq. With the session's op_stacks="outermost", an op called inside
    another op takes the enclosing op's stack (nothing walked) while no Python code ran in between
    (native/capi.h, TBPIPE_RECORD_NESTED): the same sites, without the frames between the two ops.
-   A backward op
+   Either way most ops gather no stack: an op whose place on its thread was seen before takes the
+   stack gathered there (Recorder::set_stack_reuse in native/recorder.h says what a place is and how
+   reuses are checked; the manifest counts them). A backward op
    belongs to the forward op with seq = bwd_seq and seq_thread = fwd_thread (the view
    `backward_op_sites` sites it at that op's line). No shapes: they would need every op's
    arguments boxed. Left out, as the dispatch mode never sees them: ops run while a fake, proxy

@@ -96,26 +96,6 @@ _OP_VALUES = (
 )
 
 
-def _laid_out(drained: dict[str, Any]) -> dict[str, Any]:
-    """What an older extension drained, laid out as a current one lays it out (bindings.cpp's
-    layout_of): without op columns, names as dictionaries in the order of their ids."""
-
-    def bits(valid: np.ndarray) -> np.ndarray:
-        return np.packbits(valid, bitorder="little")
-
-    def dictionary(name: str, ids: np.ndarray) -> None:
-        strings, indices = np.unique(ids, return_inverse=True)
-        drained[f"{name}_index"] = indices.astype(np.int32)
-        drained[f"{name}_strings"] = strings.astype(np.uint32)
-
-    drained = dict(drained)
-    dictionary("kind", drained["kind_id"])
-    dictionary("name", drained["name_id"])
-    drained["stack_id_valid"] = bits(drained["stack_id"] != 0)
-    drained["correlation_id_valid"] = bits(drained["correlation_id"] != 0)
-    return drained
-
-
 def _list_offsets(ends: pa.Array) -> pa.Array:
     zero = columns.fixed_width(np.zeros(1, dtype=np.int32), pa.int32())
     return pa.concat_arrays([zero, ends.cast(pa.int32())])
@@ -321,8 +301,6 @@ class RunWriter:
 
     def _events(self, drained: dict[str, Any]) -> pa.Table:
         schema = raw.events_schema()
-        if "name_index" not in drained:  # an extension older than this writer
-            drained = _laid_out(drained)
         ts = columns.fixed_width(drained["ts_ns"], pa.int64()).view(schema.field("ts").type)
         arrays = [
             ts,
