@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -69,17 +70,65 @@ py::bytes as_bytes(const std::vector<T>& values) {
   return py::bytes(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
 }
 
+// Drained columns come back here when Python drops them, and the next drain fills them again: their
+// pages stay mapped. A busy flush drains tens of megabytes, and fresh memory each time cost the
+// kernel a page fault and a zeroed page per 4 KiB. Never blocks: with the lock taken (or left taken
+// by a thread that vanished at a fork) a column is made or freed as usual.
+template <typename Container>
+class Recycled {
+ public:
+  static Container take() {
+    std::unique_lock<std::mutex> guard(pool().mutex, std::try_to_lock);
+    if (!guard.owns_lock() || pool().spares.empty()) return Container();
+    Container values = std::move(pool().spares.back());
+    pool().spares.pop_back();
+    values.clear();
+    return values;
+  }
+
+  static void give(Container&& values) {
+    std::unique_lock<std::mutex> guard(pool().mutex, std::try_to_lock);
+    if (guard.owns_lock() && pool().spares.size() < kKept) pool().spares.push_back(std::move(values));
+  }
+
+ private:
+  static constexpr size_t kKept = 32;  // of each type: more than a drain uses
+  struct Pool {
+    std::mutex mutex;
+    std::vector<Container> spares;
+  };
+  static Pool& pool() {
+    static Pool* pool = new Pool();  // never destroyed: columns may come back while the process exits
+    return *pool;
+  }
+};
+
 // A drained column handed to Python as it lies: a numpy array that owns the vector (or string), no
-// copy. A busy flush drains tens of megabytes, which copies into bytes objects would page in afresh.
+// copy; when Python drops it, the container goes back to Recycled.
 template <typename Container>
 py::array owning_array(Container&& values) {
-  using Value = std::conditional_t<std::is_same_v<std::decay_t<Container>, std::string>, uint8_t,
-                                   typename std::decay_t<Container>::value_type>;
+  using Owned = std::decay_t<Container>;
+  using Value = std::conditional_t<std::is_same_v<Owned, std::string>, uint8_t, typename Owned::value_type>;
   if (values.empty()) return py::array_t<Value>(0);
-  auto* owner = new std::decay_t<Container>(std::move(values));
-  py::capsule release(owner, [](void* held) { delete static_cast<std::decay_t<Container>*>(held); });
+  auto* owner = new Owned(std::move(values));
+  py::capsule release(owner, [](void* held) {
+    auto* owned = static_cast<Owned*>(held);
+    Recycled<Owned>::give(std::move(*owned));
+    delete owned;
+  });
   return py::array_t<Value>(static_cast<py::ssize_t>(owner->size()), reinterpret_cast<const Value*>(owner->data()),
                             release);
+}
+
+// A Drained whose columns come from Recycled (empty, with the room an earlier drain made).
+void take_recycled(Drained* drained) {
+  auto refill = [](auto&... columns) { ((columns = Recycled<std::decay_t<decltype(columns)>>::take()), ...); };
+  refill(drained->ts_ns, drained->thread_id, drained->stack_id, drained->kind_id, drained->name_id,
+         drained->correlation_id, drained->attr_text, drained->op_present, drained->op_id, drained->op_parent,
+         drained->op_seq, drained->op_seq_thread, drained->op_bwd_seq, drained->op_fwd_thread, drained->op_depth,
+         drained->op_bwd_node, drained->op_scope);
+  drained->attr_offsets = Recycled<std::vector<int64_t>>::take();
+  drained->attr_offsets.push_back(0);
 }
 
 // The drained columns' Arrow layout (drain_layout.h): dictionary columns of the names, validity
@@ -90,18 +139,32 @@ struct DrainedLayout {
   std::vector<std::pair<uint32_t, std::vector<uint8_t>>> op_valid;  // (TBPIPE_OP_* bit, bitmap)
 };
 
+DictionaryColumn recycled_dictionary() {
+  return DictionaryColumn{Recycled<std::vector<int32_t>>::take(), Recycled<std::vector<uint32_t>>::take(),
+                          Recycled<std::vector<uint8_t>>::take()};
+}
+
 DrainedLayout layout_of(const Drained& drained) {
   DrainedLayout layout;
   const size_t events = drained.ts_ns.size();
-  layout.kind = dictionary_column(drained.kind_id, false);
-  layout.name = dictionary_column(drained.name_id, false);
-  layout.stack_valid = validity_bits(events, [&](size_t i) { return drained.stack_id[i] != 0; });
-  layout.correlation_valid = validity_bits(events, [&](size_t i) { return drained.correlation_id[i] != 0; });
+  auto bits = [&](auto is_valid) {
+    std::vector<uint8_t> valid = Recycled<std::vector<uint8_t>>::take();
+    fill_validity(&valid, events, is_valid);
+    return valid;
+  };
+  layout.kind = recycled_dictionary();
+  layout.name = recycled_dictionary();
+  fill_dictionary(drained.kind_id, false, &layout.kind);
+  fill_dictionary(drained.name_id, false, &layout.name);
+  layout.stack_valid = bits([&](size_t i) { return drained.stack_id[i] != 0; });
+  layout.correlation_valid = bits([&](size_t i) { return drained.correlation_id[i] != 0; });
   if (!drained.op_present.empty()) {
-    layout.bwd_node = dictionary_column(drained.op_bwd_node, true);
-    layout.scope = dictionary_column(drained.op_scope, true);
+    layout.bwd_node = recycled_dictionary();
+    layout.scope = recycled_dictionary();
+    fill_dictionary(drained.op_bwd_node, true, &layout.bwd_node);
+    fill_dictionary(drained.op_scope, true, &layout.scope);
     for (const uint32_t bit : {TBPIPE_OP_ID, TBPIPE_OP_DEPTH, TBPIPE_OP_PARENT, TBPIPE_OP_SEQ, TBPIPE_OP_BACKWARD}) {
-      layout.op_valid.emplace_back(bit, validity_bits(events, [&](size_t i) { return drained.op_present[i] & bit; }));
+      layout.op_valid.emplace_back(bit, bits([&](size_t i) { return drained.op_present[i] & bit; }));
     }
   }
   return layout;
@@ -120,6 +183,7 @@ py::dict drain() {
     // Merging the threads' buffers touches no Python object (attribute dicts change hands with
     // their references as they are): the program's threads run on meanwhile.
     py::gil_scoped_release released;
+    take_recycled(&drained);
     Recorder::instance().drain(&drained);
     layout = layout_of(drained);
   }

@@ -9,18 +9,18 @@
 
 namespace tbpipe {
 
-// Arrow's validity bitmap of `count` values (bit i set: value i is valid), least significant bit first.
+// Arrow's validity bitmap of `count` values into `bits` (bit i set: value i is valid), least
+// significant bit first.
 template <typename IsValid>
-std::vector<uint8_t> validity_bits(size_t count, IsValid is_valid) {
-  std::vector<uint8_t> bits((count + 7) / 8, 0);
-  for (size_t byte = 0; byte < bits.size(); ++byte) {  // a byte at a time: no store per value
+void fill_validity(std::vector<uint8_t>* bits, size_t count, IsValid is_valid) {
+  bits->assign((count + 7) / 8, 0);
+  for (size_t byte = 0; byte < bits->size(); ++byte) {  // a byte at a time: no store per value
     const size_t first = byte * 8;
     const size_t end = first + 8 < count ? first + 8 : count;
     unsigned value = 0;
     for (size_t i = first; i < end; ++i) value |= (is_valid(i) ? 1u : 0u) << (i - first);
-    bits[byte] = static_cast<uint8_t>(value);
+    (*bits)[byte] = static_cast<uint8_t>(value);
   }
-  return bits;
 }
 
 // A column of interned string ids as an Arrow dictionary column: `indices` into `strings` (the ids
@@ -31,6 +31,7 @@ struct DictionaryColumn {
   std::vector<uint8_t> validity;
 };
 
-DictionaryColumn dictionary_column(const std::vector<uint32_t>& ids, bool zero_is_null);
+// Fills `column` (its vectors' room is reused) from `ids`.
+void fill_dictionary(const std::vector<uint32_t>& ids, bool zero_is_null, DictionaryColumn* column);
 
 }  // namespace tbpipe
