@@ -715,6 +715,103 @@ uint64_t reuse_place(const OpenScopes::Level& level, uint32_t kind_id, uint32_t 
   return mix64(key ^ python.hash) | 1;
 }
 
+// A stack to write: its frames as the buffer's columns keep them (module index and offset from the
+// module's load bias per native frame). Off the hot path, which reuses stacks written before.
+__attribute__((noinline)) void append_stack(BufferData* data, const RawStack& stack, uint64_t stack_id) {
+  data->stack_ids.push_back(stack_id);
+  data->stack_status.push_back(stack.status);
+  const ModuleRegistry& modules = ModuleRegistry::instance();
+  for (size_t i = 0; i < stack.native_count; ++i) {
+    const NativeFrame& frame = stack.native[i];
+    const Module* module = frame.module >= 0 ? modules.module(frame.module) : nullptr;
+    data->native_module.push_back(module ? frame.module : -1);
+    data->native_offset.push_back(module ? frame.pc - module->load_bias : frame.pc);
+    data->native_flags.push_back(frame.flags);
+  }
+  data->native_ends.push_back(static_cast<uint32_t>(data->native_module.size()));
+  for (size_t i = 0; i < stack.python_count; ++i) {
+    const PythonFrame& frame = stack.python[i];
+    data->python_code.push_back(frame.code_id);
+    data->python_offset.push_back(frame.instr_offset);
+    data->python_flags.push_back(frame.flags);
+  }
+  data->python_ends.push_back(static_cast<uint32_t>(data->python_code.size()));
+}
+
+// What gather_event_stack needs to know of the event and the session.
+struct GatherRequest {
+  bool python, native, splicing;
+  bool scope_on_stack;  // the event's scope lies on this thread's stack (its level says which frames stay)
+  bool limited;         // a per-stack limit applies: the stack's limit_key is wanted
+  bool checking;        // a reuse gathered anyway: compare with the entry's (or candidate's) stack
+  const void* python_top;
+  uintptr_t scope;
+  uintptr_t live_lo;
+};
+
+struct GatheredStack {
+  uint64_t stack_id;
+  const RawStack* frames;
+  uint64_t limit;
+  bool limited;
+};
+
+// The event's stack gathered (spliced onto the enclosing scope's where there is one), with what the
+// reuse of stacks learns from it: a check's outcome, a candidate of an ambiguous place. Off the hot
+// path: most events reuse a stack.
+__attribute__((noinline)) GatheredStack gather_event_stack(Recorder::ThreadBuffer* buffer, OpenScopes::Level* level,
+                                                           const GatherRequest& request, const UnwindOptions& options,
+                                                           ReusedStacks::Entry* entry,
+                                                           ReusedStacks::Candidate* candidate) {
+  RawStack* gathered = level != nullptr ? level->stack.get() : &thread_scratch_stack();
+  if (level == nullptr) {
+    gather_stack(gathered, request.python, request.native, options);
+  } else {
+    // Inside an open scope, the outer frames are that scope's: splice onto its stack.
+    const OpenScopes::Level* source = request.splicing ? buffer->scopes.source_below(level) : nullptr;
+    StackSplice splice;
+    if (source != nullptr) {
+      splice = StackSplice{source->stack.get(), source->states.get(), source->python_top, source->scope};
+    }
+    gather_stack_spliced(gathered, request.python, request.native, options, level->states.get(), &level->python_top,
+                         source != nullptr ? &splice : nullptr);
+    level->has_stack = request.scope_on_stack;
+    level->has_id = request.scope_on_stack;
+    if (request.python_top != nullptr) level->python_top = request.python_top;  // known without the Python half too
+  }
+  GatheredStack result{hash_stack(*gathered), gathered, 0, false};
+  if (request.limited) {
+    result.limit = limit_key(*gathered, result.stack_id);
+    result.limited = true;
+  }
+  if (level != nullptr) {
+    level->stack_id = result.stack_id;
+    level->limit_key = result.limit;
+  }
+  bool confirmed = false;  // a check found the candidate's stack again
+  if (request.checking) {
+    count(buffer->reuse_checked);
+    const uint64_t kept = candidate != nullptr ? candidate->stack_id : entry->stack_id;
+    if (kept != result.stack_id) {
+      count(buffer->reuse_mismatched);
+      // The place holds more than one stack: from now on its candidates' slots decide.
+      if (candidate != nullptr) ReusedStacks::drop(candidate);
+      entry->ambiguous = 1;
+    } else {
+      confirmed = candidate != nullptr;
+      if (result.limited) {
+        (candidate != nullptr ? candidate->limit_key : entry->limit_key) = result.limit;
+        (candidate != nullptr ? candidate->limited : entry->limited) = 1;
+      }
+    }
+  }
+  if (entry != nullptr && entry->ambiguous && level != nullptr && !confirmed) {
+    buffer->reused->add_candidate(*entry, result.stack_id, result.limit, result.limited, *gathered, level->states.get(),
+                                  request.scope, request.live_lo, buffer->stack_hi);
+  }
+  return result;
+}
+
 }  // namespace
 
 bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs, const char* attrs_json,
@@ -805,54 +902,15 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
       level->limit_key = limit;
       level->python_top = python_top;
     } else {
-      RawStack* gathered = level != nullptr ? level->stack.get() : &thread_scratch_stack();
-      if (level == nullptr) {
-        gather_stack(gathered, python, native, options);
-      } else {
-        // Inside an open scope, the outer frames are that scope's: splice onto its stack.
-        const OpenScopes::Level* source =
-            splicing_.load(std::memory_order_relaxed) ? buffer->scopes.source_below(level) : nullptr;
-        StackSplice splice;
-        if (source != nullptr) {
-          splice = StackSplice{source->stack.get(), source->states.get(), source->python_top, source->scope};
-        }
-        gather_stack_spliced(gathered, python, native, options, level->states.get(), &level->python_top,
-                             source != nullptr ? &splice : nullptr);
-        level->has_stack = scope_on_stack;
-        level->has_id = scope_on_stack;
-        if (python_top != nullptr) level->python_top = python_top;  // also known without the Python half
-      }
-      frames = gathered;
-      stack_id = hash_stack(*gathered);
-      if (per_stack_limit != 0) {
-        limit = limit_key(*gathered, stack_id);
-        limited = true;
-      }
-      if (level != nullptr) {
-        level->stack_id = stack_id;
-        level->limit_key = limit;
-      }
-      bool confirmed = false;  // a check found the candidate's stack again
-      if (checking) {
-        count(buffer->reuse_checked);
-        const uint64_t kept = candidate != nullptr ? candidate->stack_id : entry->stack_id;
-        if (kept != stack_id) {
-          count(buffer->reuse_mismatched);
-          // The place holds more than one stack: from now on its candidates' slots decide.
-          if (candidate != nullptr) ReusedStacks::drop(candidate);
-          entry->ambiguous = 1;
-        } else {
-          confirmed = candidate != nullptr;
-          if (limited) {
-            (candidate != nullptr ? candidate->limit_key : entry->limit_key) = limit;
-            (candidate != nullptr ? candidate->limited : entry->limited) = 1;
-          }
-        }
-      }
-      if (entry != nullptr && entry->ambiguous && level != nullptr && !confirmed) {
-        buffer->reused->add_candidate(*entry, stack_id, limit, limited, *gathered, level->states.get(), scope_address,
-                                      live_lo, buffer->stack_hi);
-      }
+      const GatheredStack gathered =
+          gather_event_stack(buffer, level,
+                             GatherRequest{python, native, splicing_.load(std::memory_order_relaxed), scope_on_stack,
+                                           per_stack_limit != 0, checking, python_top, scope_address, live_lo},
+                             options, entry, candidate);
+      stack_id = gathered.stack_id;
+      frames = gathered.frames;
+      limit = gathered.limit;
+      limited = gathered.limited;
     }
   }
   if (per_stack_limit != 0 && stack_id != 0) {
@@ -880,26 +938,8 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
   // A new stack is written even when its event is dropped below: it is now in
   // the seen-set, so later events will refer to it without writing it again.
   if (new_stack) {
-    const RawStack& stack = *frames;
     stacks_.fetch_add(1, std::memory_order_relaxed);
-    data.stack_ids.push_back(stack_id);
-    data.stack_status.push_back(stack.status);
-    const ModuleRegistry& modules = ModuleRegistry::instance();
-    for (size_t i = 0; i < stack.native_count; ++i) {
-      const NativeFrame& frame = stack.native[i];
-      const Module* module = frame.module >= 0 ? modules.module(frame.module) : nullptr;
-      data.native_module.push_back(module ? frame.module : -1);
-      data.native_offset.push_back(module ? frame.pc - module->load_bias : frame.pc);
-      data.native_flags.push_back(frame.flags);
-    }
-    data.native_ends.push_back(static_cast<uint32_t>(data.native_module.size()));
-    for (size_t i = 0; i < stack.python_count; ++i) {
-      const PythonFrame& frame = stack.python[i];
-      data.python_code.push_back(frame.code_id);
-      data.python_offset.push_back(frame.instr_offset);
-      data.python_flags.push_back(frame.flags);
-    }
-    data.python_ends.push_back(static_cast<uint32_t>(data.python_code.size()));
+    append_stack(&data, *frames, stack_id);
   }
   if (data.events.size() >= max_buffered_events_) {
     // The flusher is not keeping up: drop rather than grow without bound.
