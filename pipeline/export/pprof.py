@@ -108,6 +108,15 @@ class _Tables:
             )
         return mapping
 
+    def add_locations(self, locations: list[dict[str, Any]]) -> None:
+        """Every location (`StackLocations.locations` rows), its mappings made first with the main
+        program's ahead of the libraries': pprof reads mapping[0] as the main binary."""
+        natives = [location for location in locations if location["kind"] == "native"]
+        for location in sorted(natives, key=lambda loc: bool(_LIBRARY.search(loc["module"] or ""))):
+            self.mapping(location)
+        for location in locations:
+            self.add_location(location["location_id"], location)
+
     def add_location(self, location_id: int, location: dict[str, Any]) -> None:
         kind, lines = location["kind"], location["lines"]
         entry = self._Location(id=location_id)
@@ -167,14 +176,7 @@ def write_pprof(source: ExportSource, out: BinaryIO, compresslevel: int = 1) -> 
 
     located = source.stack_locations()
     tables = _Tables(strings)
-    locations = located.locations.to_pylist()
-    # The main program first: pprof reads mapping[0] as the main binary.
-    natives = [location for location in locations if location["kind"] == "native"]
-    for location in sorted(natives, key=lambda loc: bool(_LIBRARY.search(loc["module"] or ""))):
-        tables.mapping(location)
-    for location in locations:
-        tables.add_location(location["location_id"], location)
-    del locations, natives
+    tables.add_locations(located.locations.to_pylist())
     no_stack_id = located.locations.num_rows + 1
     tables.add_location(
         no_stack_id,

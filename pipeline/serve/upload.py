@@ -74,6 +74,7 @@ class _Writer:
 
     def __init__(self, root: Path, max_unpacked: int, limit: str = "the limit"):
         self.root = root
+        self.real_root = os.path.realpath(root)  # once: per entry it was much of an archive's unpacking
         self.max_unpacked = max_unpacked
         self.limit = limit
         self.written = 0
@@ -86,9 +87,7 @@ class _Writer:
         target = self.root.joinpath(*relative.parts)
         # Belt and braces: no entry resolves outside the upload folder (e.g. through a folder
         # that is itself an earlier entry; links are refused anyway).
-        if os.path.commonpath([os.path.realpath(target.parent), os.path.realpath(self.root)]) != os.path.realpath(
-            self.root
-        ):
+        if os.path.commonpath([os.path.realpath(target.parent), self.real_root]) != self.real_root:
             raise UploadRefused(f"archive entry {str(relative)[:200]!r} reaches outside the archive")
         return target
 

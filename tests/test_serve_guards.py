@@ -1,0 +1,392 @@
+"""The service's guards, stated exactly at their edges: the token's header and scheme, the Host check,
+the SQL sandbox's statement rules and row limit, and an upload's entry, byte and expansion caps and
+where its entries may land (never in a sibling folder whose name starts with the upload's)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import decimal
+import io
+import math
+import os
+import tarfile
+import uuid
+from pathlib import Path, PurePosixPath
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from tbpipe.pipeline.db.connection import open_database
+from tbpipe.pipeline.errors import UsageError
+from tbpipe.pipeline.serve import sandbox, security, upload
+from tbpipe.pipeline.serve.database import open_locked
+from tbpipe.pipeline.serve.sandbox import QueryRefused
+from tbpipe.pipeline.serve.upload import UploadRefused
+
+TOKEN = "s3cret-token-0123456789"
+
+# ------------------------------------------------------------------------------------------ the token
+
+
+@pytest.mark.parametrize(
+    "header", [f"Bearer {TOKEN}", f"bearer {TOKEN}", f"BEARER {TOKEN}", f"Bearer {TOKEN} ", f"Bearer  {TOKEN}"]
+)
+def test_the_bearer_scheme_with_the_token_passes(header: str) -> None:
+    security.check_token(TOKEN, header)
+
+
+@pytest.mark.parametrize(
+    "header, message",
+    [
+        (None, "Authorization: Bearer TOKEN"),
+        ("", "Authorization: Bearer TOKEN"),
+        (TOKEN, "Authorization: Bearer TOKEN"),  # no scheme
+        (f"Basic {TOKEN}", "Authorization: Bearer TOKEN"),
+        (f"Token {TOKEN}", "Authorization: Bearer TOKEN"),
+        (f"Bearerx {TOKEN}", "Authorization: Bearer TOKEN"),
+        (f"Bear {TOKEN}", "Authorization: Bearer TOKEN"),
+        ("Bearer", "Authorization: Bearer TOKEN"),
+        ("Bearer ", "Authorization: Bearer TOKEN"),
+        ("Bearer wrong-token-0123456789", "wrong token"),
+        (f"Bearer {TOKEN[:-1]}", "wrong token"),
+        (f"Bearer {TOKEN}x", "wrong token"),
+        (f"Bearer {TOKEN.upper()}", "wrong token"),
+    ],
+)
+def test_other_schemes_and_tokens_are_401(header: str | None, message: str) -> None:
+    with pytest.raises(security.TokenError, match=message) as caught:
+        security.check_token(TOKEN, header)
+    assert caught.value.status == 401
+
+
+def test_without_a_configured_token_writes_are_403() -> None:
+    with pytest.raises(security.TokenError, match="--token-file") as caught:
+        security.check_token(None, f"Bearer {TOKEN}")
+    assert caught.value.status == 403
+
+
+def test_a_token_file_needs_16_characters(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text(" " + "x" * 16 + "\n")
+    assert security.read_token(path) == "x" * 16
+    path.write_text("x" * 15 + "\n")
+    with pytest.raises(UsageError, match="at least 16 characters"):
+        security.read_token(path)
+    with pytest.raises(UsageError, match="cannot read it"):
+        security.read_token(tmp_path / "missing")
+
+
+# ------------------------------------------------------------------------------------------ Host and headers
+
+
+@pytest.mark.parametrize(
+    "host, loopback",
+    [
+        ("localhost", True),
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("0.0.0.0", False),
+        ("10.0.0.1", False),
+        ("localhost.example.com", False),
+        ("evil.example", False),
+    ],
+)
+def test_loopback_names(host: str, loopback: bool) -> None:
+    assert security.is_loopback(host) is loopback
+
+
+def get_with_host(host: str, loopback_only: bool) -> httpx.Response:
+    """GET / with this Host header from a Starlette app behind the middleware, in process."""
+    app = security.SecurityHeaders(
+        Starlette(routes=[Route("/", lambda request: PlainTextResponse("hello"))]), loopback_only=loopback_only
+    )
+
+    async def get() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as client:
+            return await client.get("/", headers={"host": host})
+
+    return asyncio.run(get())
+
+
+@pytest.mark.parametrize(
+    "host, status",
+    [
+        ("127.0.0.1:8000", 200),
+        ("localhost:8000", 200),
+        ("localhost", 200),
+        ("[::1]:8000", 200),
+        ("[::1]", 200),
+        ("evil.example:8000", 421),
+        ("evil.example", 421),
+        ("127.0.0.1.evil.example", 421),
+    ],
+)
+def test_a_loopback_service_answers_loopback_hosts_only(host: str, status: int) -> None:
+    response = get_with_host(host, loopback_only=True)
+    assert response.status_code == status
+    if status == 421:
+        assert "loopback names only" in response.text
+    else:
+        assert response.text == "hello"
+        assert response.headers["content-security-policy"] == security.CSP
+        assert response.headers["x-frame-options"] == "DENY"
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["referrer-policy"] == "no-referrer"
+
+
+def test_a_service_bound_elsewhere_takes_any_host_and_still_sends_the_headers() -> None:
+    response = get_with_host("evil.example:8000", loopback_only=False)
+    assert response.status_code == 200 and response.headers["content-security-policy"] == security.CSP
+
+
+def test_static_files_are_the_table_only() -> None:
+    files = security.StaticFiles()
+    name = next(n for n in files.files if n.endswith(".css"))
+    response = files.response(name)
+    assert response.media_type.startswith("text/css") and response.headers["cache-control"] == "no-cache"
+    assert response.body == files.files[name][0]
+    assert files.response("../" + name) is None and files.response("app.py") is None
+
+
+# ------------------------------------------------------------------------------------------ the SQL sandbox
+
+
+@pytest.fixture(scope="module")
+def cursor(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sandbox") / "db.duckdb"
+    with open_database(path) as con:  # a fresh tbpipe database, and a table of our own in it
+        con.execute("CREATE TABLE t AS SELECT range AS i, 'row ' || range AS s FROM range(10)")
+    con = open_locked(path)
+    yield con.cursor()
+    con.close()
+
+
+def refusal(cursor, sql: str) -> QueryRefused:
+    with pytest.raises(QueryRefused) as caught:
+        sandbox.check_statement(cursor, sql)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT 1",
+        "  select 1;  ",
+        "(SELECT 1)",
+        "-- a comment\nSELECT 1",
+        "/* PRAGMA */ SELECT 1",
+        "WITH x AS (SELECT 1 AS a) SELECT a FROM x",
+        "FROM t",
+        "VALUES (1)",
+        "SELECT * FROM range(3)",
+        "SELECT * FROM generate_series(1, 3)",
+        "SELECT * FROM unnest([1, 2])",
+        "SELECT * FROM repeat(1, 3)",
+        "SELECT * FROM json_each('[1]')",
+        "SELECT * FROM duckdb_tables()",
+        "SELECT * FROM pragma_table_info('t')",
+    ],
+)
+def test_one_select_over_the_catalog_passes(cursor, sql: str) -> None:
+    assert sandbox.check_statement(cursor, sql) == sql.strip().rstrip(";").strip()
+
+
+@pytest.mark.parametrize(
+    "sql, status, message",
+    [
+        ("   ", 400, "no SQL given"),
+        ("SELECT 1; SELECT 2", 400, "this SQL holds 2"),
+        ("PRAGMA version", 403, "this is a PRAGMA statement"),
+        ("/* SELECT */ PRAGMA version", 403, "this is a PRAGMA statement"),
+        ("SET threads = 1", 403, "SET"),
+        ("SELECT $x", 400, "parameters"),
+        ("SELECT * FROM read_csv('x.csv')", 403, "read_csv() is not available"),
+        ("SELECT * FROM Read_Text('x')", 403, "read_text() is not available"),
+        ("SELECT * FROM range(2), read_blob('x')", 403, "read_blob() is not available"),
+        ("SELECT * FROM (SELECT * FROM (SELECT * FROM glob('*')))", 403, "glob() is not available"),
+        ("SELECT * FROM range_x(3)", 403, "range_x() is not available"),
+    ],
+)
+def test_everything_else_is_refused(cursor, sql: str, status: int, message: str) -> None:
+    refused = refusal(cursor, sql)
+    assert message in str(refused) and refused.status == status
+
+
+def test_the_statement_length_limit_is_inclusive(cursor) -> None:
+    longest = "SELECT 1" + " " * (sandbox.MAX_SQL_CHARS - len("SELECT 1 --")) + " --"
+    assert len(longest) == sandbox.MAX_SQL_CHARS
+    sandbox.check_statement(cursor, longest)
+    refused = refusal(cursor, longest + "-")
+    assert refused.status == 400 and f"{sandbox.MAX_SQL_CHARS + 1:,} characters" in str(refused)
+
+
+@pytest.mark.parametrize("rows, truncated", [(4, False), (5, False), (6, True), (10, True)])
+def test_truncated_means_more_rows_than_the_limit(cursor, rows: int, truncated: bool) -> None:
+    result = sandbox.run_query(cursor, f"SELECT i FROM t WHERE i < {rows} ORDER BY i", max_rows=5, timeout_s=30)
+    body = result.to_json()
+    assert body["truncated"] is truncated and body["limit"] == 5
+    assert body["rows"] == [[i] for i in range(min(rows, 5))] and body["row_count"] == min(rows, 5)
+    assert body["columns"] == ["i"] and body["types"] == ["BIGINT"]
+
+
+def test_a_query_past_its_time_is_stopped(cursor) -> None:
+    with pytest.raises(QueryRefused, match="time limit of 0.2 s") as caught:
+        sandbox.run_query(cursor, "SELECT count(*) FROM range(10000000000) a, range(1000) b", max_rows=1, timeout_s=0.2)
+    assert caught.value.status == 408
+    assert sandbox.run_query(cursor, "SELECT 2", max_rows=1, timeout_s=30).rows == [[2]]  # the cursor still works
+
+
+def test_the_locked_instance_refuses_a_file_and_errors_are_one_line(cursor) -> None:
+    with pytest.raises(QueryRefused) as caught:
+        sandbox.run_query(cursor, "SELECT * FROM 'x.csv'", max_rows=1, timeout_s=30)
+    assert caught.value.status in (400, 403) and "\n" not in str(caught.value)
+    with pytest.raises(QueryRefused) as caught:
+        sandbox.run_query(cursor, "SELECT 1 / 'a'", max_rows=1, timeout_s=30)
+    assert caught.value.status == 400
+
+
+def test_values_as_json_carries_them() -> None:
+    moment = dt.datetime(2026, 12, 6, 5, 4, 3)
+    key = uuid.UUID(int=1)
+    assert sandbox.jsonable(None) is None and sandbox.jsonable(True) is True and sandbox.jsonable(7) == 7
+    assert sandbox.jsonable(1.5) == 1.5 and sandbox.jsonable(math.nan) is None and sandbox.jsonable(-math.inf) is None
+    assert sandbox.jsonable(decimal.Decimal("1.25")) == 1.25
+    assert sandbox.jsonable(moment) == "2026-12-06T05:04:03" and sandbox.jsonable(moment.date()) == "2026-12-06"
+    assert sandbox.jsonable(dt.time(1, 2)) == "01:02:00" and sandbox.jsonable(dt.timedelta(minutes=2)) == 120.0
+    assert sandbox.jsonable(b"\x00\xff") == "AP8=" and sandbox.jsonable(memoryview(b"ab")) == "YWI="
+    assert sandbox.jsonable(key) == str(key)
+    assert sandbox.jsonable({1: [math.nan, (b"a", 2)]}) == {"1": [None, ["YQ==", 2]]}
+    assert sandbox.jsonable(frozenset()) == "frozenset()"
+
+
+# ------------------------------------------------------------------------------------------ uploads
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("", "not a plain relative path"),
+        ("run/a\x00b", "not a plain relative path"),
+        ("run\\a", "not a plain relative path"),
+        ("/etc/passwd", "absolute path"),
+        ("//etc/passwd", "absolute path"),
+        ("..", "reaches outside"),
+        ("run/../../x", "reaches outside"),
+        ("run/..", "reaches outside"),
+        (".", "empty path"),
+        ("./", "empty path"),
+        ("././", "empty path"),
+    ],
+)
+def test_entry_names_that_could_land_outside_are_refused(name: str, message: str) -> None:
+    with pytest.raises(UploadRefused, match=message) as caught:
+        upload._entry_path(name)
+    assert caught.value.status == 400
+
+
+def test_entry_names_are_made_plain() -> None:
+    assert upload._entry_path("./run/./a.parquet") == PurePosixPath("run/a.parquet")
+    assert upload._entry_path("run//a") == PurePosixPath("run/a")
+    assert upload._entry_path("run..x/..a") == PurePosixPath("run..x/..a")  # dots inside a name are a name
+
+
+def test_the_entry_cap_is_inclusive(tmp_path: Path) -> None:
+    writer = upload._Writer(tmp_path, max_unpacked=10)
+    for _ in range(upload.MAX_ENTRIES):
+        writer.folder(PurePosixPath("run"))
+    with pytest.raises(UploadRefused, match=f"more than {upload.MAX_ENTRIES:,} entries"):
+        writer.folder(PurePosixPath("run"))
+
+
+def test_the_byte_cap_is_inclusive(tmp_path: Path) -> None:
+    writer = upload._Writer(tmp_path, max_unpacked=10, limit="ten bytes")
+    writer.file(PurePosixPath("a"), io.BytesIO(b"x" * 6))
+    writer.file(PurePosixPath("b"), io.BytesIO(b"x" * 4))
+    assert writer.written == 10 and (tmp_path / "b").read_bytes() == b"xxxx"
+    with pytest.raises(UploadRefused, match=r"more than 10 bytes \(ten bytes\)") as caught:
+        writer.file(PurePosixPath("c"), io.BytesIO(b"x"))
+    assert caught.value.status == 413
+    with pytest.raises(UploadRefused, match="appears twice"):
+        upload._Writer(tmp_path, max_unpacked=10).file(PurePosixPath("a"), io.BytesIO(b""))
+
+
+def test_an_entry_cannot_land_in_a_sibling_folder_sharing_its_prefix(tmp_path: Path) -> None:
+    root, sibling = tmp_path / "upload", tmp_path / "upload-other"
+    root.mkdir()
+    sibling.mkdir()
+    (root / "inside").symlink_to(root)
+    (root / "sibling").symlink_to(sibling)
+    writer = upload._Writer(root, max_unpacked=100)
+    writer.file(PurePosixPath("inside/a"), io.BytesIO(b"ok"))
+    assert (root / "a").read_bytes() == b"ok"
+    with pytest.raises(UploadRefused, match="reaches outside"):
+        writer.file(PurePosixPath("sibling/b"), io.BytesIO(b"bad"))
+    with pytest.raises(UploadRefused, match="reaches outside"):
+        writer.folder(PurePosixPath("sibling/c"))
+    assert list(sibling.iterdir()) == []
+
+
+def test_the_expansion_limit_applies_only_below_the_unpacked_limit() -> None:
+    assert upload.unpack_limit(100, 1000, 10.0) == (1000, "the limit")
+    assert upload.unpack_limit(100, 1001, 10.0) == (
+        1000,
+        "10 times the archive's 100 bytes, the most an archive may expand",
+    )
+    assert upload.unpack_limit(100, 999, 10.0) == (999, "the limit")
+    assert upload.unpack_limit(100, 5000, 2.5) == (
+        250,
+        "2.5 times the archive's 100 bytes, the most an archive may expand",
+    )
+    assert upload.unpack_limit(100, 1001, None) == (1001, "the limit")
+
+
+def test_archive_kinds_by_their_first_bytes() -> None:
+    ustar = bytes(257) + b"ustar" + bytes(250)
+    assert [upload.archive_kind(h) for h in (b"PK\x03\x04rest", b"PK\x05\x06", b"\x1f\x8b\x08", b"BZh9")] == [
+        "zip",
+        "zip",
+        "tar",
+        "tar",
+    ]
+    assert upload.archive_kind(b"\xfd7zXZ\x00\x00") == "tar" and upload.archive_kind(ustar) == "tar"
+    assert upload.archive_kind(ustar[:261]) is None and upload.archive_kind(b"PK\x01\x02") is None
+    assert upload.archive_kind(bytes(257) + b"ustaR" + bytes(250)) is None
+
+
+def folders_tar(entries: int) -> bytes:
+    """An uncompressed tar of `entries` entries of the same folder (one header, repeated, then the end)."""
+    info = tarfile.TarInfo("run")
+    info.type = tarfile.DIRTYPE
+    return info.tobuf(tarfile.GNU_FORMAT) * entries + bytes(2 * tarfile.BLOCKSIZE)
+
+
+def test_an_archive_past_the_entry_cap_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(folders_tar(upload.MAX_ENTRIES + 1))
+    uploads = tmp_path / "uploads"
+    uploads.mkdir()
+    with pytest.raises(UploadRefused, match=f"more than {upload.MAX_ENTRIES:,} entries") as caught:
+        upload.receive(archive, uploads, max_unpacked=1 << 20)
+    assert caught.value.status == 400 and os.listdir(uploads) == []
+
+
+def test_an_archive_past_its_expansion_is_refused(tmp_path: Path) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        info = tarfile.TarInfo("run/zeros")
+        info.size = 1 << 20
+        tar.addfile(info, io.BytesIO(bytes(info.size)))
+    archive = tmp_path / "a.tar.gz"
+    archive.write_bytes(buffer.getvalue())
+    into = tmp_path / "into"
+    with pytest.raises(UploadRefused, match="times the archive's") as caught:
+        upload.unpack(archive, into, max_unpacked=1 << 30)
+    assert caught.value.status == 413
+    upload.unpack(archive, tmp_path / "unlimited", max_unpacked=1 << 30, max_expansion=None)
+    assert (tmp_path / "unlimited" / "run" / "zeros").stat().st_size == 1 << 20
