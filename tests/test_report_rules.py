@@ -4,8 +4,10 @@ and GPU time, and the per-execution statistics (mean, variance, Welch's z)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -13,8 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tbpipe import capture
+from tbpipe.pipeline.db import IngestOptions, ingest_runs, open_database
 from tbpipe.pipeline.reports.regression import compute, gpu_time, stats
-from tbpipe.pipeline.reports.regression.model import ReportRequest, RunSet, Thresholds
+from tbpipe.pipeline.reports.regression.accept import load_accept_file
+from tbpipe.pipeline.reports.regression.compute import compare
+from tbpipe.pipeline.reports.regression.model import RegressionReport, ReportRequest, RunSet, Thresholds
+from tbpipe.pipeline.reports.regression.select import SelectionError
 
 # ------------------------------------------------------------------------------------------ the band
 
@@ -331,3 +338,149 @@ def test_gpu_time_against_a_window_flags_outside_its_band_only() -> None:
     # Absent from every night: new; present on one night: measured against the band.
     assert gpu_window([0, 0], [5, 0])[0] == ["new", "unchanged"]
     assert gpu_window([0, 5], [6, 5])[0] == ["increased", "unchanged"]
+
+
+# ------------------------------------------------------------------------------------------ a whole report
+
+
+def grow(count: int) -> None:
+    for _ in range(count):
+        capture.record("kernel_launch", "grow")
+
+
+def steady(count: int) -> None:
+    for _ in range(count):
+        capture.record("kernel_launch", "steady")
+
+
+def gone(count: int) -> None:
+    for _ in range(count):
+        capture.record("op", "gone")
+
+
+def fresh(count: int) -> None:
+    for _ in range(count):
+        capture.record("kernel_launch", "fresh")
+
+
+def step(count: int) -> None:
+    for _ in range(count):
+        capture.record("user", "step")
+
+
+# Per night (oldest first): the events of each site. The last is the candidate.
+NIGHTS = [
+    ("n1", {grow: 10, steady: 5, gone: 3, step: 2}),
+    ("n2", {grow: 12, steady: 5, gone: 3, step: 2}),
+    ("n3", {grow: 14, steady: 5, gone: 3, step: 2}),
+    ("n4", {grow: 30, steady: 5, fresh: 4, step: 4}),
+]
+
+
+@pytest.fixture(scope="module")
+def nights_db(tmp_path_factory, symbol_cache) -> Path:
+    root = tmp_path_factory.mktemp("report_rules")
+    for commit, sites in NIGHTS:
+        with capture.session(root / "runs", labels={"suite": "rules", "commit": commit}):
+            for site, count in sites.items():
+                site(count)
+    path = root / "tbpipe.duckdb"
+    summary = ingest_runs([root / "runs"], IngestOptions(db_path=path, cache_dir=symbol_cache, progress=False))
+    assert summary.ok and summary.ingested == len(NIGHTS)
+    return path
+
+
+@pytest.fixture()
+def con(nights_db):
+    connection = open_database(nights_db, read_only=True)
+    yield connection
+    connection.close()
+
+
+def report_of(con, **fields) -> RegressionReport:
+    fields.setdefault("candidate", "latest:commit=n4")
+    return compare(con, ReportRequest(**fields), today=dt.date(2026, 12, 6))
+
+
+def test_a_pair_report_in_process(con) -> None:
+    report = report_of(con, baseline="latest:commit=n3", tracebacks=1)
+    changes = [(s.name, s.change, s.flagged, s.baseline_events, s.candidate_events) for s in report.sites]
+    # Flagged first, then by size of change.
+    assert changes == [
+        ("grow", "increased", True, 14, 30),
+        ("fresh", "new", True, 0, 4),
+        ("step", "increased", True, 2, 4),
+        ("gone", "removed", False, 3, 0),
+        ("steady", "unchanged", False, 5, 5),
+    ]
+    grow_site = report.sites[0]
+    assert grow_site.site_function == "grow" and grow_site.where.endswith(f":{grow_site.site_line}")
+    # Tracebacks of the first flagged site only (tracebacks=1), innermost first, the site's function in it.
+    assert grow_site.traceback and any(f.function == "grow" for f in grow_site.traceback)
+    assert [s.traceback is None for s in report.sites if s.flagged][1:] == [True] * (len(report.regressions) - 1)
+    assert report.verdict().startswith(f"{len(report.regressions)} regressions (")
+    assert [e.what for e in report.environment] == ["label commit"]
+    assert (report.candidate.name, report.baseline[0].name) == (
+        report.candidate.run_ids[0],
+        report.baseline[0].run_ids[0],
+    )
+
+
+def test_a_window_report_in_process(con) -> None:
+    report = report_of(con, window=3, kinds=("kernel_launch",))
+    sites = {s.name: s for s in report.sites}
+    assert set(sites) == {"grow", "steady", "fresh"}  # only the kind asked for
+    assert (sites["grow"].change, sites["grow"].flagged, sites["grow"].baseline_events) == ("increased", True, 12)
+    assert (sites["grow"].spread.low, sites["grow"].spread.high, sites["grow"].spread.values) == (10, 14, [10, 12, 14])
+    assert sites["steady"].change == "unchanged" and report.verdict().endswith("against 3 previous runs")
+
+
+def test_per_marker_counts_in_process(con) -> None:
+    report = report_of(con, baseline="latest:commit=n3", per=("user", "step"))
+    sites = {s.name: s for s in report.sites}
+    assert "step" not in sites and (report.candidate.markers, report.baseline[0].markers) == (4, 2)
+    assert (sites["grow"].baseline_events, sites["grow"].candidate_events) == (7, 7.5)
+    assert (sites["steady"].baseline_events, sites["steady"].candidate_events) == (2.5, 1.25)
+    with pytest.raises(SelectionError, match="recorded no user 'nothing' events"):
+        report_of(con, baseline="latest:commit=n3", per=("user", "nothing"))
+
+
+def test_accepted_and_expired_entries_in_process(con, tmp_path) -> None:
+    path = tmp_path / "accept.toml"
+    path.write_text(
+        '[[accept]]\nsite = "test_report_rules.py:grow"\nname = "gr*"\nreason = "bigger batch"\n'
+        '[[accept]]\nsite = "test_report_rules.py:fresh"\nuntil = 2026-12-05\nreason = "old"\n'
+        '[[accept]]\nsite = "test_report_rules.py:steady"\nuntil = 2026-12-06\nreason = "today still"\n'
+    )
+    report = compare(
+        con,
+        ReportRequest("latest:commit=n4", baseline="latest:commit=n3"),
+        load_accept_file(path),
+        dt.date(2026, 12, 6),
+    )
+    sites = {s.name: s for s in report.sites}
+    assert (sites["grow"].flagged, sites["grow"].accepted) == (False, "test_report_rules.py:grow gr*: bigger batch")
+    assert sites["fresh"].flagged and sites["fresh"].accepted is None
+    assert report.expired_accepts == ["test_report_rules.py:fresh until 2026-12-05: old"]
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({}, "give a baseline"),
+        ({"baseline": "latest:commit=n3", "window": 2}, "give a baseline"),
+        ({"window": 0}, "at least 1, not 0"),
+        ({"baseline": "latest:commit=n4"}, "share runs"),
+        ({"baseline": "latest:commit=n3", "site_of": "elsewhere"}, "not 'elsewhere'"),
+    ],
+)
+def test_a_request_that_cannot_be_answered(con, fields: dict, message: str) -> None:
+    with pytest.raises(SelectionError, match=message):
+        report_of(con, **fields)
+
+
+def test_short_module_keys() -> None:
+    assert compute._short_key("0123456789abcdef") == "0123456789abcdef"
+    assert compute._short_key("0123456789abcdef0") == "0123456789ab…"
+    assert compute._short_key("path:/a/very/long/path/libfoo.so") == "path:/a/very/long/path/libfoo.so"
+    assert compute._short_key("invalid:/a/very/long/path/libfoo.so") == "invalid:/a/very/long/path/libfoo.so"
