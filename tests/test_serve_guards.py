@@ -8,10 +8,15 @@ import asyncio
 import datetime as dt
 import decimal
 import io
+import json
 import math
 import os
+import re
+import shutil
+import stat
 import tarfile
 import uuid
+import zipfile
 from pathlib import Path, PurePosixPath
 
 import httpx
@@ -20,6 +25,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from tbpipe import capture
 from tbpipe.pipeline.db.connection import open_database
 from tbpipe.pipeline.errors import UsageError
 from tbpipe.pipeline.serve import sandbox, security, upload
@@ -390,3 +396,125 @@ def test_an_archive_past_its_expansion_is_refused(tmp_path: Path) -> None:
     assert caught.value.status == 413
     upload.unpack(archive, tmp_path / "unlimited", max_unpacked=1 << 30, max_expansion=None)
     assert (tmp_path / "unlimited" / "run" / "zeros").stat().st_size == 1 << 20
+
+
+# ------------------------------------------------------------------------------------------ whole uploads
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """One run folder captured here."""
+    out = tmp_path_factory.mktemp("upload_run")
+    with capture.session(out / "runs", labels={"suite": "guards"}):
+        capture.record("kernel_launch", "gemm")
+    (found,) = (out / "runs").iterdir()
+    return found
+
+
+def tar_of(folder: Path, arcname: str, mode: str = "w:gz") -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode=mode) as tar:
+        tar.add(folder, arcname=arcname)
+    return buffer.getvalue()
+
+
+def zip_of(folder: Path, arcname: str) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as bundle:
+        bundle.writestr(zipfile.ZipInfo(arcname + "/"), b"")  # a folder entry, as zip tools write them
+        for path in sorted(folder.rglob("*")):
+            bundle.write(path, f"{arcname}/{path.relative_to(folder)}")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("pack", [lambda d: tar_of(d, "r"), lambda d: tar_of(d, "r", "w"), lambda d: zip_of(d, "r")])
+def test_a_good_run_is_received(run_dir: Path, tmp_path: Path, pack) -> None:
+    archive = tmp_path / "upload.bin"
+    archive.write_bytes(pack(run_dir))
+    received = upload.receive(archive, tmp_path / "uploads", max_unpacked=1 << 30)
+    assert received.run_ids == [json.loads((run_dir / "manifest.json").read_text())["run_id"]]
+    assert received.folder == tmp_path / "uploads" / received.upload_id and received.run_dirs == [received.folder / "r"]
+    assert sorted(p.name for p in (received.folder / "r").iterdir()) == sorted(p.name for p in run_dir.iterdir())
+    assert re.fullmatch(r"\d{8}T\d{6}-[0-9a-f]{8}", received.upload_id)
+
+
+def test_a_damaged_run_is_quarantined_with_its_reason(run_dir: Path, tmp_path: Path) -> None:
+    damaged = tmp_path / "damaged"
+    shutil.copytree(run_dir, damaged)
+    part = next(p for p in sorted(damaged.rglob("*.parquet")))
+    part.write_bytes(part.read_bytes()[:-8])  # no footer
+    archive = tmp_path / "upload.tar.gz"
+    archive.write_bytes(tar_of(damaged, "r"))
+    uploads = tmp_path / "uploads"
+    with pytest.raises(UploadRefused, match="^quarantined: ") as caught:
+        upload.receive(archive, uploads, max_unpacked=1 << 30)
+    assert caught.value.status == 422 and str(uploads) not in str(caught.value)
+    (kept,) = (uploads / "quarantine").iterdir()
+    reason = (kept / "reason.txt").read_text()
+    assert f"<upload {kept.name}>" in reason  # the folder, named as the service names it
+    assert reason.endswith("\n") and str(caught.value) == f"quarantined: {reason.strip()}"
+    assert (kept / "r" / "manifest.json").is_file() and sorted(os.listdir(uploads)) == ["quarantine"]
+
+
+def member_tar(kind: bytes, name: str = "r/x") -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = kind, "/etc/passwd"
+        tar.addfile(info)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "kind, what",
+    [
+        (tarfile.SYMTYPE, "a symbolic link"),
+        (tarfile.LNKTYPE, "a hard link"),
+        (tarfile.CHRTYPE, "a device"),
+        (tarfile.BLKTYPE, "a device"),
+        (tarfile.FIFOTYPE, "a FIFO"),
+    ],
+)
+def test_tar_entries_other_than_files_and_folders_are_refused(tmp_path: Path, kind: bytes, what: str) -> None:
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(member_tar(kind))
+    with pytest.raises(UploadRefused, match=f"'r/x' is {what}; only files and folders are taken"):
+        upload.unpack(archive, tmp_path / "into", max_unpacked=1 << 20)
+
+
+def test_zip_links_and_junk_are_refused(tmp_path: Path) -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as bundle:
+        info = zipfile.ZipInfo("r/link")
+        info.external_attr = (stat.S_IFLNK | 0o777) << 16
+        bundle.writestr(info, b"/etc/passwd")
+    archive = tmp_path / "a.zip"
+    archive.write_bytes(buffer.getvalue())
+    with pytest.raises(UploadRefused, match="'r/link' is a symbolic link"):
+        upload.unpack(archive, tmp_path / "into", max_unpacked=1 << 20)
+    archive.write_bytes(b"PK\x03\x04" + bytes(600))
+    with pytest.raises(UploadRefused, match="the zip archive cannot be read"):
+        upload.unpack(archive, tmp_path / "into2", max_unpacked=1 << 20)
+    archive.write_bytes(b"\x1f\x8b" + bytes(600))
+    with pytest.raises(UploadRefused, match="the tar archive cannot be read"):
+        upload.unpack(archive, tmp_path / "into3", max_unpacked=1 << 20)
+    archive.write_bytes(b"not an archive" * 50)
+    with pytest.raises(UploadRefused, match="not a tar or zip archive") as caught:
+        upload.unpack(archive, tmp_path / "into4", max_unpacked=1 << 20)
+    assert caught.value.status == 415 and not (tmp_path / "into4").exists()
+
+
+def test_an_archive_that_may_not_fit_on_the_disk_is_refused_first(tmp_path: Path) -> None:
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(member_tar(tarfile.DIRTYPE, "r"))
+    with pytest.raises(UploadRefused, match="bytes free, less than the") as caught:
+        upload.unpack(archive, tmp_path / "into", max_unpacked=1 << 62, max_expansion=None)
+    assert caught.value.status == 507 and not (tmp_path / "into").exists()
+
+
+def test_an_archive_without_a_run_leaves_nothing(tmp_path: Path) -> None:
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(member_tar(tarfile.DIRTYPE, "r"))
+    with pytest.raises(UploadRefused, match="holds no run folder") as caught:
+        upload.receive(archive, tmp_path / "uploads", max_unpacked=1 << 20)
+    assert caught.value.status == 422 and os.listdir(tmp_path / "uploads") == []
