@@ -22,7 +22,7 @@ from tbpipe import capture
 from tbpipe.pipeline.db import IngestOptions, ingest_runs, open_database
 from tbpipe.pipeline.db.connection import query_rows
 from tbpipe.pipeline.db.selectors import RunSelectionError, parse_selector, resolve_runs
-from tbpipe.pipeline.export import ExportFilter, ExportFormat, ExportOutputError, NoEventsError, export
+from tbpipe.pipeline.export import ExportFilter, ExportFormat, ExportOutputError, NoEventsError, export, profile_proto
 from tbpipe.pipeline.export.collapsed import escape_frame, unescape_frame
 from tbpipe.pipeline.export.frames import NO_STACK, line_label
 from tbpipe.pipeline.export.pprof import thread_label
@@ -371,6 +371,36 @@ def test_pprof_mappings_let_pprof_symbolize_natives_itself(db, tmp_path) -> None
     }
     assert forced <= ours  # no address lands in another function
     assert len(forced & physical) >= len(physical) / 2  # and most are named again
+
+
+def test_pprof_header_addresses_and_main_mapping_equal_the_database(db, tmp_path) -> None:
+    """Read with the profile's own schema: the run's times, the filter in a comment, every native
+    return address minus one, and the interpreter's executable as mapping[0] (pprof's main binary)."""
+    a, b = run_id(db, "a"), run_id(db, "b")
+    out = tmp_path / "ab.pb.gz"
+    assert run_export(db, out, "pprof", a, b, kind="kernel_launch") == 7 + 3 + 4 + 1 + 2
+    profile = profile_proto.message("Profile")()
+    profile.ParseFromString(gzip.decompress(out.read_bytes()))
+    strings = list(profile.string_table)
+    ((started, ended),) = rows(
+        db, "SELECT min(epoch_ns(started_at)), max(epoch_ns(ended_at)) FROM runs WHERE run_id IN (?, ?)", [a, b]
+    )
+    assert (profile.time_nanos, profile.duration_nanos) == (started, ended - started)
+    assert [strings[c] for c in profile.comment] == [
+        f"tbpipe export of runs {a}, {b}",
+        "events of kind 'kernel_launch'",
+    ]
+    assert sum(sample.value[0] for sample in profile.sample) == 7 + 3 + 4 + 1 + 2
+    names = [strings[m.filename] for m in profile.mapping]
+    assert not re.search(r"[.]so([._]\d+)*$", names[0]) and any(".so" in n for n in names[1:]), names
+    returns = {
+        address - 1
+        for (address,) in rows(
+            db, "SELECT address FROM stack_frames WHERE kind = 'native' AND chain_depth = 0 AND NOT exact"
+        )
+    }
+    written = {location.address for location in profile.location if location.mapping_id}
+    assert written and written <= returns
 
 
 # ------------------------------------------------------------------------------ Chrome trace
