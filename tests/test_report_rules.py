@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import shutil
 import statistics
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -484,3 +486,119 @@ def test_short_module_keys() -> None:
     assert compute._short_key("0123456789abcdef0") == "0123456789ab…"
     assert compute._short_key("path:/a/very/long/path/libfoo.so") == "path:/a/very/long/path/libfoo.so"
     assert compute._short_key("invalid:/a/very/long/path/libfoo.so") == "invalid:/a/very/long/path/libfoo.so"
+
+
+# ------------------------------------------------------------------------------------------ GPU time in a whole report
+
+# Per night, per launch site (its function's event name): the activity and its durations in ns. The
+# GPU time table is filled here from these, at the stacks the nights' launches really have.
+GPU_NIGHTS = {
+    "n1": {"grow": ("kernel", "gemm", [10_000, 10_200, 9_800, 10_000]), "gone": ("memset", "memset", [500, 500])},
+    "n2": {"grow": ("kernel", "gemm", [10_000, 10_400, 9_600, 10_400]), "gone": ("memset", "memset", [500, 500])},
+    "n3": {"grow": ("kernel", "gemm", [10_000, 10_100, 9_900, 10_000]), "gone": ("memset", "memset", [500, 500])},
+    "n4": {"grow": ("kernel", "gemm", [15_000, 15_200, 14_800, 15_000]), "fresh": ("kernel", "fresh_kernel", [700])},
+}
+SAME_EVERY_NIGHT = ("steady", ("kernel", "softmax", [3_000] * 5))
+
+
+@pytest.fixture(scope="module")
+def gpu_db(nights_db, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("report_rules_gpu") / "gpu.duckdb"
+    shutil.copy(nights_db, path)
+    with duckdb.connect(str(path)) as con:
+        for commit, sites in GPU_NIGHTS.items():
+            for name, (kind, activity, durations) in [*sites.items(), SAME_EVERY_NIGHT]:
+                ((run_number, name_id, stack_id),) = con.execute(
+                    """
+                    SELECT c.run_number, c.name_id, c.stack_id FROM run_stack_counts c
+                    JOIN runs r USING (run_number) JOIN event_names n USING (name_id)
+                    WHERE r.labels['commit'] = ? AND n.name = ?
+                    """,
+                    [commit, name],
+                ).fetchall()
+                con.execute(
+                    "INSERT INTO gpu_time_counts VALUES (?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+                    [run_number, name_id, stack_id, kind, activity, len(durations), len(durations), sum(durations),
+                     sum((d / 1000) ** 2 for d in durations), min(durations), max(durations)],
+                )  # fmt: skip
+            # Synchronisation is GPU time of no launch: never compared.
+            con.execute(
+                "INSERT INTO gpu_time_counts VALUES (?, NULL, NULL, NULL, 'sync', 'sync', 1, 1, 99, 0, 99, 99, NULL)",
+                [run_number],
+            )
+    return path
+
+
+@pytest.fixture()
+def gpu_con(gpu_db):
+    connection = open_database(gpu_db, read_only=True)
+    yield connection
+    connection.close()
+
+
+def test_gpu_time_of_a_pair_in_process(gpu_con) -> None:
+    report = report_of(gpu_con, baseline="latest:commit=n3")
+    sites = {s.name: s for s in report.gpu_sites}
+    assert set(sites) == {"gemm", "softmax", "memset", "fresh_kernel"}
+    gemm = sites["gemm"]
+    before, after = GPU_NIGHTS["n3"]["grow"][2], GPU_NIGHTS["n4"]["grow"][2]
+    error = math.sqrt(statistics.variance(before) / 4 + statistics.variance(after) / 4)
+    assert (gemm.change, gemm.flagged, gemm.baseline_ns, gemm.candidate_ns) == ("increased", True, 40_000, 60_000)
+    assert (gemm.baseline_executions, gemm.candidate_executions) == (4, 4)
+    assert (gemm.baseline_mean_ns, gemm.candidate_mean_ns) == (10_000, 15_000)
+    assert gemm.z == pytest.approx(5_000 / error)
+    assert (gemm.kind, gemm.launch_kind, gemm.site_function) == ("kernel", "kernel_launch", "grow")
+    assert gemm.traceback and any(f.function == "grow" for f in gemm.traceback) and gemm.spread is None
+    assert (sites["softmax"].change, sites["softmax"].z) == ("unchanged", 0.0)
+    assert (sites["fresh_kernel"].change, sites["fresh_kernel"].flagged, sites["fresh_kernel"].z) == ("new", True, None)
+    assert (sites["memset"].change, sites["memset"].candidate_mean_ns, sites["memset"].launch_kind) == (
+        "removed",
+        None,
+        "op",
+    )
+    assert [s.name for s in report.gpu_sites] == ["gemm", "fresh_kernel", "memset", "softmax"]
+    assert report.gpu_verdict() == "GPU time: 2 sites slower (1 new) (4 sites compared)"
+    only = report_of(gpu_con, baseline="latest:commit=n3", kinds=("op",))
+    assert [s.name for s in only.gpu_sites] == ["memset"]  # the kinds asked for are the launches' kinds
+
+
+def test_gpu_time_of_a_window_in_process(gpu_con) -> None:
+    report = report_of(gpu_con, window=3)
+    gemm = next(s for s in report.gpu_sites if s.name == "gemm")
+    assert (gemm.change, gemm.flagged, gemm.baseline_ns, gemm.z) == ("increased", True, 40_000, None)
+    assert (gemm.spread.values, gemm.spread.low, gemm.spread.high) == ([40_000, 40_400, 40_000], 40_000, 40_400)
+    assert gemm.baseline_executions == 4 and gemm.baseline_mean_ns == pytest.approx(sum(
+        sum(GPU_NIGHTS[n]["grow"][2]) for n in ("n1", "n2", "n3")) / 12)  # fmt: skip
+
+
+def test_gpu_time_per_marker_in_process(gpu_con) -> None:
+    report = report_of(gpu_con, baseline="latest:commit=n3", per=("user", "step"))
+    gemm = next(s for s in report.gpu_sites if s.name == "gemm")
+    # Totals per marker (2, then 4 steps); executions per marker fall, so less time is no surprise.
+    assert (gemm.baseline_ns, gemm.candidate_ns, gemm.baseline_executions, gemm.candidate_executions) == (
+        20_000, 15_000, 2, 1)  # fmt: skip
+    assert (gemm.change, gemm.baseline_mean_ns, gemm.candidate_mean_ns) == ("decreased", 10_000, 15_000)
+
+
+def test_rebuilt_modules_are_listed_up_to_a_limit(nights_db, tmp_path) -> None:
+    path = tmp_path / "rebuilt.duckdb"
+    shutil.copy(nights_db, path)
+    rebuilt = compute.MODULES_SHOWN + 3
+    with duckdb.connect(str(path)) as con:
+        for commit, key in (("n3", "{:02d}aaaaaaaaaaaaaaaaaaaa"), ("n4", "{:02d}bbbbbbbbbbbbbbbbbbbb")):
+            (run,) = con.execute("SELECT run_id FROM runs WHERE labels['commit'] = ?", [commit]).fetchone()
+            for i in range(rebuilt):
+                con.execute(
+                    "INSERT INTO run_modules VALUES (?, ?, ?, ?, 0, [])",
+                    [run, 1000 + i, key.format(i), f"/x/lib{i:02d}.so"],
+                )
+            # Not rebuilt: the same key on both sides; loaded on one side only: not a difference.
+            con.execute("INSERT INTO run_modules VALUES (?, 2000, 'same', '/x/libsame.so', 0, [])", [run])
+            con.execute("INSERT INTO run_modules VALUES (?, 2001, 'k', ?, 0, [])", [run, f"/x/only-{commit}.so"])
+    with open_database(path, read_only=True) as con:
+        report = report_of(con, baseline="latest:commit=n3")
+    modules = [e for e in report.environment if e.what.startswith("module ")]
+    assert [e.what for e in modules] == [f"module lib{i:02d}.so" for i in range(compute.MODULES_SHOWN)]
+    assert (modules[0].baseline, modules[0].candidate) == ("00aaaaaaaaaa…", "00bbbbbbbbbb…")
+    assert report.environment[-1].what == "3 more modules rebuilt"
+    assert report.environment[0].what == "label commit" and len(report.environment) == compute.MODULES_SHOWN + 2
