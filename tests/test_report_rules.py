@@ -22,7 +22,7 @@ from tbpipe.pipeline.db import IngestOptions, ingest_runs, open_database
 from tbpipe.pipeline.reports.regression import compute, gpu_time, stats
 from tbpipe.pipeline.reports.regression.accept import load_accept_file
 from tbpipe.pipeline.reports.regression.compute import compare
-from tbpipe.pipeline.reports.regression.model import RegressionReport, ReportRequest, RunSet, Thresholds
+from tbpipe.pipeline.reports.regression.model import RegressionReport, ReportRequest, RunSet, SiteChange, Thresholds
 from tbpipe.pipeline.reports.regression.select import SelectionError
 
 # ------------------------------------------------------------------------------------------ the band
@@ -261,6 +261,55 @@ def test_a_window_gives_each_site_its_spread() -> None:
     assert sites["steady"].change == "unchanged" and sites["steady"].spread.values == [5, 5, 5]
 
 
+def test_a_site_that_grew_where_it_moved_keeps_its_old_line() -> None:
+    values = site_values(
+        [
+            (0, "grew", "s1", 10, 5),
+            (1, "grew", "s1", 20, 6),
+            (0, "nowhere", "s2", 1, None),
+            (1, "nowhere", "s2", 1, 4),
+            (1, "no_stack", None, 2, None),
+        ]
+    )
+    sites = {s.name: s for s in compute._classify(values, run_sets(2), request())}
+    assert (sites["grew"].change, sites["grew"].site_line, sites["grew"].baseline_line) == ("increased", 6, 5)
+    assert (sites["nowhere"].change, sites["nowhere"].baseline_line) == ("moved", None)
+    assert (sites["no_stack"].site_key, sites["no_stack"].site_line, sites["no_stack"].change) == (None, None, "new")
+
+
+def test_two_nights_are_a_window_with_spreads() -> None:
+    rows = [(0, "varies", "s1", 10, 3), (1, "varies", "s1", 12, 3), (2, "varies", "s1", 13, 3)]
+    (site,) = compute._classify(site_values(rows), run_sets(3), request())
+    assert (site.change, site.spread.low, site.spread.high, site.baseline_events) == ("increased", 10, 12, 11)
+
+
+def test_the_report_order_flagged_first_then_changed_then_by_size_then_by_name() -> None:
+    def change(kind, name, key, delta, flagged=False, what="increased"):
+        return SiteChange(kind, name, key, None, None, None, None, 10.0, 10.0 + delta, what, flagged=flagged)
+
+    sites = [
+        change("op", "b", "k", 3),
+        change("op", "a", "k2", 3),
+        change("op", "a", "k1", 3),
+        change("kernel_launch", "z", "k", 3),
+        change("op", "a", None, 3),
+        change("op", "same", "k", 0, what="unchanged"),
+        change("op", "big", "k", -9, what="decreased"),
+        change("op", "small", "k", 1, flagged=True),
+    ]
+    ordered = [(s.kind, s.name, s.site_key) for s in sorted(sites, key=compute._order)]
+    assert ordered == [
+        ("op", "small", "k"),
+        ("op", "big", "k"),
+        ("kernel_launch", "z", "k"),
+        ("op", "a", None),
+        ("op", "a", "k1"),
+        ("op", "a", "k2"),
+        ("op", "b", "k"),
+        ("op", "same", "k"),
+    ]
+
+
 # ------------------------------------------------------------------------------------------ GPU time verdicts
 
 
@@ -340,6 +389,8 @@ def test_gpu_time_against_a_window_flags_outside_its_band_only() -> None:
     # Absent from every night: new; present on one night: measured against the band.
     assert gpu_window([0, 0], [5, 0])[0] == ["new", "unchanged"]
     assert gpu_window([0, 5], [6, 5])[0] == ["increased", "unchanged"]
+    # A median of 0: the relative threshold counts from 1 ns.
+    assert gpu_window([0, 0, 5], [6, 4.5], gpu_relative=4)[0] == ["increased", "unchanged"]
 
 
 # ------------------------------------------------------------------------------------------ a whole report
