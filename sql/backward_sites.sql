@@ -12,14 +12,28 @@
 --
 -- A kernel launch (`cuda` source) belongs to the op recorded last before it on the launching
 -- thread: ops nest, so that is the innermost op running then, or one that just finished inside the
--- same backward node. On the CPU backward runs on the thread that called `backward()`, whose own
--- stack ends at that line; with CUDA it runs on an autograd worker thread with no Python frames at
--- all. Either way the forward op's site is the line that made the work.
+-- same backward node. "Last before" is by event id (a thread's events get ids in the order it
+-- recorded them), not by time: a thread's events often share a microsecond, and how a raw run's
+-- nanoseconds are cut to one differs between DuckDB versions. On the CPU backward runs on the
+-- thread that called `backward()`, whose own stack ends at that line; with CUDA it runs on an
+-- autograd worker thread with no Python frames at all. Either way the forward op's site is the
+-- line that made the work.
 --
 -- Events the session left out (sampling, the per-stack limit) leave gaps: a backward op whose
 -- forward op was not recorded has no forward site (NULL), nor has AccumulateGrad (no forward op).
 -- @requires events
 -- @requires counts
+
+-- An integer attribute of an event: the number at `path` in its attributes, NULL where there is
+-- none or it is no integer. A function call rather than `attrs ->> path`: DuckDB 1.5 (the newest
+-- for CPython 3.10) binds `->>` looser than AND and NOT, so `kind = 'op' AND attrs ->> '$.seq'`
+-- read as `(kind = 'op' AND attrs) ->> '$.seq'`. TRY_CAST, because an op that user code records
+-- (`capture.record('op', ...)`) carries whatever attributes it was given: one such op must not
+-- fail every query of the views.
+-- @arg attrs  VARCHAR  `events.attrs`
+-- @arg path   VARCHAR  JSON path ('$.seq')
+-- @returns BIGINT
+CREATE OR REPLACE MACRO integer_attr(attrs, path) AS TRY_CAST(json_extract_string(attrs, path) AS BIGINT);
 
 -- The forward op of each autograd sequence number in each run: the last op recorded with that
 -- (seq_thread, seq).
@@ -43,11 +57,12 @@ FROM (
         event_id,
         name,
         stack_id,
-        CAST(attrs ->> '$.seq' AS BIGINT) AS seq,
-        CAST(attrs ->> '$.seq_thread' AS BIGINT) AS seq_thread
+        integer_attr(attrs, '$.seq') AS seq,
+        integer_attr(attrs, '$.seq_thread') AS seq_thread
     FROM events
-    WHERE kind = 'op' AND attrs ->> '$.seq' IS NOT NULL
+    WHERE kind = 'op'
 )
+WHERE seq IS NOT NULL
 GROUP BY run_id, seq_thread, seq;
 
 -- Every event recorded inside autograd's backward: op events with `bwd_seq`, and kernel launches
@@ -68,17 +83,16 @@ WITH ops AS (
         event_id,
         run_id,
         thread_id,
-        ts,
         kind,
         name,
         stack_id,
-        CAST(attrs ->> '$.bwd_seq' AS BIGINT) AS bwd_seq,
-        CAST(attrs ->> '$.fwd_thread' AS BIGINT) AS fwd_thread,
-        attrs ->> '$.bwd_node' AS bwd_node
+        integer_attr(attrs, '$.bwd_seq') AS bwd_seq,
+        integer_attr(attrs, '$.fwd_thread') AS fwd_thread,
+        json_extract_string(attrs, '$.bwd_node') AS bwd_node
     FROM events
     WHERE kind = 'op'
 ), launches AS (
-    SELECT event_id, run_id, thread_id, ts, kind, name, stack_id
+    SELECT event_id, run_id, thread_id, kind, name, stack_id
     FROM events
     WHERE kind IN ('kernel_launch', 'graph_launch')
 )
@@ -88,7 +102,7 @@ WHERE bwd_seq IS NOT NULL
 UNION ALL
 SELECT l.event_id, l.run_id, l.thread_id, l.kind, l.name, l.stack_id, o.event_id, o.bwd_node, o.bwd_seq, o.fwd_thread
 FROM launches l
-ASOF JOIN ops o ON o.run_id = l.run_id AND o.thread_id = l.thread_id AND l.ts >= o.ts
+ASOF JOIN ops o ON o.run_id = l.run_id AND o.thread_id = l.thread_id AND l.event_id > o.event_id
 WHERE o.bwd_seq IS NOT NULL;
 
 -- Each event of `backward_events` with the forward op it is sited at (what `backward_op_sites` and

@@ -267,7 +267,7 @@ def calling_op(con: Any, info: EventInfo) -> CallingOp | None:
         """
         SELECT event_id, name, stack_id FROM events
         WHERE run_id = ? AND thread_id = ? AND kind = 'op' AND event_id < ?
-          AND attrs ->> '$.id' = ?
+          AND json_extract_string(attrs, '$.id') = ?  -- not `attrs ->> ...`: DuckDB 1.5 binds it looser than AND
         ORDER BY event_id DESC
         LIMIT 1
         """,
