@@ -33,16 +33,6 @@ os.environ.pop("DEBUGINFOD_URLS", None)
 # imports them (collection), and the capture, native and ingest tests run on every version.
 PRESENTATION_MODULES = {"test_serve.py", "test_report.py", "test_report_gpu.py"}
 
-# Tests that fail on the matrix's interpreters for reasons known and not yet mended, run on the
-# default interpreter only until they are (each names its gap; the session notes carry them):
-KNOWN_MATRIX_GAPS = {
-    # DuckDB 1.5 (the newest for CPython 3.10) pushes a JSON test on `attrs` into the scan of the
-    # backward/forward views and fails to cast it: retain of runs with autograd backward work.
-    "test_retain.py": None,
-    # CPython 3.10's eval frames (pycore_ceval.h inlines) are not all folded by the program mode.
-    "test_focus.py": "test_show_frames_modes",
-}
-
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that starts Spark (the `spark` session fixture, directly or through another fixture)
@@ -56,8 +46,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "spark_cluster" in fixtures:
             item.add_marker(pytest.mark.default_interpreter_only)
         if item.path.name in PRESENTATION_MODULES:
-            item.add_marker(pytest.mark.default_interpreter_only)
-        if item.path.name in KNOWN_MATRIX_GAPS and KNOWN_MATRIX_GAPS[item.path.name] in (None, item.originalname):
             item.add_marker(pytest.mark.default_interpreter_only)
 
 

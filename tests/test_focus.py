@@ -67,6 +67,29 @@ THREAD_STACK = [
 ]
 
 
+# A script's stack on CPython 3.10 (pyenv's build, innermost first), as the database held it for a
+# real capture: 3.10 calls each Python function through C, so CPython's eval machinery (with
+# `_PyEval_EvalFrame`, inlined from pycore_ceval.h) lies between every two Python frames.
+LIBPYTHON_310 = "/opt/python/3.10.13/lib/libpython3.10.so.1.0"
+CPYTHON_310 = "/tmp/python-build/Python-3.10.13/"  # where it was built
+SCRIPT_STACK_310 = [
+    python("softmaxes", "/srv/app/app.py"),
+    *[
+        frame
+        for caller in ("main", "<module>")
+        for frame in (
+            {**native("_PyEval_EvalFrame", LIBPYTHON_310), "file": CPYTHON_310 + "Include/internal/pycore_ceval.h"},
+            {**native("_PyEval_Vector", LIBPYTHON_310), "file": CPYTHON_310 + "Python/ceval.c"},
+            python(caller, "/srv/app/app.py"),
+        )
+    ],
+    *[native(f, LIBPYTHON_310) for f in ("_PyEval_EvalFrame", "_PyEval_Vector", "PyEval_EvalCode", "run_mod")],
+    *[native(f, LIBPYTHON_310) for f in ("_PyRun_SimpleFileObject", "Py_RunMain", "Py_BytesMain")],
+    native("__libc_start_main", "/lib/x86_64-linux-gnu/libc.so.6"),
+    native("_start", "/opt/python/3.10.13/bin/python3.10"),
+]
+
+
 def names(frames) -> list[str]:
     return [f.text if isinstance(f, StartUp) else f["function"] for f in frames]
 
@@ -85,6 +108,16 @@ def test_program_mode_on_a_real_thread_stack() -> None:
     ]  # fmt: skip
     assert len(focus_frames(THREAD_STACK, "native")) == len(THREAD_STACK) - 5
     assert focus_frames(THREAD_STACK, "all") == THREAD_STACK
+
+
+def test_program_mode_folds_the_eval_frames_of_cpython_3_10() -> None:
+    assert names(focus_frames(SCRIPT_STACK_310, "program")) == [
+        "softmaxes",
+        "main",
+        "<module>",
+        "[start-up] 9 frames of process and interpreter start-up",
+    ]
+    assert len(focus_frames(SCRIPT_STACK_310, "native")) == len(SCRIPT_STACK_310) - 3
 
 
 def test_classes_of_frames() -> None:
@@ -180,7 +213,15 @@ def test_show_frames_modes(nights) -> None:
     assert all("/app.py:" in line for line in program[1:-1])  # the program's own frames, nothing else
     everything = tbpipe(env, "show", "--db", str(db), "--stack", stack_id, "--frames", "all").stdout.splitlines()
     folded = int(program[-1].split()[1])
-    assert len(everything) - 1 == len(program) - 2 + folded  # every frame is shown or folded
+    # Every frame is shown, folded into the start-up row, or CPython's call machinery folded into the
+    # Python frame beside it: 3.10 calls each Python function through C (_PyEval_Vector and the
+    # inlined _PyEval_EvalFrame between two Python frames); from 3.11 on, one eval loop runs both.
+    inner = everything[1 : len(everything) - folded]
+    assert [line for line in inner if "/app.py:" in line] == program[1:-1]
+    modules = tbpipe(env, "query", "--db", str(db), "-f", "csv", "SELECT module FROM stack_frames WHERE stack_id = "
+                     f"{stack_id} AND kind = 'native' AND depth < {len(inner)} ORDER BY depth").stdout.split()[1:]  # fmt: skip
+    assert len(modules) == len(inner) - len(program[1:-1])
+    assert all(re.fullmatch(r"(lib)?python3\.\d+(\.so\.1\.0)?", m.strip('"').rsplit("/", 1)[-1]) for m in modules)
     assert any(":Py_BytesMain" in line for line in everything)
     native = tbpipe(env, "show", "--db", str(db), "--stack", stack_id, "--frames", "native").stdout
     assert "/app.py:" not in native and ":Py_BytesMain" in native
