@@ -9,12 +9,12 @@ MATRIX_VERSIONS ?= 3.10 3.12 3.13
 # or more each, past CI's 20 minutes; `make test-matrix MATRIX_SPARK_VERSIONS="3.12 3.13"` adds them.
 MATRIX_SPARK_VERSIONS ?=
 # The package's extras a venv gets.
-EXTRAS ?= test,spark
+EXTRAS ?= test,spark,mutate
 PIP_FLAGS ?= -q --disable-pip-version-check
 
 NATIVE_SOURCES := $(wildcard native/*.cpp native/*.h native/testing/*.cpp native/torch_observer/*.cpp) CMakeLists.txt pyproject.toml
 
-.PHONY: install run test lint format test-default test-matrix bench clean
+.PHONY: install run test lint format test-default test-matrix bench mutate clean
 
 # C/C++ sources under clang-format (test fixtures whose line numbers the oracles read stay as written).
 CLANG_FORMAT_SOURCES := $(wildcard native/*.cpp native/*.h native/testing/*.cpp native/torch_observer/*.cpp tests/cupti_double/*.c)
@@ -88,6 +88,15 @@ test-matrix:
 		$(MAKE) --no-print-directory test-default PYTHON=$$interpreter VENV=.venv-$$version EXTRAS=$$extras \
 			TEST_SELECTION="-m '$$selection'" || exit 1; \
 	done
+
+# Mutation testing (docs/testing.md), not part of `make test`: each group of modules in
+# tests/mutation/groups.toml gets MUTATE_BUDGET minutes; MUTATE_GROUPS picks groups (all by default).
+MUTATE_BUDGET ?= 10
+MUTATE_GROUPS ?=
+MUTATE_FLAGS ?=
+
+mutate: install
+	$(VENV)/bin/python tests/mutation/mutate.py --budget $(MUTATE_BUDGET) $(MUTATE_FLAGS) $(MUTATE_GROUPS)
 
 bench: install
 	$(VENV)/bin/python bench/capture.py

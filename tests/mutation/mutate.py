@@ -1,0 +1,239 @@
+"""`make mutate`: mutation testing (mutmut) of the modules whose rules users rely on, one group of
+modules at a time (tests/mutation/groups.toml), each within a time budget, then a score per module.
+
+Each group runs in its own folder, build/mutate/GROUP, laid out so that mutmut's names are the
+modules' import names: `tbpipe/<top folder>` links to the repository's folders, and mutmut copies the
+group's sources into `mutants/tbpipe/...`. mutmut runs pytest from `mutants/` with the plugin
+tests/mutation/redirect.py, which imports the copied (mutated) modules ahead of the editable install.
+
+The score of a module is (killed + timed out + crashed) / (all - equivalent - not run). Mutants
+listed in tests/mutation/equivalent.toml are left out; mutants the budget left unrun are counted
+apart. Survivors and their diffs go to build/mutate/GROUP/survivors.txt.
+
+    python tests/mutation/mutate.py [--budget MINUTES] [--keep] [GROUP ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+WORK = ROOT / "build" / "mutate"
+# The repository's folders that the wheel maps into the `tbpipe` namespace.
+PACKAGE_FOLDERS = ("capture", "pipeline", "schemas", "sql")
+PLUGIN = "tbpipe_mutation_redirect"
+
+# mutmut's exit codes of a mutant's test run, as this score counts them (mutmut.stats names them).
+KILLED, SURVIVED, NOT_RUN = "killed", "survived", "not run"
+OUTCOME_BY_STATUS = {
+    "killed": KILLED,
+    "timeout": KILLED,  # the tests ran past their CPU time limit: the mutant changed something
+    "segfault": KILLED,  # the test process crashed (or was killed past its limit)
+    "survived": SURVIVED,
+    "no tests": SURVIVED,  # no selected test reaches the mutated function
+    "suspicious": SURVIVED,
+    "not checked": NOT_RUN,  # the budget ran out first
+    "check was interrupted by user": NOT_RUN,
+    "skipped": NOT_RUN,
+}
+
+
+def load_groups() -> dict[str, dict[str, list[str]]]:
+    return tomllib.loads((HERE / "groups.toml").read_text())
+
+
+def load_equivalent() -> dict[str, str]:
+    return tomllib.loads((HERE / "equivalent.toml").read_text())
+
+
+def relink(link: Path, target: Path) -> None:
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(target)
+
+
+def mutmut_section(group: dict[str, list[str]]) -> str:
+    """The [tool.mutmut] table of a group's pyproject.toml (the repository's, pytest's settings kept)."""
+    for source in group["sources"] + group["tests"]:
+        if not (ROOT / source).exists():
+            raise SystemExit(f"tests/mutation/groups.toml: {source} does not exist")
+    settings = {
+        "source_paths": [f"tbpipe/{source}" for source in group["sources"]],
+        "pytest_add_cli_args_test_selection": group["tests"],
+        # Spark's tests are left out: a JVM per mutant is past any budget, and their rules have
+        # DuckDB twins in the same files.
+        "pytest_add_cli_args": ["-p", PLUGIN, "-p", "no:cacheprovider", "-m", "not spark"],
+        "also_copy": [f"{PLUGIN}.py", "sitecustomize.py"],
+        # A mutant's tests may run this many times their unmutated CPU time (plus a constant) first.
+        "timeout_multiplier": 5.0,
+        "timeout_constant": 5.0,
+        "use_git_change_detection": False,
+    }
+    lines = ["", "[tool.mutmut]"] + [f"{key} = {json.dumps(value)}" for key, value in settings.items()]
+    return "\n".join(lines) + "\n"
+
+
+def prepare(name: str, group: dict[str, list[str]], keep: bool) -> Path:
+    """The group's folder, with a fresh `mutants/` unless `keep`."""
+    folder = WORK / name
+    if not keep:
+        shutil.rmtree(folder / "mutants", ignore_errors=True)
+    (folder / "tbpipe").mkdir(parents=True, exist_ok=True)
+    for top in PACKAGE_FOLDERS:
+        relink(folder / "tbpipe" / top, ROOT / top)
+    relink(folder / "tests", ROOT / "tests")
+    relink(folder / f"{PLUGIN}.py", HERE / "redirect.py")
+    relink(folder / "sitecustomize.py", HERE / "sitecustomize.py")
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    (folder / "pyproject.toml").write_text(pyproject + mutmut_section(group))
+    return folder
+
+
+def run_group(folder: Path, budget_s: int, children: int, rerun: list[str]) -> int:
+    """mutmut run in `folder`, interrupted (it keeps what it finished) once `budget_s` has passed."""
+    mutmut = Path(sys.executable).parent / "mutmut"
+    command = ["timeout", "--signal=INT", "--kill-after=60", str(budget_s), str(mutmut), "run"]
+    command += ["--max-children", str(children)] + rerun
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    return subprocess.run(command, cwd=folder, env=env).returncode
+
+
+def statuses(folder: Path) -> dict[str, dict[str, str]]:
+    """{source path in the group's folder: {mutant name: mutmut's status}} from its meta files."""
+    from mutmut.stats import status_by_exit_code
+
+    by_path: dict[str, dict[str, str]] = {}
+    for meta in sorted((folder / "mutants").rglob("*.py.meta")):
+        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        path = str(meta.relative_to(folder / "mutants").with_suffix(""))
+        by_path[path] = {key: status_by_exit_code[code] for key, code in codes.items()}
+    return by_path
+
+
+def names_with(by_path: dict[str, dict[str, str]], equivalent: dict[str, str], *outcomes: str) -> list[str]:
+    return [
+        key
+        for mutants in by_path.values()
+        for key, status in mutants.items()
+        if OUTCOME_BY_STATUS[status] in outcomes and key not in equivalent
+    ]
+
+
+def selected(by_path: dict[str, dict[str, str]], patterns: list[str]) -> dict[str, dict[str, str]]:
+    """The mutants of the group's `mutants` patterns (all when it has none); the others count as not run."""
+    if not patterns:
+        return by_path
+    return {
+        path: {
+            key: status if any(fnmatch.fnmatch(key, pattern) for pattern in patterns) else "skipped"
+            for key, status in mutants.items()
+        }
+        for path, mutants in by_path.items()
+    }
+
+
+def to_run(folder: Path, group: dict[str, list[str]], equivalent: dict[str, str], keep: bool) -> list[str] | None:
+    """mutmut's arguments: the group's patterns, or with `keep` its survivors and unrun mutants; None:
+    nothing is left to run."""
+    patterns = group.get("mutants", [])
+    if not keep:
+        return patterns
+    by_path = selected(statuses(folder), patterns)
+    if not by_path:
+        return patterns  # no earlier results
+    names = names_with(by_path, equivalent, SURVIVED) + [
+        key for mutants in by_path.values() for key, status in mutants.items() if status == "not checked"
+    ]
+    if not patterns and len(names) > 2000:
+        return []  # mutmut runs the unrun ones by itself; survivors stand
+    return names or None
+
+
+def score_rows(by_path: dict[str, dict[str, str]], equivalent: dict[str, str]) -> list[str]:
+    rows = []
+    for path, mutants in by_path.items():
+        outcomes = Counter(
+            "equivalent" if key in equivalent else OUTCOME_BY_STATUS[status] for key, status in mutants.items()
+        )
+        judged = outcomes[KILLED] + outcomes[SURVIVED]
+        score = f"{100 * outcomes[KILLED] / judged:.1f}%" if judged else "-"
+        rows.append(
+            f"| {path.removeprefix('tbpipe/')} | {len(mutants)} | {outcomes['equivalent']} | {outcomes[KILLED]}"
+            f" | {outcomes[SURVIVED]} | {outcomes[NOT_RUN]} | {score} |"
+        )
+    return rows
+
+
+# Prints each mutant's diff; run by mutmut's interpreter in the group's folder (mutmut reads its
+# settings there). One process for all: `mutmut show` per mutant starts mutmut each time.
+SHOW_DIFFS = """
+import sys
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+for line in sys.stdin:
+    name, status, path = line.split()
+    print(f"# {name}: {status}")
+    print(get_diff_for_mutant(name, path=path))
+"""
+
+
+def write_survivors(folder: Path, by_path: dict[str, dict[str, str]], equivalent: dict[str, str]) -> None:
+    names = set(names_with(by_path, equivalent, SURVIVED))
+    listed = [f"{key} {status.replace(' ', '_')} {path}" for path, mutants in by_path.items()
+              for key, status in mutants.items() if key in names]  # fmt: skip
+    with open(folder / "survivors.txt", "w") as out:
+        subprocess.run([sys.executable, "-c", SHOW_DIFFS], cwd=folder, input="\n".join(listed), stdout=out, text=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("groups", nargs="*", help="groups of tests/mutation/groups.toml (all by default)")
+    parser.add_argument("--budget", type=float, default=10.0, help="minutes per group (default 10)")
+    parser.add_argument("--children", type=int, default=os.cpu_count() or 2, help="mutants run at once")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep earlier results and rerun only survivors and unrun mutants"
+    )
+    args = parser.parse_args()
+    groups = load_groups()
+    unknown = set(args.groups) - set(groups)
+    if unknown:
+        raise SystemExit(f"unknown groups {sorted(unknown)}; tests/mutation/groups.toml has {sorted(groups)}")
+    equivalent = load_equivalent()
+    failed, rows, known, ran_modules = [], [], set(), set()
+    for name in args.groups or list(groups):
+        folder = prepare(name, groups[name], args.keep)
+        names = to_run(folder, groups[name], equivalent, args.keep)
+        print(f"== {name}: mutmut run in {folder} (budget {args.budget:g} min)", flush=True)
+        if names is not None and run_group(folder, int(args.budget * 60), args.children, names) not in (0, 124, 130):
+            failed.append(name)
+        by_path = selected(statuses(folder), groups[name].get("mutants", []))
+        ran_modules.update(path.removesuffix(".py").replace("/", ".") for path in by_path)
+        known.update(key for mutants in by_path.values() for key in mutants)
+        rows += score_rows(by_path, equivalent)
+        write_survivors(folder, by_path, equivalent)
+    print("\n| module | mutants | equivalent | killed | survived | not run | score |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    stale = [key for key in equivalent if key not in known and key.rsplit(".", 1)[0] in ran_modules]
+    for key in stale:
+        print(f"equivalent.toml names {key}, which no longer exists")
+    if failed:
+        print(f"mutmut failed in groups {failed}: see their output above")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
