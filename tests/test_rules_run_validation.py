@@ -1,0 +1,134 @@
+"""Which run folders the ingest finds and which manifests it refuses (the run is then quarantined with
+the reason): field by field, each garbage value named with the file, the edges of each rule exact."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tbpipe.pipeline import rawrun
+from tbpipe.pipeline.errors import UsageError
+from tbpipe.schemas.raw import FORMAT_NAME, MANIFEST_FILE, RAW_SCHEMA_VERSION
+
+GOOD = {
+    "format": FORMAT_NAME,
+    "schema_version": RAW_SCHEMA_VERSION,
+    "run_id": "run-1",
+    "complete": True,
+    "started_at": "2026-12-06T04:00:00Z",
+}
+
+
+def manifest_at(tmp_path: Path, manifest: object, name: str = "run") -> Path:
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    (run_dir / MANIFEST_FILE).write_text(json.dumps(manifest))
+    return run_dir
+
+
+def test_a_good_manifest_is_read_as_written(tmp_path) -> None:
+    full = dict(
+        GOOD,
+        ended_at="2026-12-06T05:00:00+02:00",
+        pid=7,
+        argv=["train.py"],
+        labels={"k": "v"},
+        threads={"1234567890123456789": "main"},
+        counters={"events": 3},
+        files={"events": ["events-000001.parquet"]},
+        run_id="A" + "x" * 199,
+    )
+    assert rawrun.read_manifest(manifest_at(tmp_path, full)) == full
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"format": "other"}, f"not a {FORMAT_NAME} manifest"),
+        ({"schema_version": RAW_SCHEMA_VERSION + 1}, f"raw schema version {RAW_SCHEMA_VERSION + 1}, this tbpipe reads"),
+        ({"run_id": None}, "manifest has no run_id"),
+        ({"run_id": "A" + "x" * 200}, "malformed run_id"),
+        ({"run_id": ".hidden"}, "malformed run_id"),
+        ({"run_id": "a/b"}, "malformed run_id"),
+        ({"complete": None}, "manifest has no 'complete'"),
+        ({"complete": 1}, "manifest field 'complete' is int, not bool"),
+        ({"started_at": None}, "manifest has no 'started_at'"),
+        ({"started_at": "yesterday"}, "manifest field 'started_at' is not an ISO-8601 time: 'yesterday'"),
+        ({"started_at": "2026-12-06T04:00:00"}, "manifest field 'started_at' has no time zone"),
+        ({"ended_at": "2026-12-06T04:00:00"}, "manifest field 'ended_at' has no time zone"),
+        ({"host": 3}, "manifest field 'host' is int, not str"),
+        ({"pid": True}, "manifest field 'pid' is True, not int"),
+        ({"pid": "7"}, "manifest field 'pid' is str, not int"),
+        ({"argv": ["a", 1]}, "manifest field 'argv' holds something other than strings"),
+        ({"sys_path": "/srv"}, "manifest field 'sys_path' is str, not list"),
+        ({"capture": []}, "manifest field 'capture' is list, not dict"),
+        ({"labels": {"k": 1}}, "manifest field 'labels' has a bad entry 'k': 1"),
+        ({"generated_code": {"inductor": None}}, "manifest field 'generated_code' has a bad entry"),
+        ({"threads": {"main": "x"}}, "manifest field 'threads' has a bad entry 'main'"),
+        ({"threads": {"1" * 20: "x"}}, "manifest field 'threads' has a bad entry"),
+        ({"counters": {"events": False}}, "manifest counter 'events' is False, not a number"),
+        ({"counters": {"events": 1.5}}, "manifest counter 'events' is 1.5, not a number"),
+        ({"files": {"events": "events-000001.parquet"}}, "manifest field 'files' lists 'events' as str, not a list"),
+        ({"files": {"events": ["stacks-000001.parquet"]}}, "manifest lists a file 'stacks-000001.parquet' that is not"),
+        ({"files": {"events": ["events-00001.parquet"]}}, "that is not a events part"),
+    ],
+)
+def test_a_garbled_field_damages_the_run_naming_the_manifest(tmp_path, change, problem) -> None:
+    run_dir = manifest_at(tmp_path, dict(GOOD, **change))
+    with pytest.raises(rawrun.DamagedRunError) as raised:
+        rawrun.read_manifest(run_dir)
+    assert str(raised.value).startswith(f"{run_dir / MANIFEST_FILE}: ")
+    assert problem in str(raised.value)
+
+
+def test_a_manifest_that_is_not_a_json_object_damages_the_run(tmp_path) -> None:
+    with pytest.raises(rawrun.DamagedRunError, match="not a .* manifest"):
+        rawrun.read_manifest(manifest_at(tmp_path, [GOOD]))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / MANIFEST_FILE).write_text("{")
+    with pytest.raises(rawrun.DamagedRunError, match="manifest is not JSON"):
+        rawrun.read_manifest(broken)
+
+
+def test_a_missing_manifest_names_the_first_four_parts_left(tmp_path) -> None:
+    for sequence in range(1, 6):
+        (tmp_path / f"events-{sequence:06d}.parquet").write_bytes(b"")
+    (tmp_path / "events-1.parquet").write_bytes(b"")
+    with pytest.raises(rawrun.MissingManifestError) as raised:
+        rawrun.read_manifest(tmp_path)
+    assert f"{tmp_path / MANIFEST_FILE}: manifest is missing, 5 Parquet parts are there (" in str(raised.value)
+    assert "events-000004.parquet, ...); `tbpipe ingest --recover-manifests`" in str(raised.value)
+    for sequence in range(2, 6):
+        (tmp_path / f"events-{sequence:06d}.parquet").unlink()
+    with pytest.raises(rawrun.MissingManifestError, match=r"1 Parquet parts are there \(events-000001.parquet\)"):
+        rawrun.read_manifest(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------ finding runs
+
+
+def test_run_folders_are_those_with_a_manifest_or_a_tables_parts_and_nothing_below_them(tmp_path) -> None:
+    with_manifest = manifest_at(tmp_path, GOOD, "a")
+    (with_manifest / "inner").mkdir()
+    (with_manifest / "inner" / MANIFEST_FILE).write_text("{}")  # a run folder holds no other runs
+    parts_only = tmp_path / "deep" / "b"
+    parts_only.mkdir(parents=True)
+    (parts_only / "stacks-000001.parquet").write_bytes(b"")
+    other = tmp_path / "c"
+    other.mkdir()
+    (other / "notes-000001.parquet").write_bytes(b"")  # not a run's table
+    (other / "events-1.parquet").write_bytes(b"")
+    os.symlink(tmp_path, tmp_path / "deep" / "loop")  # a link back up the tree is walked once
+    assert rawrun.find_run_dirs([tmp_path]) == [with_manifest, parts_only]
+
+
+def test_a_root_that_is_missing_or_a_file_is_a_usage_error(tmp_path) -> None:
+    with pytest.raises(UsageError, match=f"no such folder: {tmp_path / 'nope'}"):
+        rawrun.find_run_dirs([tmp_path / "nope"])
+    (tmp_path / "f").write_text("")
+    with pytest.raises(UsageError, match="is a file: give the folder that holds run folders"):
+        rawrun.find_run_dirs([tmp_path / "f"])
