@@ -1,4 +1,5 @@
-"""Reading raw run directories: find them, validate them against schemas/, load their tables.
+"""Reading raw run directories: validate their parts against schemas/, load their tables. Finding
+run folders, their manifests and part files is `runfolder`'s (re-exported here for the readers).
 
 Everything that can be wrong with a run directory ends up as one `DamagedRunError` naming the
 path and the problem: a manifest that is not JSON or lacks/garbles a field, a schema version
@@ -11,9 +12,6 @@ what is missing instead, and the ingest keeps that as the run's notes.
 
 from __future__ import annotations
 
-import json
-import os
-import re
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,11 +22,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tbpipe.pipeline.errors import TbpipeError, UsageError, first_line
+from tbpipe.pipeline.errors import first_line
 from tbpipe.pipeline.parquet_pages import PageDamage, verify_page_checksums
+from tbpipe.pipeline.runfolder import (  # noqa: F401 - re-exported: a run's folder and parts read together
+    PART_NAME,
+    RUN_ID,
+    DamagedRunError,
+    MissingManifestError,
+    damaged,
+    find_run_dirs,
+    part_files,
+    parts_fingerprint,
+    read_manifest,
+)
 from tbpipe.schemas.raw import (
     FORMAT_NAME,
-    MANIFEST_FILE,
     NATIVE_FRAME_MARKER,
     OLDEST_READABLE_RAW_SCHEMA_VERSION,
     RAW_SCHEMA_VERSION,
@@ -40,171 +48,7 @@ from tbpipe.schemas.raw import (
     table_schema,
 )
 
-_PART_NAME = re.compile(r"^(?P<table>[a-z_]+)-(?P<sequence>\d{6})\.parquet$")
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,199}$")
-
-
-class DamagedRunError(TbpipeError):
-    """A run directory that cannot be read as a whole: names the path and the problem."""
-
-
-class MissingManifestError(DamagedRunError):
-    """A folder holding a run's Parquet parts but no manifest (deleted, or lost with a disk)."""
-
-
-def _is_run_folder(files: list[str]) -> bool:
-    """A manifest, or parts of a run's tables: a run folder, even when its manifest was lost."""
-    if MANIFEST_FILE in files:
-        return True
-    for name in files:
-        match = _PART_NAME.match(name)
-        if match and match.group("table") in RUN_TABLES:
-            return True
-    return False
-
-
-def find_run_dirs(roots: list[Path]) -> list[Path]:
-    """Every folder under `roots` (recursively) that holds a manifest or a run's Parquet parts."""
-    found = set()
-    for root in roots:
-        if not root.exists():
-            raise UsageError(f"no such folder: {root}")
-        if root.is_file():
-            raise UsageError(f"{root} is a file: give the folder that holds run folders")
-        if root.is_dir():
-            seen: set[str] = set()
-            for folder, dirs, files in os.walk(root, followlinks=True):
-                # Symlinked run folders are followed; a link back up the tree is not walked twice.
-                real = os.path.realpath(folder)
-                if real in seen:
-                    dirs[:] = []
-                    continue
-                seen.add(real)
-                if _is_run_folder(files):
-                    found.add(Path(folder))
-                    dirs[:] = []  # a run folder holds no other runs
-    return sorted(found)
-
-
-# ---------------------------------------------------------------------------------------- manifest
-
-
-def _fail(path: Path, problem: str) -> DamagedRunError:
-    return DamagedRunError(f"{path}: {problem}")
-
-
-def _check_type(path: Path, manifest: dict, key: str, types: tuple, required: bool) -> None:
-    if key not in manifest or manifest[key] is None:
-        if required:
-            raise _fail(path, f"manifest has no {key!r}")
-        return
-    value = manifest[key]
-    # bool is an int in Python; a count or pid that is true/false is garbage.
-    if isinstance(value, bool) and bool not in types:
-        raise _fail(path, f"manifest field {key!r} is {value!r}, not {' or '.join(t.__name__ for t in types)}")
-    if not isinstance(value, types):
-        raise _fail(
-            path, f"manifest field {key!r} is {type(value).__name__}, not {' or '.join(t.__name__ for t in types)}"
-        )
-
-
-def _check_timestamp(path: Path, manifest: dict, key: str, required: bool) -> None:
-    _check_type(path, manifest, key, (str,), required)
-    value = manifest.get(key)
-    if value is None:
-        return
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise _fail(path, f"manifest field {key!r} is not an ISO-8601 time: {value[:60]!r}") from None
-    if parsed.tzinfo is None:
-        raise _fail(path, f"manifest field {key!r} has no time zone: {value[:60]!r}")
-
-
-def _check_str_map(path: Path, manifest: dict, key: str, key_pattern: re.Pattern | None = None) -> None:
-    _check_type(path, manifest, key, (dict,), False)
-    for k, v in (manifest.get(key) or {}).items():
-        if not isinstance(v, str) or (key_pattern is not None and not key_pattern.match(k)):
-            raise _fail(path, f"manifest field {key!r} has a bad entry {k!r}: {v!r}"[:300])
-
-
-def _check_files(path: Path, manifest: dict) -> None:
-    _check_type(path, manifest, "files", (dict,), False)
-    for table, names in (manifest.get("files") or {}).items():
-        if not isinstance(names, list):
-            raise _fail(path, f"manifest field 'files' lists {table!r} as {type(names).__name__}, not a list")
-        for name in names:
-            match = _PART_NAME.match(name) if isinstance(name, str) else None
-            if match is None or match.group("table") != table:
-                raise _fail(path, f"manifest lists a file {name!r} that is not a {table} part"[:300])
-
-
-def read_manifest(run_dir: Path) -> dict[str, Any]:
-    """The run's manifest, checked field by field; DamagedRunError on any garbage."""
-    path = run_dir / MANIFEST_FILE
-    if not path.exists():
-        parts = sorted(p.name for p in run_dir.glob("*-[0-9][0-9][0-9][0-9][0-9][0-9].parquet"))
-        raise MissingManifestError(
-            f"{path}: manifest is missing, {len(parts)} Parquet parts are there ({', '.join(parts[:4])}"
-            f"{', ...' if len(parts) > 4 else ''}); `tbpipe ingest --recover-manifests` loads what they hold as "
-            "an incomplete run without labels"
-        )
-    try:
-        manifest = json.loads(path.read_bytes())
-    except OSError as error:
-        raise _fail(path, f"manifest unreadable: {error.strerror or error}") from None
-    except ValueError as error:
-        raise _fail(path, f"manifest is not JSON: {error}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-        raise _fail(path, f"not a {FORMAT_NAME} manifest")
-    if not readable_raw_schema_version(manifest.get("schema_version")):
-        raise _fail(
-            path,
-            f"raw schema version {manifest.get('schema_version')!r}, this tbpipe reads {_readable_versions()}",
-        )
-    run_id = manifest.get("run_id")
-    if not isinstance(run_id, str):
-        raise _fail(path, "manifest has no run_id")
-    if not _RUN_ID.match(run_id):
-        raise _fail(path, f"manifest has a malformed run_id {run_id[:80]!r}")
-    _check_type(path, manifest, "complete", (bool,), True)
-    _check_timestamp(path, manifest, "started_at", True)
-    _check_timestamp(path, manifest, "ended_at", False)
-    for key in (
-        "parent_run_id",
-        "host",
-        "cwd",
-        "python_version",
-        "python_implementation",
-        "torch_version",
-        "cuda_version",
-        "tbpipe_version",
-    ):
-        _check_type(path, manifest, key, (str,), False)
-    _check_type(path, manifest, "pid", (int,), False)
-    for key in ("argv", "sources", "errors", "sys_path"):
-        _check_type(path, manifest, key, (list,), False)
-        if not all(isinstance(item, str) for item in manifest.get(key) or []):
-            raise _fail(path, f"manifest field {key!r} holds something other than strings")
-    _check_type(path, manifest, "capture", (dict,), False)
-    _check_str_map(path, manifest, "labels")
-    _check_str_map(path, manifest, "generated_code")
-    _check_str_map(path, manifest, "threads", re.compile(r"^\d{1,19}$"))
-    _check_type(path, manifest, "counters", (dict,), False)
-    for key, value in (manifest.get("counters") or {}).items():
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _fail(path, f"manifest counter {key!r} is {value!r}, not a number"[:300])
-    _check_files(path, manifest)
-    return manifest
-
-
 # ---------------------------------------------------------------------------------------- parts
-
-
-def _readable_versions() -> str:
-    if OLDEST_READABLE_RAW_SCHEMA_VERSION == RAW_SCHEMA_VERSION:
-        return str(RAW_SCHEMA_VERSION)
-    return f"{OLDEST_READABLE_RAW_SCHEMA_VERSION} to {RAW_SCHEMA_VERSION}"
 
 
 def _part_version(metadata: dict) -> int | None:
@@ -225,14 +69,14 @@ def _check_schema(path: Path, table: str, schema: pa.Schema) -> None:
         readable = f"{max(OLDEST_READABLE_RAW_SCHEMA_VERSION, TABLE_SINCE[table])} to {RAW_SCHEMA_VERSION}"
         if TABLE_SINCE[table] == RAW_SCHEMA_VERSION:
             readable = str(RAW_SCHEMA_VERSION)
-        raise _fail(
+        raise damaged(
             path,
             f"expected table {table!r} schema version {readable}, file says "
             f"{_decoded(metadata.get(SCHEMA_KEY))} version {_decoded(metadata.get(VERSION_KEY))}",
         )
     expected = table_schema(table, version)
     if not schema.equals(expected, check_metadata=False):
-        raise _fail(path, f"columns do not match the {table!r} schema: {_schema_difference(schema, expected)}")
+        raise damaged(path, f"columns do not match the {table!r} schema: {_schema_difference(schema, expected)}")
 
 
 def check_part(path: Path, table: str) -> int:
@@ -256,7 +100,7 @@ def _opened(
             parquet = pq.ParquetFile(source)
         schema = parquet.metadata.schema.to_arrow_schema()
     except (OSError, pa.ArrowException, ValueError) as error:
-        raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
+        raise damaged(path, f"unreadable Parquet ({first_line(error, 300)})") from None
     try:
         _check_schema(path, table, schema)
     except DamagedRunError:
@@ -283,7 +127,7 @@ def _read_part(path: Path, table: str, verified: pq.ParquetFile | None = None) -
             with pq.ParquetFile(path, page_checksum_verification=True) as parquet:
                 part = parquet.read(use_threads=_threaded(parquet.metadata))
     except (OSError, pa.ArrowException, ValueError) as error:
-        raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
+        raise damaged(path, f"unreadable Parquet ({first_line(error, 300)})") from None
     _check_schema(path, table, part.schema)
     return part
 
@@ -304,7 +148,7 @@ def _columns_of(path: Path, parquet: pq.ParquetFile, columns: list[str]) -> pa.T
     try:
         return parquet.read(columns=columns, use_threads=_threaded(metadata))
     except (OSError, pa.ArrowException, ValueError) as error:
-        raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
+        raise damaged(path, f"unreadable Parquet ({first_line(error, 300)})") from None
 
 
 # Parts of fewer rows are decoded on the calling thread: the ingest reads several runs at once on
@@ -330,12 +174,12 @@ def _verified(path: Path, table: str, read_dictionary: list[str] | None = None) 
     try:
         data = path.read_bytes()  # once: the footer and the pages are read from these bytes
     except OSError as error:
-        raise _fail(path, f"unreadable ({first_line(error, 300)})") from None
+        raise damaged(path, f"unreadable ({first_line(error, 300)})") from None
     parquet = _opened(path, table, data, read_dictionary)
     try:
         checked = verify_page_checksums(data, parquet.metadata)
     except PageDamage as damage:
-        raise _fail(path, f"unreadable Parquet ({damage})") from None
+        raise damaged(path, f"unreadable Parquet ({damage})") from None
     if not checked:
         _read_part(path, table)
     return parquet
@@ -367,16 +211,16 @@ def events_part(path: Path) -> EventsPart:
         if without_stack is None:
             without_stack = parquet.read(columns=["stack_id"], use_threads=threaded).column(0).null_count
     except (OSError, pa.ArrowException, ValueError) as error:
-        raise _fail(path, f"unreadable Parquet ({first_line(error, 300)})") from None
+        raise damaged(path, f"unreadable Parquet ({first_line(error, 300)})") from None
     names: set[tuple[str, str]] = set()
     for kinds, texts in (batch.columns for batch in batches):
         if kinds.null_count or texts.null_count:
-            raise _fail(path, "events without a kind or a name")
+            raise damaged(path, "events without a kind or a name")
         try:  # Arrow reads text that is not UTF-8 as it is; DuckDB would refuse it.
             kinds.dictionary.validate(full=True)
             texts.dictionary.validate(full=True)
         except pa.ArrowInvalid as error:
-            raise _fail(path, f"events unreadable ({first_line(error, 300)})") from None
+            raise damaged(path, f"events unreadable ({first_line(error, 300)})") from None
         # The pairs used, by their pair of dictionary indices.
         width = max(len(texts.dictionary), 1)
         codes = kinds.indices.to_numpy().astype(np.int64) * width + texts.indices.to_numpy()
@@ -520,44 +364,6 @@ def _schema_difference(actual: pa.Schema, expected: pa.Schema) -> str:
     return f"unexpected columns {extra}" if extra else "columns in a different order"
 
 
-def part_files(run_dir: Path, manifest: dict[str, Any]) -> dict[str, list[Path]]:
-    """Per table, the part files to read: those listed (which must exist) and any written after
-    the last manifest update (a killed process leaves whole files behind)."""
-    listed = manifest.get("files") or {}
-    # The folder listed once (a glob per table cost a small run a millisecond): `TABLE-*.parquet`.
-    try:
-        present = {entry.name: entry.is_file() for entry in os.scandir(run_dir)}
-    except OSError as error:
-        raise _fail(run_dir, f"unreadable: {error.strerror or error}") from None
-    written: dict[str, set[str]] = {table: set() for table in RUN_TABLES}
-    for name in present:
-        table, dash, _rest = name.partition("-")
-        if dash and table in written and name.endswith(".parquet") and len(name) >= len(table) + 9:
-            written[table].add(name)
-    out = {}
-    for table in RUN_TABLES:
-        names = set(listed.get(table, []))
-        missing = sorted(n for n in names if not present.get(n, False))
-        if missing:
-            raise _fail(run_dir, f"files listed in the manifest are missing: {', '.join(missing)}")
-        names.update(written[table])
-        out[table] = [run_dir / n for n in sorted(names)]
-    return out
-
-
-def parts_fingerprint(run_dir: Path, manifest: dict[str, Any], files: dict[str, list[Path]] | None = None) -> str:
-    """Changes whenever the run's files or completeness change (an incomplete run still growing).
-    `files`: the run's `part_files`, when the caller has them already."""
-    entries = [f"complete={bool(manifest.get('complete'))}"]
-    for _table, paths in (files if files is not None else part_files(run_dir, manifest)).items():
-        for path in paths:
-            try:
-                entries.append(f"{path.name}:{path.stat().st_size}")
-            except OSError as error:
-                raise _fail(path, f"unreadable: {error.strerror or error}") from None
-    return ";".join(entries)
-
-
 def reference_problems(tables: dict[str, pa.Table]) -> list[str]:
     """Rows that refer to stacks, modules or code the run does not hold (events only when loaded)."""
     problems = []
@@ -624,16 +430,18 @@ def recovered_manifest(run_dir: Path) -> dict[str, Any]:
     tbpipe reads.
     """
     name = run_dir.name
-    if not _RUN_ID.match(name):
-        raise _fail(run_dir, f"manifest is missing and the folder name {name[:80]!r} is not a run id to recover it by")
+    if not RUN_ID.match(name):
+        raise damaged(
+            run_dir, f"manifest is missing and the folder name {name[:80]!r} is not a run id to recover it by"
+        )
     files: dict[str, list[str]] = {}
     for path in sorted(run_dir.glob("*.parquet")):
-        match = _PART_NAME.match(path.name)
+        match = PART_NAME.match(path.name)
         if match and match.group("table") in RUN_TABLES:
             check_part(path, match.group("table"))
             files.setdefault(match.group("table"), []).append(path.name)
     if not files:
-        raise _fail(run_dir, "manifest is missing and no run parts are left to recover")
+        raise damaged(run_dir, "manifest is missing and no run parts are left to recover")
     started = _first_event_time(run_dir, files.get("events", []))
     if started is None:
         oldest = min((run_dir / n).stat().st_mtime for names in files.values() for n in names)

@@ -1,7 +1,8 @@
-"""The raw format's name, versions and manifest file: what a run's manifest says about its format.
+"""The raw format's name, versions, tables and manifest file: what a run's manifest says about its format.
 
 Kept apart from `raw` (the Arrow schemas) so that the capture's start-up path, which writes the
 first manifest, imports no pyarrow: the writer's libraries load when the first part is written.
+An ingest with nothing to load reads run folders and manifests by these alone, without pyarrow too.
 """
 
 FORMAT_NAME = "tbpipe-raw"
@@ -11,3 +12,24 @@ FORMAT_NAME = "tbpipe-raw"
 RAW_SCHEMA_VERSION = 5
 OLDEST_READABLE_RAW_SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
+
+# The raw schema version that introduced each table of a run (in the order `raw.RUN_TABLES` lists
+# their schemas): parts of it are absent from older runs.
+TABLE_SINCE = {
+    "events": 1,
+    "stacks": 1,
+    "modules": 1,
+    "code": 1,
+    "code_origins": 2,
+    "gpu_activity": 2,
+    "gpu_graph_nodes": 2,
+}
+
+
+def readable_raw_schema_version(version: object) -> bool:
+    """Whether this tbpipe reads runs (and parts) of this raw schema version."""
+    return (
+        isinstance(version, int)
+        and not isinstance(version, bool)
+        and OLDEST_READABLE_RAW_SCHEMA_VERSION <= version <= RAW_SCHEMA_VERSION
+    )

@@ -28,6 +28,8 @@ from tbpipe.schemas.format import (  # noqa: F401 - defined there, without pyarr
     MANIFEST_FILE,
     OLDEST_READABLE_RAW_SCHEMA_VERSION,
     RAW_SCHEMA_VERSION,
+    TABLE_SINCE,
+    readable_raw_schema_version,
 )
 from tbpipe.schemas.op_attributes import OP_COLUMNS
 
@@ -274,18 +276,6 @@ RUN_TABLES = {
     "gpu_graph_nodes": gpu_graph_nodes_schema,
 }
 
-# The raw schema version that introduced each table: parts of it are absent from older runs.
-TABLE_SINCE = {
-    "events": 1,
-    "stacks": 1,
-    "modules": 1,
-    "code": 1,
-    "code_origins": 2,
-    "gpu_activity": 2,
-    "gpu_graph_nodes": 2,
-}
-
-
 # Event kinds the CUDA source records for an API call, with its `correlation_id`.
 CORRELATED_KINDS = ("kernel_launch", "graph_launch", "memcpy", "memset")
 
@@ -306,15 +296,6 @@ def table_schema(table: str, version: int = RAW_SCHEMA_VERSION) -> pa.Schema:
     for index in reversed(later):
         schema = schema.remove(index)
     return schema
-
-
-def readable_raw_schema_version(version: object) -> bool:
-    """Whether this tbpipe reads runs (and parts) of this raw schema version."""
-    return (
-        isinstance(version, int)
-        and not isinstance(version, bool)
-        and OLDEST_READABLE_RAW_SCHEMA_VERSION <= version <= RAW_SCHEMA_VERSION
-    )
 
 
 def table_file_name(table: str, sequence: int) -> str:

@@ -45,6 +45,16 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "pyarrow",
     ): "module keys are pure Python for the symbolizer's start; columns of them need Arrow",
     ("schemas/modulekey.py", "pyarrow.compute"): "as above",
+    (
+        "pipeline/db/ingest/flow.py",
+        "tbpipe.pipeline.db.ingest.stages",
+    ): "the stages that read runs (numpy, pyarrow) load only when a run needs reading or the upkeep has work;"
+    " an ingest of runs already loaded costs the database's opening (tests/test_ingest_nothing_to_do.py)",
+    (
+        "pipeline/db/ingest/tuning.py",
+        "numpy",
+    ): "numpy's huge-page switch, turned off by the stages, which import numpy anyway: the ingest's"
+    " options (`IngestLimits`) and an ingest with nothing to do import no numpy",
     ("pipeline/serve/__init__.py", "tbpipe.pipeline.serve.app"): "`create_app` on first use: it imports FastAPI",
     (
         "pipeline/serve/app.py",

@@ -18,6 +18,7 @@ STAGE_RANK = {
     "pipeline.errors": 2,  # helpers every offline stage shares
     "pipeline.progress": 2,
     "pipeline.parquet_pages": 2,
+    "pipeline.runfolder": 3,  # find run folders, check their manifests (no Parquet)
     "pipeline.rawrun": 3,  # read and validate run folders
     "pipeline.symbols": 3,  # debug info by build-ID (beside reading, feeding the stacks)
     "pipeline.stacks": 4,  # flatten, hash, combined order, layout

@@ -33,7 +33,7 @@ from tbpipe.pipeline.db.ingest import gpu as run_gpu
 from tbpipe.pipeline.db.ingest import rows as run_rows
 from tbpipe.pipeline.db.ingest.lay_out import LaidOutBatch, StackIds
 from tbpipe.pipeline.db.ingest.outcomes import IngestOptions, RunOutcome
-from tbpipe.pipeline.db.ingest.read_ahead import LoadedRuns
+from tbpipe.pipeline.db.ingest.pending import LoadedRuns
 from tbpipe.pipeline.db.ingest.site_counts import insert_site_counts
 from tbpipe.pipeline.db.ingest.siting import insert_sites, record_portable_files
 from tbpipe.pipeline.db.ingest.tables import IngestDb, QuarantineRun, raise_for_data_error

@@ -24,6 +24,7 @@ import numpy as np
 
 from tbpipe.pipeline.db.ingest.gpu import GPU_TABLES
 from tbpipe.pipeline.db.ingest.outcomes import IngestOptions, RunOutcome
+from tbpipe.pipeline.db.ingest.pending import LoadedRuns
 from tbpipe.pipeline.db.ingest.tuning import IngestLimits, lower_thread_priority
 from tbpipe.pipeline.rawrun import (
     DamagedRunError,
@@ -96,27 +97,6 @@ def read_whole(run: PreparedRun) -> PreparedRun:
     if not (np.array_equal(flat.raw_ids, run.flat.raw_ids) and np.array_equal(flat.hashes, run.flat.hashes)):
         raise DamagedRunError(f"{run.run_dir}: its stacks changed while it was loaded")
     return dataclasses.replace(run, flat=flat)
-
-
-class LoadedRuns:
-    """What the database holds of each run id: (complete, parts fingerprint), kept as runs load."""
-
-    def __init__(self, rows: list[tuple[str, bool, str]]):
-        self._runs = {run_id: (complete, parts) for run_id, complete, parts in rows}
-
-    def __contains__(self, run_id: str) -> bool:
-        return run_id in self._runs
-
-    def loaded(self, run_id: str, complete: bool, fingerprint: str) -> None:
-        self._runs[run_id] = (complete, fingerprint)
-
-    def present(self, run_dir: Path, run_id: str, fingerprint: str) -> RunOutcome | None:
-        """The run's outcome when the database holds it complete, or as it is now; None when it
-        must be loaded."""
-        existing = self._runs.get(run_id)
-        if existing is not None and (existing[0] or existing[1] == fingerprint):
-            return RunOutcome(run_dir, "present", run_id=run_id, complete=existing[0])
-        return None
 
 
 class RunReader:

@@ -23,7 +23,6 @@ entries and working folder, the longest that contains the file.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from collections.abc import Sequence
@@ -36,28 +35,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tbpipe.pipeline.db.connection import query_arrow, query_rows, query_value
+from tbpipe.pipeline.db.ingest.pending import site_identity_backfilled
 from tbpipe.pipeline.db.ingest.site_counts import count_sites
 from tbpipe.pipeline.db.ingest.tables import IngestDb
-from tbpipe.pipeline.errors import UsageError
+from tbpipe.pipeline.db.ingest.user_code import (  # noqa: F401 - parse_user_code: the lake's job takes it from here
+    parse_user_code,
+    rules_hash,
+    sited_with,
+    tbpipe_source_dirs,
+)
 from tbpipe.pipeline.stacks import focus
-
-
-def parse_user_code(values: Sequence[str]) -> list[tuple[str, bool]]:
-    """`--user-code` values -> (prefix, is_user); '!PREFIX' marks a prefix as not user code."""
-    rules = []
-    for value in values:
-        is_user = not value.startswith("!")
-        prefix = value[1:] if not is_user else value
-        if not prefix.strip():
-            raise UsageError(f"--user-code {value!r}: give a path prefix, e.g. /srv/app/ or mylib/")
-        rules.append((prefix, is_user))
-    return rules
-
-
-def tbpipe_source_dirs() -> list[str]:
-    """tbpipe's own package folders here: in an editable install they are not under site-packages."""
-    specs = (importlib.util.find_spec(f"tbpipe.{name}") for name in ("capture", "pipeline", "schemas"))
-    return sorted({str(Path(folder).resolve()) + "/" for spec in specs for folder in spec.submodule_search_locations})
 
 
 def store_user_code(db: IngestDb, rules: list[tuple[str, bool]]) -> None:
@@ -67,14 +54,10 @@ def store_user_code(db: IngestDb, rules: list[tuple[str, bool]]) -> None:
             con.execute("INSERT INTO user_code VALUES (?, false, 'tbpipe', now()) ON CONFLICT DO NOTHING", [prefix])
         for prefix, is_user in rules:
             con.execute("INSERT OR REPLACE INTO user_code VALUES (?, ?, 'user', now())", [prefix, is_user])
-        rules_hash = query_value(
-            con,
-            "SELECT md5(coalesce(string_agg(prefix || '=' || is_user, chr(30) ORDER BY prefix), '')) FROM user_code",
-        )
-        sited_with = query_value(con, "SELECT value FROM settings WHERE key = 'sited_with_rules'")
-        if sited_with != rules_hash:
+        stored_hash = rules_hash(con)
+        if sited_with(con) != stored_hash:
             site_stacks(db, from_stack=None)
-            con.execute("INSERT OR REPLACE INTO settings VALUES ('sited_with_rules', ?)", [rules_hash])
+            con.execute("INSERT OR REPLACE INTO settings VALUES ('sited_with_rules', ?)", [stored_hash])
 
 
 def generated_code_rows(manifests: Sequence[dict[str, Any]]) -> dict[str, tuple[str, str | None]]:
@@ -491,7 +474,7 @@ def backfill_site_identity(db: IngestDb, read_first_lines) -> None:
     line: comparable with runs of the same lines only. Sites are then recomputed by the ingest.
     """
     con = db.con
-    if query_value(con, "SELECT value FROM settings WHERE key = 'site_identity_backfilled'") == "1":
+    if site_identity_backfilled(con):
         return
     runs = query_rows(
         con,

@@ -11,12 +11,12 @@ laid out and sited anew, so old runs get better, never worse.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from tbpipe.pipeline.db.connection import query_arrow, query_rows
+from tbpipe.pipeline.db.connection import query_arrow
+from tbpipe.pipeline.db.ingest.debug_info import IngestSymbolizer
 from tbpipe.pipeline.db.ingest.frames import store_all_frame_rows
 from tbpipe.pipeline.db.ingest.outcomes import IngestOptions, IngestSummary
 from tbpipe.pipeline.db.ingest.siting import site_stacks
@@ -33,36 +33,19 @@ Requests = dict[str, tuple[str | None, np.ndarray, np.ndarray]]
 
 
 class SymbolLoader:
-    def __init__(self, db: IngestDb, options: IngestOptions, summary: IngestSummary):
+    """`symbolizer`: the ingest's, made and closed by the flow (it checks the modules stored without
+    DWARF before any stage runs)."""
+
+    def __init__(self, db: IngestDb, options: IngestOptions, summary: IngestSummary, symbolizer: IngestSymbolizer):
         self.db = db
         self.options = options
         self.summary = summary
-        self._symbolizer: Any = None
+        self._symbolizing = symbolizer
         self._refreshed: set[str] = set()
-        # Where downloads of debug info under way are told (the ingest's progress bar, when it has one).
-        self.describe: Any = None
-
-    def close(self) -> None:
-        if self._symbolizer is not None:
-            self.summary.debuginfod = self._symbolizer.debuginfod_report()
-            self._symbolizer.close()
 
     @property
-    def symbolizer(self) -> Any:
-        if self._symbolizer is None:
-            self._symbolizer = Symbolizer(
-                cache_dir=self.options.cache_dir,
-                debug_dirs=list(self.options.debug_dirs),
-                jobs=self.options.jobs,
-                progress=False,
-                debuginfod=self.options.debuginfod,
-                on_download=self._downloading,
-            )
-        return self._symbolizer
-
-    def _downloading(self, text: str) -> None:
-        if self.describe is not None:
-            self.describe(text)
+    def symbolizer(self) -> Symbolizer:
+        return self._symbolizing.get()
 
     # ---------------------------------------------------------------- new frames
 
@@ -159,22 +142,15 @@ class SymbolLoader:
 
     def refresh_improved_modules(self) -> None:
         """Re-checks modules stored without DWARF: debug info may have appeared since (e.g. --debug-dir)."""
-        rows = query_rows(
-            self.db.con,
-            "SELECT module_key, path FROM modules WHERE quality IS NOT NULL AND quality <> 'dwarf' "
-            "AND NOT starts_with(module_key, 'invalid:')",
-        )
-        if not rows:
-            return
-        # All at once: the debuginfod servers are asked for every one of them in parallel.
-        self.symbolizer.module_statuses([(ModuleKey.parse(key).symbolizer_build_id, path) for key, path in rows])
+        self._symbolizing.check_modules_without_dwarf(self.db.con)
         self.refresh_upgraded()
 
     def refresh_upgraded(self) -> None:
         """Redoes the stored symbols (and the stacks using them) of modules whose debug info got better."""
-        if self._symbolizer is None:
+        made = self._symbolizing.made
+        if made is None:
             return
-        upgraded = sorted(set(self._symbolizer.upgraded_build_ids()) - self._refreshed)
+        upgraded = sorted(set(made.upgraded_build_ids()) - self._refreshed)
         if not upgraded:
             return
         self._refreshed.update(upgraded)

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
-import pyarrow as pa
 
 from tbpipe.pipeline.db.connection import DatabaseError
 from tbpipe.pipeline.db.schema import sql_text  # noqa: F401 - the ingest's modules take it from here
 from tbpipe.pipeline.errors import first_line
+
+if TYPE_CHECKING:  # annotations only: an ingest with nothing to load imports no pyarrow
+    import pyarrow as pa
 
 
 class QuarantineRun(Exception):

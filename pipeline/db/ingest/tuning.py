@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
-import numpy as np
 
 from tbpipe.pipeline.db.connection import query_value
 
@@ -101,6 +100,8 @@ def without_huge_pages() -> Iterator[None]:
     DuckDB's copies); backed by huge pages, each fresh 2 MB page is zeroed by the kernel on first
     touch. Linux's prctl covers the whole process; numpy's own switch is turned off too, for
     systems without the prctl."""
+    import numpy as np  # entered by the stages that read runs, which import it anyway
+
     restore = [_thp_disabled(True)]
     try:
         setting = np._core.multiarray._set_madvise_hugepage
