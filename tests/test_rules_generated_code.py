@@ -114,6 +114,22 @@ def test_line_map_runs_end_before_the_next_start_and_the_last_never_ends() -> No
     assert rows[0]["origin"] == [{"filename": "/nowhere/m.py", "qualname": "forward", "first_line": -1, "line": 7}]
 
 
+def test_every_run_but_the_last_ends_at_the_next_start_a_one_line_run_included() -> None:
+    trace = 'File "/nowhere/m.py", line 7, in forward\n'
+    rows = tc.rows_of_line_map("/gen/w.py", [(5, 6, 9, 12), (trace, trace, trace, trace)])
+    assert [(r["line_lo"], r["line_hi"]) for r in rows] == [(5, 5), (6, 8), (9, 11), (12, 2**31 - 1)]
+
+
+def test_a_run_whose_frames_cannot_be_trusted_is_left_out_and_the_next_still_counts(tmp_path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text(SOURCE)
+    good = f'File "{path}", line 7, in inner\n    return y + 1\n'
+    untraced = f'File "{path}", line 9, in outer\n    return inner(x)\n'
+    traced = {(str(path), 7, "inner", "return y + 1")}
+    rows = tc.rows_of_line_map("/gen/w.py", [(1, 5), (untraced, good)], traced)
+    assert [(r["line_lo"], r["origin"][0]["line"]) for r in rows] == [(5, 7)]
+
+
 def test_line_maps_of_another_shape_give_no_rows() -> None:
     assert tc.rows_of_line_map("/gen/w.py", None) == []
     assert tc.rows_of_line_map("/gen/w.py", [(1,)]) == []
@@ -181,6 +197,33 @@ def test_the_innermost_frame_must_be_one_dynamo_traced_else_the_nearest_of_its_t
     assert tc.current_frames(frames, other_file) == [(str(path), 20, "inner", "return y + 1")]
     assert tc.current_frames(frames, {(str(path), 7, "inner", "return y - 1")}) is None
     assert tc.current_frames([], None) is None
+
+
+MOVED = """\
+x = 1
+y = x * 2
+
+
+def other(y):
+    return y * 2
+
+
+def forward(x):
+    y = x + 1
+    if x:
+        return y * 2
+    z = 0
+    return y * 2
+"""
+
+
+def test_a_moved_line_is_the_nearest_line_of_its_text_in_its_own_function(tmp_path) -> None:
+    path = tmp_path / "moved.py"
+    path.write_text(MOVED)
+    assert tc._line_with_text(str(path), "forward", "return y * 2", 10) == 12
+    assert tc._line_with_text(str(path), "forward", "return y * 2", 14) == 14
+    assert tc._line_with_text(str(path), "forward", "y = x * 2", 10) is None  # only outside the function
+    assert tc._line_with_text(str(path), "other", "return y * 2", 12) == 6
 
 
 def test_code_after_a_graph_break_is_named_as_the_user_function_it_resumes(tmp_path) -> None:
