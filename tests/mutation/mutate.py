@@ -68,7 +68,7 @@ def relink(link: Path, target: Path) -> None:
 
 def mutmut_section(group: dict[str, list[str]]) -> str:
     """The [tool.mutmut] table of a group's pyproject.toml (the repository's, pytest's settings kept)."""
-    for source in group["sources"] + group["tests"]:
+    for source in group["sources"] + [test.partition("::")[0] for test in group["tests"]]:
         if not (ROOT / source).exists():
             raise SystemExit(f"tests/mutation/groups.toml: {source} does not exist")
     settings = {
