@@ -124,6 +124,26 @@ def statuses(folder: Path) -> dict[str, dict[str, str]]:
     return by_path
 
 
+def exit_codes(folder: Path) -> dict[Path, dict[str, int | None]]:
+    return {meta: json.loads(meta.read_text())["exit_code_by_key"] for meta in (folder / "mutants").rglob("*.py.meta")}
+
+
+def restore_kills(folder: Path, before: dict[Path, dict[str, int | None]]) -> None:
+    """After a `--keep` run: mutmut forgets every result when the group's tests change (added test
+    files), and reruns only the mutants named; those killed before stay killed (more tests kill more)."""
+    from mutmut.stats import status_by_exit_code
+
+    for meta, codes in before.items():
+        if not meta.exists():
+            continue
+        data = json.loads(meta.read_text())
+        now = data["exit_code_by_key"]
+        for key, code in codes.items():
+            if now.get(key, 0) is None and OUTCOME_BY_STATUS[status_by_exit_code[code]] == KILLED:
+                now[key] = code
+        meta.write_text(json.dumps(data, indent=4))
+
+
 def names_with(by_path: dict[str, dict[str, str]], equivalent: dict[str, str], *outcomes: str) -> list[str]:
     return [
         key
@@ -216,9 +236,11 @@ def main() -> int:
     for name in args.groups or list(groups):
         folder = prepare(name, groups[name], args.keep)
         names = to_run(folder, groups[name], equivalent, args.keep)
+        before = exit_codes(folder) if args.keep else {}
         print(f"== {name}: mutmut run in {folder} (budget {args.budget:g} min)", flush=True)
         if names is not None and run_group(folder, int(args.budget * 60), args.children, names) not in (0, 124, 130):
             failed.append(name)
+        restore_kills(folder, before)
         by_path = selected(statuses(folder), groups[name].get("mutants", []))
         ran_modules.update(path.removesuffix(".py").replace("/", ".") for path in by_path)
         known.update(key for mutants in by_path.values() for key in mutants)
