@@ -15,6 +15,8 @@ import re
 import shutil
 import stat
 import tarfile
+import threading
+import time
 import uuid
 import zipfile
 from pathlib import Path, PurePosixPath
@@ -34,6 +36,7 @@ from tbpipe.pipeline.serve.sandbox import QueryRefused
 from tbpipe.pipeline.serve.upload import UploadRefused
 
 TOKEN = "s3cret-token-0123456789"
+NEEDS_THE_TOKEN = "this needs the service's token: send the header 'Authorization: Bearer TOKEN'"
 
 # ------------------------------------------------------------------------------------------ the token
 
@@ -64,15 +67,17 @@ def test_the_bearer_scheme_with_the_token_passes(header: str) -> None:
     ],
 )
 def test_other_schemes_and_tokens_are_401(header: str | None, message: str) -> None:
-    with pytest.raises(security.TokenError, match=message) as caught:
+    with pytest.raises(security.TokenError) as caught:
         security.check_token(TOKEN, header)
     assert caught.value.status == 401
+    assert str(caught.value) == ("wrong token" if message == "wrong token" else NEEDS_THE_TOKEN)
 
 
 def test_without_a_configured_token_writes_are_403() -> None:
-    with pytest.raises(security.TokenError, match="--token-file") as caught:
+    with pytest.raises(security.TokenError) as caught:
         security.check_token(None, f"Bearer {TOKEN}")
     assert caught.value.status == 403
+    assert str(caught.value) == "writes are disabled: start tbpipe serve with --token-file to accept uploads"
 
 
 def test_a_token_file_needs_16_characters(tmp_path: Path) -> None:
@@ -80,10 +85,16 @@ def test_a_token_file_needs_16_characters(tmp_path: Path) -> None:
     path.write_text(" " + "x" * 16 + "\n")
     assert security.read_token(path) == "x" * 16
     path.write_text("x" * 15 + "\n")
-    with pytest.raises(UsageError, match="at least 16 characters"):
+    with pytest.raises(UsageError) as caught:
         security.read_token(path)
-    with pytest.raises(UsageError, match="cannot read it"):
+    assert str(caught.value) == f"--token-file {path}: the token must be at least 16 characters long"
+    with pytest.raises(UsageError) as caught:
         security.read_token(tmp_path / "missing")
+    assert str(caught.value) == f"--token-file {tmp_path / 'missing'}: cannot read it (No such file or directory)"
+    path.write_bytes(b"\xff" * 20)
+    with pytest.raises(UsageError) as caught:
+        security.read_token(path)
+    assert str(caught.value).startswith(f"--token-file {path}: cannot read it ('utf-8' codec can't decode byte 0xff")
 
 
 # ------------------------------------------------------------------------------------------ Host and headers
@@ -101,6 +112,7 @@ def test_a_token_file_needs_16_characters(tmp_path: Path) -> None:
         ("10.0.0.1", False),
         ("localhost.example.com", False),
         ("evil.example", False),
+        ("X::1", False),  # only brackets are taken off
     ],
 )
 def test_loopback_names(host: str, loopback: bool) -> None:
@@ -137,7 +149,10 @@ def test_a_loopback_service_answers_loopback_hosts_only(host: str, status: int) 
     response = get_with_host(host, loopback_only=True)
     assert response.status_code == status
     if status == 421:
-        assert "loopback names only" in response.text
+        assert (
+            response.text == f"Host {host!r} refused: this service answers loopback names only (127.0.0.1, localhost)\n"
+        )
+        assert response.headers["content-type"] == "text/plain; charset=utf-8"
     else:
         assert response.text == "hello"
         assert response.headers["content-security-policy"] == security.CSP
@@ -149,6 +164,38 @@ def test_a_loopback_service_answers_loopback_hosts_only(host: str, status: int) 
 def test_a_service_bound_elsewhere_takes_any_host_and_still_sends_the_headers() -> None:
     response = get_with_host("evil.example:8000", loopback_only=False)
     assert response.status_code == 200 and response.headers["content-security-policy"] == security.CSP
+
+
+async def echo_body(scope, receive, send) -> None:
+    """A bare ASGI app: answers the request's body with a start message that has no headers (the
+    ASGI spec allows that), and tells what scope it was called with."""
+    received = await receive()
+    body = received["body"] if scope["type"] == "http" else b""
+    await send({"type": "http.response.start", "status": 200})
+    await send({"type": "http.response.body", "body": body or scope["type"].encode()})
+
+
+def call_asgi(app, scope: dict, body: bytes = b"") -> list[dict]:
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def test_the_middleware_on_bare_asgi_messages() -> None:
+    app = security.SecurityHeaders(echo_body, loopback_only=True)
+    http = {"type": "http", "method": "POST", "path": "/", "headers": []}  # no Host header at all
+    start, answer = call_asgi(app, http, b"payload")
+    assert start["status"] == 200 and start["headers"] == security.HEADERS and answer["body"] == b"payload"
+    # Other scopes (lifespan, websocket) pass through as they are.
+    (start, answer) = call_asgi(app, {"type": "lifespan"})
+    assert "headers" not in start and answer["body"] == b"lifespan"
 
 
 def test_static_files_are_the_table_only() -> None:
@@ -201,10 +248,40 @@ def refusal(cursor, sql: str) -> QueryRefused:
         "SUMMARIZE t",
         "SHOW TABLES",
         "TABLE t",
+        "/* two\nlines */ SELECT 1",
     ],
 )
 def test_one_select_over_the_catalog_passes(cursor, sql: str) -> None:
     assert sandbox.check_statement(cursor, sql) == sql.strip().rstrip(";").strip()
+
+
+def test_the_statement_run_is_the_one_given_without_its_semicolon(cursor) -> None:
+    assert sandbox.check_statement(cursor, "SELECT 1 AS X;") == "SELECT 1 AS X"
+
+
+@pytest.mark.parametrize(
+    "sql, message",
+    [
+        ("", "no SQL given: pass a SELECT statement as ?sql=..."),
+        ("SELECT $x", "the query has parameters ($name or ?); write the values into the SQL"),
+        ("SELECT 1; SELECT 2", "one statement at a time: this SQL holds 2"),
+        ("DELETE FROM t", "only SELECT queries run here (the database is read-only); this is a DELETE statement"),
+        (
+            "SELECT * FROM glob('*')",
+            "refused: table function glob() is not available here (this SQL can read the database's tables and "
+            "views only; range, generate_series, unnest, json_each and the duckdb_*/pragma_* catalog functions "
+            "are allowed)",
+        ),
+    ],
+)
+def test_refusals_say_exactly_why(cursor, sql: str, message: str) -> None:
+    assert str(refusal(cursor, sql)) == message
+
+
+def test_a_parse_error_names_duckdb_s_first_line(cursor) -> None:
+    refused = refusal(cursor, "SELEC 1\nFROM t")
+    assert str(refused).startswith("the SQL does not parse: Parser Error: syntax error at or near ")
+    assert "\n" not in str(refused) and refused.status == 400
 
 
 @pytest.mark.parametrize(
@@ -245,6 +322,31 @@ def test_truncated_means_more_rows_than_the_limit(cursor, rows: int, truncated: 
     assert body["truncated"] is truncated and body["limit"] == 5
     assert body["rows"] == [[i] for i in range(min(rows, 5))] and body["row_count"] == min(rows, 5)
     assert body["columns"] == ["i"] and body["types"] == ["BIGINT"]
+
+
+def test_a_query_interrupted_otherwise_is_503(cursor) -> None:
+    interrupt = threading.Timer(0.3, cursor.interrupt)
+    interrupt.start()
+    try:
+        with pytest.raises(QueryRefused) as caught:
+            sandbox.run_query(
+                cursor, "SELECT count(*) FROM range(10000000000) a, range(1000) b", max_rows=1, timeout_s=60
+            )
+    finally:
+        interrupt.cancel()
+    assert (str(caught.value), caught.value.status) == ("the query was interrupted", 503)
+
+
+def test_the_answer_says_how_long_it_took(cursor) -> None:
+    result = sandbox.QueryResult(["a"], ["INTEGER"], [[1]], False, 5, 1.234567)
+    assert result.to_json()["seconds"] == 1.2346
+    assert 0 <= sandbox.run_query(cursor, "SELECT 1", max_rows=1, timeout_s=30).seconds < 30
+
+
+def test_first_lines_of_errors() -> None:
+    assert sandbox._first_line(ValueError("one\ntwo")) == "one"
+    assert sandbox._first_line(ValueError("  \n")) == "ValueError"
+    assert sandbox._first_line(ValueError("x" * 600)) == "x" * 500
 
 
 def test_a_query_past_its_time_is_stopped(cursor) -> None:
@@ -328,6 +430,30 @@ def test_the_byte_cap_is_inclusive(tmp_path: Path) -> None:
     assert caught.value.status == 413
     with pytest.raises(UploadRefused, match="appears twice"):
         upload._Writer(tmp_path, max_unpacked=10).file(PurePosixPath("a"), io.BytesIO(b""))
+
+
+def test_files_land_in_new_folders_and_a_second_copy_is_refused(tmp_path: Path) -> None:
+    writer = upload._Writer(tmp_path, max_unpacked=1 << 21)
+    deep = PurePosixPath("a" * 120, "b" * 120, "file")
+    writer.file(deep, io.BytesIO(b"x" * (upload._CHUNK + 5)))  # more than one chunk
+    assert (tmp_path / deep).stat().st_size == upload._CHUNK + 5 and writer.written == upload._CHUNK + 5
+    with pytest.raises(UploadRefused) as caught:
+        writer.file(deep, io.BytesIO(b""))
+    assert str(caught.value) == f"archive entry {str(deep)[:200]!r} appears twice"
+
+
+def test_an_upload_id_is_the_utc_time_and_random_hex(monkeypatch) -> None:
+    monkeypatch.setenv("TZ", "Asia/Tokyo")  # nine hours from UTC: a local time would show
+    time.tzset()
+    try:
+        before = dt.datetime.now(dt.timezone.utc).replace(microsecond=0, tzinfo=None)
+        stamp, _, random = upload.new_upload_id().partition("-")
+        after = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert before <= dt.datetime.strptime(stamp, "%Y%m%dT%H%M%S") <= after
+    assert re.fullmatch(r"[0-9a-f]{8}", random)
 
 
 def test_an_entry_cannot_land_in_a_sibling_folder_sharing_its_prefix(tmp_path: Path) -> None:
