@@ -249,6 +249,7 @@ def refusal(cursor, sql: str) -> QueryRefused:
         "SHOW TABLES",
         "TABLE t",
         "/* two\nlines */ SELECT 1",
+        "UNPIVOT t ON i INTO NAME column_name VALUE v",  # a SELECT in DuckDB's parse, however it starts
     ],
 )
 def test_one_select_over_the_catalog_passes(cursor, sql: str) -> None:
@@ -257,6 +258,10 @@ def test_one_select_over_the_catalog_passes(cursor, sql: str) -> None:
 
 def test_the_statement_run_is_the_one_given_without_its_semicolon(cursor) -> None:
     assert sandbox.check_statement(cursor, "SELECT 1 AS X;") == "SELECT 1 AS X"
+    unpivoted = sandbox.run_query(
+        cursor, "UNPIVOT (FROM t WHERE i < 2) ON i INTO NAME c VALUE v", max_rows=5, timeout_s=30
+    )
+    assert unpivoted.rows == [["row 0", "i", 0], ["row 1", "i", 1]]
 
 
 @pytest.mark.parametrize(

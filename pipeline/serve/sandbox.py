@@ -99,7 +99,7 @@ def check_statement(cursor: Any, sql: str) -> str:
 
 
 # Words a query may start with (after comments and parentheses).
-_QUERY_WORDS = {"SELECT", "WITH", "FROM", "VALUES", "TABLE", "SUMMARIZE", "DESCRIBE", "SHOW"}
+_QUERY_WORDS = {"SELECT", "WITH", "FROM", "VALUES", "TABLE", "SUMMARIZE", "DESCRIBE", "SHOW", "UNPIVOT"}
 
 
 def _without_comments(text: str) -> str:
