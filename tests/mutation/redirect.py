@@ -52,12 +52,16 @@ def record_hits_at_exit() -> None:
     from mutmut.configuration import config
     from mutmut.state import state
 
-    here = os.getcwd()
-    os.chdir(MUTANTS)  # mutmut reads its settings from the working folder
+    try:
+        here = os.getcwd()
+    except OSError:  # started in a folder since removed: nothing relative can be found there anyway
+        here = None
+    os.chdir(MUTANTS)  # mutmut reads its settings from the working folder, once
     try:
         config()
     finally:
-        os.chdir(here)
+        if here is not None:
+            os.chdir(here)
 
     def write() -> None:
         if state()._stats:
