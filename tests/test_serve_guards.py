@@ -271,6 +271,9 @@ def test_the_statement_run_is_the_one_given_without_its_semicolon(cursor) -> Non
         ("SELECT $x", "the query has parameters ($name or ?); write the values into the SQL"),
         ("SELECT 1; SELECT 2", "one statement at a time: this SQL holds 2"),
         ("DELETE FROM t", "only SELECT queries run here (the database is read-only); this is a DELETE statement"),
+        # DuckDB's kind of statement, not its first word, names a statement that is not a query.
+        ("INSTALL httpfs", "only SELECT queries run here (the database is read-only); this is a LOAD statement"),
+        ("RESET threads", "only SELECT queries run here (the database is read-only); this is a SET statement"),
         (
             "SELECT * FROM glob('*')",
             "refused: table function glob() is not available here (this SQL can read the database's tables and "
