@@ -15,6 +15,8 @@ from tbpipe.capture import torch_compile as tc
 
 
 def test_generated_code_folders_come_from_the_cache_variables_made_absolute(monkeypatch, tmp_path) -> None:
+    # Triton's own setting reads the same variable; without Triton imported only the variable can say it.
+    monkeypatch.delitem(sys.modules, "triton", raising=False)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "inductor-cache")
     monkeypatch.setenv("TRITON_CACHE_DIR", "triton-cache")
@@ -37,6 +39,12 @@ def test_inductors_default_folder_when_the_program_imported_inductor(monkeypatch
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("TRITON_CACHE_DIR", "/srv/triton")
     assert tc.generated_code_dirs() == {"inductor": os.path.abspath(utils.default_cache_dir()), "triton": "/srv/triton"}
+
+
+def test_tritons_folder_when_the_program_imported_triton_and_set_no_variable(monkeypatch) -> None:
+    triton = pytest.importorskip("triton")
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    assert tc.generated_code_dirs()["triton"] == os.path.abspath(triton.knobs.cache.dir)
 
 
 # ------------------------------------------------------------------------------------------ graph breaks
@@ -69,6 +77,17 @@ def test_a_reason_stops_at_whichever_section_comes_first() -> None:
     assert tc.parse_graph_break("Graph Break Reason: plain")[:3] == (None, None, "plain")
 
 
+def test_only_the_first_reason_and_traceback_count_and_a_traceback_ends_at_its_blank_line() -> None:
+    later = BREAK.replace(
+        "Stack variable source attribution: nothing",
+        'Stack variable source attribution:\n  File "/app/other.py", line 1, in g\n\nGraph Break Reason: again',
+    )
+    assert tc.parse_graph_break(later)[2:] == tc.parse_graph_break(BREAK)[2:]
+    # A traceback whose last frame has no source line, the payload starting with it.
+    bare = '\nUser code traceback:\n  File "/app/model.py", line 12, in forward\n\nmore'
+    assert tc.parse_graph_break(bare)[3] == [("/app/model.py", 12, "forward")]
+
+
 def test_a_payload_of_another_shape_is_its_own_reason() -> None:
     assert tc.parse_graph_break("  something else  ") == (None, None, "something else", [])
 
@@ -80,6 +99,8 @@ def test_a_payload_of_another_shape_is_its_own_reason() -> None:
         # A head of more than one line is not Dynamo's context line: the reason stays whole.
         ("first\nsecond:\n\nrest", "first\nsecond:\n\nrest"),
         ("  no context  ", "no context"),
+        # Only the first blank line ends the context line.
+        ("context:\n\nreason part:\n\nmore", "reason part:\n\nmore"),
     ],
 )
 def test_explain_reason_drops_only_dynamos_one_line_context(reason, explained) -> None:
@@ -236,3 +257,5 @@ def test_code_after_a_graph_break_is_named_as_the_user_function_it_resumes(tmp_p
     )
     assert tc.origin_frame(str(path), 1, "<module>")["first_line"] == 1
     assert tc.origin_frame(str(path), 2, "gone")["first_line"] == -1
+    lost = tc.origin_frame(str(path), 2, "torch_dynamo_resume_in_gone_at_2")  # no function holds line 2
+    assert (lost["qualname"], lost["first_line"]) == ("torch_dynamo_resume_in_gone_at_2", -1)
