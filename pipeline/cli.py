@@ -2,10 +2,10 @@
 
 Start-up is kept short: `tbpipe CMD ...` imports only CMD's module (each command module pulls
 in its own dependencies: duckdb, pyarrow, ...), and `tbpipe addr2line` with plain binutils-style
-options does not even build the typer app (typer 0.29 imports pydantic to coerce parameters:
-~80 ms against a ~250 ms budget for 20k libc addresses). `tbpipe`, `tbpipe --help` and anything
-that is not a known command name register every command, so help and "no such command"
-messages are unchanged.
+options and `tbpipe ingest` with plain folders and options (`run_fast` of each) do not even build
+the typer app: typer 0.29 imports pydantic to coerce parameters, a third of an ingest with nothing
+new to load. `tbpipe`, `tbpipe --help` and anything that is not a known command name register
+every command, so help and "no such command" messages are unchanged.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 _COMMANDS = ("run", "demo", "ingest", "query", "runs", "show", "report", "ranks", "export", "serve", "lake", "compact")
 _COMMANDS += ("retain",)
 _COMMANDS += ("addr2line", "debuginfo", "doctor")
+
+# Commands whose module runs a plain command line without typer (`run_fast(argv) -> bool`).
+_FAST_COMMANDS = ("addr2line", "ingest")
 
 _app: typer.Typer | None = None
 
@@ -64,6 +67,12 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _fast_command(name: str):
+    import importlib
+
+    return importlib.import_module(f"tbpipe.pipeline.commands.{name}").run_fast
+
+
 def _print_error(error: TbpipeError) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -76,11 +85,8 @@ def main() -> None:
     argv = sys.argv[1:]
     command = argv[0] if argv else None
     try:
-        if command == "addr2line":
-            from tbpipe.pipeline.commands.addr2line import run_fast
-
-            if run_fast(argv[1:]):
-                return
+        if command in _FAST_COMMANDS and _fast_command(command)(argv[1:]):
+            return
         app = _new_app()
         _register_commands(app, command if command in _COMMANDS else None)
         app()

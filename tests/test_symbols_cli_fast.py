@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import typer
-from typer.testing import CliRunner
+from support.typer_spy import typer_kwargs
 
 from tbpipe.pipeline.commands import addr2line as command
 
@@ -37,23 +35,7 @@ DECLINED = [
 
 
 def _typer_kwargs(argv: list[str]) -> dict:
-    seen = {}
-
-    @functools.wraps(command.addr2line)
-    def spy(**kwargs):
-        seen.update(kwargs)
-
-    command._import_typer()
-    app = typer.Typer()
-    app.command("spy")(spy)
-
-    @app.callback()
-    def _group() -> None:
-        pass
-
-    result = CliRunner().invoke(app, ["spy", *argv])
-    assert result.exit_code == 0, result.output
-    return seen
+    return typer_kwargs(command, command.addr2line, argv)
 
 
 @pytest.mark.parametrize("argv", CASES)
