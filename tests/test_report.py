@@ -407,7 +407,7 @@ def test_html_report_switches_focus_modes_in_chromium(db, tmp_path) -> None:
 
 
 def _downgrade_to_schema_2(path: Path) -> None:
-    """Turns a database into what tbpipe wrote before schema 3: schema 11's tables and column gone,
+    """Turns a database into what tbpipe wrote before schema 3: schema 12's table, schema 11's tables and column gone,
     schema 10's, 9's and 8's records gone (their events table goes with schema 4's), schema 7's indexes (those 9 left), schema 6's GPU
     tables and schema 5's table gone, schema 4's compact tables back into the wide ones (the events'
     attributes with their correlation ids, as schema 2 held them), schema 3's columns and table
@@ -415,6 +415,8 @@ def _downgrade_to_schema_2(path: Path) -> None:
     con = duckdb.connect(str(path))
     try:
         for statement in (
+            "DROP TABLE rolled_up_leads",
+            "DELETE FROM schema_versions WHERE version = 12",
             *(f"DROP TABLE {table}" for table in ("rolled_up_counts", "rolled_up_name_counts", "rolled_up_threads")),
             "DROP TABLE rolled_up_forward_counts",
             "DROP TABLE rolled_up_runs",

@@ -174,6 +174,7 @@ def reads(db: Path, rolled_up: list[str]) -> dict:
         out["call_sites"] = sorted(query_rows(con, "SELECT * FROM call_sites"), key=repr)
         out["gpu_time_sites"] = sorted(query_rows(con, "SELECT * FROM gpu_time_sites"), key=repr)
         out["run pages"] = {r: queries.run_sites(con, r, None, None, 50, 0) for r in rolled_up}
+        out["run pages, lead"] = lead_pages(con, db, rolled_up)
         out["kinds"] = queries.counts_by_kind(con, rolled_up)
         for fmt in ("pprof", "collapsed"):
             for runs in [(r,) for r in rolled_up] + [tuple(rolled_up)]:
@@ -186,6 +187,17 @@ def reads(db: Path, rolled_up: list[str]) -> dict:
     return out
 
 
+def lead_pages(con, db: Path, run_ids: list[str]) -> dict:
+    """The runs' pages as the service cuts them from a run's leading sites (kept by the roll-up for a
+    rolled-up run), every kind's first page and a page past the first."""
+    state = ("lead pages", str(db), time.monotonic())  # the service's per-state facts, this read's own
+    kinds = [None, *(k for (k,) in query_rows(con, "SELECT DISTINCT kind FROM event_names ORDER BY kind"))]
+    return {
+        r: [queries.run_sites(con, r, kind, None, 5, offset, state) for kind in kinds for offset in (0, 5)]
+        for r in run_ids
+    }
+
+
 def test_counts_read_the_same_before_and_after_retain(full, rolled) -> None:
     db, printed = rolled
     gone = run_ids(db, rolled_up=True)
@@ -195,11 +207,45 @@ def test_counts_read_the_same_before_and_after_retain(full, rolled) -> None:
                     "WHERE rolled_up_at IS NOT NULL)") == [(0,)]  # fmt: skip
     before, after = reads(full, gone), reads(db, gone)
     assert before["reports"][3]["sites"] and before["run_thread_counts"]
+    # The rolled-up runs' pages came from the leads their roll-up kept.
+    kept = rows(db, "SELECT count(DISTINCT run_number), count(*) FROM rolled_up_leads")[0]
+    assert kept[0] == len(gone) and kept[1] == len(after["run_site_counts"])  # every site of these small runs
+    assert all(any(page for page in pages) for pages in after["run pages, lead"].values())
     # The backward work moved to the forward line, and the loader thread's own samples.
     assert before["event_counts_at_forward"] != before["run_stack_counts"]
     assert len({row[2] for row in before["run_thread_counts"]}) >= 4  # two threads in each of two processes
     for key in before:
         assert after[key] == before[key], key
+
+
+def test_sites_made_again_make_the_kept_leads_again(full, rolled, tmp_path) -> None:
+    """New `user_code` rules site every stack again: the leads the roll-up kept are made again with
+    the site counts (here from a table emptied by hand), and a rolled-up run's pages still read as
+    those of the run with its events."""
+    gone = run_ids(rolled[0], rolled_up=True)
+
+    def pages(db: Path) -> dict:
+        con = open_database(db, read_only=True)
+        try:
+            return lead_pages(con, db, gone)
+        finally:
+            con.close()
+
+    leads = "SELECT * FROM rolled_up_leads ORDER BY run_number, place"
+    kept = rows(rolled[0], leads)
+    assert kept
+    resited = [copy(full, tmp_path / "full.duckdb"), copy(rolled[0], tmp_path / "rolled.duckdb")]
+    con = duckdb.connect(str(resited[1]))
+    con.execute("DELETE FROM rolled_up_leads")
+    con.close()
+    for db in resited:
+        result = tbpipe("ingest", "--db", str(db), "--user-code", f"!{full.parent}/")  # the workload's file
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert rows(resited[1], "SELECT value FROM settings WHERE key = 'sited_with_rules'") != rows(
+        rolled[0], "SELECT value FROM settings WHERE key = 'sited_with_rules'"
+    )  # sited again
+    assert rows(resited[1], leads) == kept
+    assert pages(resited[1]) == pages(resited[0])
 
 
 def test_kept_runs_keep_their_events_untouched(full, rolled) -> None:

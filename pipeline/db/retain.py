@@ -8,7 +8,10 @@ of the last D days; every other run is rolled up, in one transaction under the i
   backward events' moves to their forward ops into `rolled_up_forward_counts`;
 - its `event_rows`, `gpu_activity`, `event_counts` and `site_counts` rows are deleted (the views of
   sql/counts.sql read the rolled-up counts in their place, and derive its counts per site from its
-  counts per stack as the ingest does), and `runs.rolled_up_at` marks it.
+  counts per stack as the ingest does), and `runs.rolled_up_at` marks it;
+- its first `LEAD_SITES` sites, in the order the service's run pages show them, are kept in
+  `rolled_up_leads` (sql/migrations/012_rolled_up_leads.sql), made again whenever every stack is
+  sited again.
 
 Its run row, labels, modules, GPU time per stack (`gpu_time_counts`) and the stacks, frames and
 sites it uses stay. `rolled_up_counts` is written in blocks of runs rolled up together, each block
@@ -37,9 +40,15 @@ from tbpipe.pipeline.rawrun import DamagedRunError, parts_fingerprint, read_mani
 # Rows of `rolled_up_counts` a block takes before the next one begins: a run's rows are read from
 # its block (a few MB of compressed columns), a stack's from one row group per block.
 BLOCK_ROWS = 1 << 21
+# The order the service pages a run's sites in (`run_site_counts` p, `event_names` n): a total order.
+LEAD_ORDER = "p.events DESC, n.name, n.kind, p.site_id"
+# The rows of each rolled-up run's sites kept whole (`rolled_up_leads`): what the service's run
+# pages show first, read without deriving the run's sites from its block of counts.
+LEAD_SITES = 200
 # What a rolled-up run has instead of its events.
 ROLLED_UP_TABLES = (
     "rolled_up_counts", "rolled_up_name_counts", "rolled_up_threads", "rolled_up_forward_counts", "rolled_up_runs",
+    "rolled_up_leads",
 )  # fmt: skip
 
 _temporary = itertools.count(1)
@@ -345,6 +354,43 @@ def store_rolled_up(con: Any, counts: str, threads: str, runs: dict[int, tuple[i
     )
 
 
+def keep_leads(con: Any, numbers: list[int] | None) -> None:
+    """`rolled_up_leads` of these rolled-up runs (every rolled-up run with None, their old leads
+    replaced), from `rolled_up_site_counts`: the runs must be marked rolled up. Run by the roll-up,
+    by the history bench's writer, and when every stack is sited again (then block by block: a
+    block's runs are read from its rows alone, and one window over a year's runs costs several times
+    as much)."""
+    if numbers is not None:
+        con.execute(f"DELETE FROM rolled_up_leads WHERE run_number IN ({_numbers(numbers)})")
+        _insert_leads(con, numbers)
+        return
+    con.execute("DELETE FROM rolled_up_leads")
+    blocks = query_rows(
+        con,
+        """
+        SELECT list(run_number ORDER BY run_number) FROM rolled_up_runs
+        WHERE run_number IN (SELECT run_number FROM runs WHERE rolled_up_at IS NOT NULL)
+        GROUP BY block ORDER BY block
+        """,
+    )
+    for (members,) in blocks:
+        _insert_leads(con, members)
+
+
+def _insert_leads(con: Any, numbers: list[int]) -> None:
+    con.execute(
+        f"""
+        INSERT INTO rolled_up_leads BY NAME
+        SELECT p.run_number, p.name_id, p.site_id, p.events, p.site_file, p.site_line,
+               (row_number() OVER (PARTITION BY p.run_number ORDER BY {LEAD_ORDER}) - 1)::INTEGER AS place
+        FROM rolled_up_site_counts p JOIN event_names n USING (name_id)
+        WHERE p.run_number IN ({_numbers(numbers)})
+        QUALIFY place < {LEAD_SITES}
+        ORDER BY p.run_number, place
+        """
+    )
+
+
 def _forward_counts(con: Any, runs: list[_Run]) -> None:
     """The runs' backward events counted at their forward ops (none without autograd's backward
     work: the check reads only their events, the views of it every run's)."""
@@ -400,6 +446,7 @@ def roll_up(con: Any, runs: list[_Run], hooks: RetainHooks | None = None) -> lis
         for table in ("event_rows", "gpu_activity", "event_counts", "site_counts"):
             con.execute(f"DELETE FROM {table} WHERE run_number IN ({_numbers(numbers)})")
         con.execute(f"UPDATE runs SET rolled_up_at = now() WHERE run_number IN ({_numbers(numbers)})")
+        keep_leads(con, numbers)
         _drop(con, counted.tables)
         if hooks.before_commit is not None:
             hooks.before_commit()

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from tbpipe.pipeline.db import read
+from tbpipe.pipeline.db import read, retain
 from tbpipe.pipeline.db.connection import query_arrow, query_rows
 from tbpipe.pipeline.db.read import NotFoundError
 
@@ -241,11 +241,11 @@ def warm(cursor: Any, generation: tuple) -> int:
 # pages that fall within them (any kind, any offset) are cut from that list: the run page's kernel
 # launches, its ops and its top sites cost one query, not one each (~3 ms of CPU apiece on a 10M-event
 # database). Pages past the lead, and name searches (DuckDB's lower() is not Python's), query.
-LEAD_SITES = 200
+LEAD_SITES = retain.LEAD_SITES  # a rolled-up run's lead is kept whole (`rolled_up_leads`)
 LEAD_RUNS_KEPT = 256  # per state, the runs asked of most recently (~30 kB each)
 _LEADS_LOCK = threading.Lock()
 # Every page is this order, or a part of it: cutting a kind's page from the lead needs a total order.
-_SITES_ORDER = "p.events DESC, n.name, n.kind, p.site_id"
+_SITES_ORDER = retain.LEAD_ORDER
 
 
 def _sites_page(
@@ -280,12 +280,27 @@ def _lead(cursor: Any, run_number: int, generation: tuple) -> list[tuple]:
         if lead is not None:
             leads.move_to_end(run_number)
             return lead
-    lead = _sites_page(cursor, run_number, None, None, LEAD_SITES, 0)
+    lead = _kept_lead(cursor, run_number) or _sites_page(cursor, run_number, None, None, LEAD_SITES, 0)
     with _LEADS_LOCK:
         leads[run_number] = lead
         while len(leads) > LEAD_RUNS_KEPT:
             leads.popitem(last=False)
     return lead
+
+
+def _kept_lead(cursor: Any, run_number: int) -> list[tuple]:
+    """A rolled-up run's lead as its roll-up kept it (a few rows by run); none for other runs, and for
+    runs rolled up before leads were kept (then read from their counts)."""
+    return query_rows(
+        cursor,
+        """
+        SELECT l.site_id, n.kind, n.name, l.site_file, l.site_line, l.events
+        FROM rolled_up_leads l JOIN event_names n USING (name_id)
+        WHERE l.run_number = ? AND l.run_number IN (SELECT run_number FROM runs WHERE rolled_up_at IS NOT NULL)
+        ORDER BY l.place
+        """,
+        [run_number],
+    )
 
 
 def _page_of_lead(lead: list[tuple], kind: str | None, offset: int, limit: int) -> list[tuple] | None:

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from tbpipe.pipeline.db.connection import query_arrow
 from tbpipe.pipeline.db.ingest.tables import IngestDb, run_numbers_filter
+from tbpipe.pipeline.db.retain import keep_leads
 
 # Which stack's file and line stand for a site in a run: the stack with the most events; among
 # equals the greatest (file, line), so that both come from one stack and every engine picks the same.
@@ -44,7 +45,8 @@ COUNTED_SITE_COLUMNS = {
 
 def count_sites(db: IngestDb, run_numbers: list[int] | None) -> None:
     """The reference: `site_counts` of the given runs (all runs with None) from their `event_counts`
-    and the stacks' `stack_sites`."""
+    and the stacks' `stack_sites`. With None the rolled-up runs' kept leads are made again too (their
+    sites are derived from the same `stack_sites`)."""
     where, params = run_numbers_filter("c.run_number", run_numbers) if run_numbers is not None else ("true", [])
     db.con.execute(
         f"""
@@ -61,6 +63,8 @@ def count_sites(db: IngestDb, run_numbers: list[int] | None) -> None:
         """,
         params,
     )
+    if run_numbers is None:
+        keep_leads(db.con, None)
 
 
 # ------------------------------------------------------------------------------------------ numpy

@@ -141,30 +141,41 @@ def _site_values(con: Any, sets: list[RunSet], request: ReportRequest) -> pa.Tab
             "set_index": pa.array([i for i, s in enumerate(sets) for _ in s.run_ids], pa.int32()),
         }
     )
-    where, params = [], []
+    where, params = ["true"], []
     if request.kinds:
-        where.append("list_contains(?, c.kind)")
+        where.append("list_contains(?, kind)")
         params.append(list(request.kinds))
     if request.per is not None:
-        where.append("NOT (c.kind = ? AND c.name = ?)")
+        where.append("NOT (kind = ? AND name = ?)")
         params += list(request.per)
     numbers = _run_numbers(con, membership["run_id"].to_pylist())
     con.register("report_sets", membership)
     try:
-        # `run_site_counts` holds each run's events per name and site: sum them over each set's runs.
+        # `run_site_counts` holds each run's events per name and site: sum them over each set's runs,
+        # on integer keys (a site key's sites stand for its first one), and name the sums after: a
+        # window's millions of rows grouped by strings cost twice as much.
         table = query_arrow(
             con,
             f"""
-            SELECT s.set_index, c.kind, c.name, t.site_key, sum(p.events)::DOUBLE AS events,
-                   any_value(t.function) AS site_function, any_value(t.portable_file) AS site_portable_file,
-                   arg_max(p.site_file, {_PLACE}) AS site_file, arg_max(p.site_line, {_PLACE}) AS site_line
-            FROM {_COUNTS[request.site_of][1]} p
-            JOIN runs r USING (run_number)
-            JOIN report_sets s ON s.run_id = r.run_id
+            WITH members AS (
+                SELECT r.run_number, s.set_index FROM runs r JOIN report_sets s USING (run_id)
+            ), keyed AS (
+                SELECT site_id, min(site_id) OVER (PARTITION BY site_key) AS site FROM sites
+            ), summed AS (
+                SELECT m.set_index, p.name_id, k.site, sum(p.events)::DOUBLE AS events,
+                       arg_max(p.site_file, {_PLACE}) AS site_file, arg_max(p.site_line, {_PLACE}) AS site_line
+                FROM {_COUNTS[request.site_of][1]} p
+                JOIN members m USING (run_number)
+                LEFT JOIN keyed k USING (site_id)
+                WHERE p.run_number IN ({numbers})
+                    AND p.name_id IN (SELECT name_id FROM event_names WHERE {" AND ".join(where)})
+                GROUP BY m.set_index, p.name_id, k.site
+            )
+            SELECT v.set_index, c.kind, c.name, t.site_key, v.events,
+                   t.function AS site_function, t.portable_file AS site_portable_file, v.site_file, v.site_line
+            FROM summed v
             JOIN event_names c USING (name_id)
-            LEFT JOIN sites t USING (site_id)
-            WHERE p.run_number IN ({numbers}) {"AND " + " AND ".join(where) if where else ""}
-            GROUP BY s.set_index, c.kind, c.name, t.site_key
+            LEFT JOIN sites t ON t.site_id = v.site
             """,
             params,
         )
@@ -229,9 +240,10 @@ def _classify(values: pa.Table, sets: list[RunSet], request: ReportRequest) -> l
 
     # Where each site is: in the candidate, else in the newest baseline set that has it; and its
     # line in the newest baseline set that has it (to tell a moved site).
-    newest_row = _last_row_per_site(site_of, set_index, np.ones(len(site_of), dtype=bool), len(ids))
+    row_at = np.full((len(ids), len(sets)), -1)  # each (site, set)'s row: a site has one row per set
+    row_at[site_of, set_index] = np.arange(len(site_of))
+    newest_row, base_row = _newest_row(row_at, len(sets)), _newest_row(row_at, n_base)
     in_base = set_index < n_base
-    base_row = _last_row_per_site(site_of, set_index, in_base, len(ids))
 
     change, baseline = _verdicts(window, candidate, request)
     lines = pc.fill_null(values["site_line"], -1).to_numpy().astype(np.int64)
@@ -274,15 +286,14 @@ def _classify(values: pa.Table, sets: list[RunSet], request: ReportRequest) -> l
     return out
 
 
-def _last_row_per_site(site_of: np.ndarray, set_index: np.ndarray, chosen: np.ndarray, sites: int) -> np.ndarray:
-    """Per site, the row of the highest set index among the chosen rows (-1 where none is chosen)."""
-    rows = np.flatnonzero(chosen)
-    order = rows[np.lexsort((set_index[rows], site_of[rows]))]
-    last = np.ones(len(order), dtype=bool)
-    last[:-1] = site_of[order][1:] != site_of[order][:-1]
-    out = np.full(sites, -1)
-    out[site_of[order][last]] = order[last]
-    return out
+def _newest_row(row_at: np.ndarray, sets: int) -> np.ndarray:
+    """Per site (a row of `row_at`: its row per set, -1 for none), its row in the highest of the first
+    `sets` sets that has one (-1 where none has)."""
+    present = row_at[:, :sets] >= 0
+    if not sets:
+        return np.full(len(row_at), -1)
+    highest = sets - 1 - np.argmax(present[:, ::-1], axis=1)
+    return np.where(present.any(axis=1), row_at[np.arange(len(row_at)), highest], -1)
 
 
 def _verdicts(window: np.ndarray, c: np.ndarray, request: ReportRequest) -> tuple[np.ndarray, np.ndarray]:
