@@ -19,27 +19,31 @@ import pytest
 
 
 class MutatedSourcesFirst(importlib.abc.MetaPathFinder):
-    """Finds `tbpipe.a.b` as `<root>/tbpipe/a/b.py` or `<root>/tbpipe/a/b/__init__.py` when present."""
+    """Finds `tbpipe.a.b` as `<root>/tbpipe/a/b.py` or `<root>/tbpipe/a/b/__init__.py`, in the first
+    of `roots` that has it."""
 
-    def __init__(self, root: str) -> None:
-        self.root = root
+    def __init__(self, roots: list[str]) -> None:
+        self.roots = roots
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
         if not fullname.startswith("tbpipe."):
             return None
-        base = os.path.join(self.root, *fullname.split("."))
-        package_init = os.path.join(base, "__init__.py")
-        if os.path.isfile(package_init):
-            return importlib.util.spec_from_file_location(fullname, package_init, submodule_search_locations=[base])
-        if os.path.isfile(base + ".py"):
-            return importlib.util.spec_from_file_location(fullname, base + ".py")
+        for root in self.roots:
+            base = os.path.join(root, *fullname.split("."))
+            package_init = os.path.join(base, "__init__.py")
+            if os.path.isfile(package_init):
+                return importlib.util.spec_from_file_location(fullname, package_init, submodule_search_locations=[base])
+            if os.path.isfile(base + ".py"):
+                return importlib.util.spec_from_file_location(fullname, base + ".py")
         return None
 
 
-def install(root: str) -> None:
-    """Puts the finder first on sys.meta_path, once."""
+def install(mutants: str) -> None:
+    """Puts the finder first on sys.meta_path, once: the mutated copies in `mutants`, then the other
+    Python modules from the group's folder (its `tbpipe/` links to the checkout that runs the
+    mutation), so that a checkout other than the installed one is tested whole."""
     if not any(isinstance(finder, MutatedSourcesFirst) for finder in sys.meta_path):
-        sys.meta_path.insert(0, MutatedSourcesFirst(root))
+        sys.meta_path.insert(0, MutatedSourcesFirst([mutants, os.path.dirname(mutants)]))
 
 
 # While mutmut learns which tests reach which functions (MUTANT_UNDER_TEST=stats), the functions a
