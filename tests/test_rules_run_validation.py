@@ -7,11 +7,22 @@ import json
 import os
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tbpipe.pipeline import rawrun
 from tbpipe.pipeline.errors import UsageError
-from tbpipe.schemas.raw import FORMAT_NAME, MANIFEST_FILE, RAW_SCHEMA_VERSION
+from tbpipe.schemas.raw import (
+    FORMAT_NAME,
+    MANIFEST_FILE,
+    OLDEST_READABLE_RAW_SCHEMA_VERSION,
+    RAW_SCHEMA_VERSION,
+    SCHEMA_KEY,
+    TABLE_SINCE,
+    VERSION_KEY,
+    table_schema,
+)
 
 GOOD = {
     "format": FORMAT_NAME,
@@ -132,3 +143,61 @@ def test_a_root_that_is_missing_or_a_file_is_a_usage_error(tmp_path) -> None:
     (tmp_path / "f").write_text("")
     with pytest.raises(UsageError, match="is a file: give the folder that holds run folders"):
         rawrun.find_run_dirs([tmp_path / "f"])
+
+
+# ------------------------------------------------------------------------------------------ parts
+
+
+def part(
+    tmp_path: Path, table: str, version: int, metadata: dict | None = None, schema: pa.Schema | None = None
+) -> Path:
+    schema = schema or table_schema(table, version)
+    written = metadata if metadata is not None else {SCHEMA_KEY: table.encode(), VERSION_KEY: str(version).encode()}
+    path = tmp_path / f"{table}-000001.parquet"
+    pq.write_table(schema.with_metadata(written).empty_table(), path)
+    return path
+
+
+def test_a_part_of_every_readable_version_of_its_table_is_checked_by_its_footer(tmp_path) -> None:
+    for version in range(max(OLDEST_READABLE_RAW_SCHEMA_VERSION, TABLE_SINCE["code_origins"]), RAW_SCHEMA_VERSION + 1):
+        assert rawrun.check_part(part(tmp_path, "code_origins", version), "code_origins") == 0
+
+
+@pytest.mark.parametrize(
+    ("table", "version", "metadata", "says"),
+    [
+        ("events", 1, {SCHEMA_KEY: b"stacks", VERSION_KEY: b"1"}, "file says 'stacks' version '1'"),
+        ("events", 1, {SCHEMA_KEY: b"events", VERSION_KEY: str(RAW_SCHEMA_VERSION + 1).encode()}, "version"),
+        ("events", 1, {SCHEMA_KEY: b"events", VERSION_KEY: b"x"}, "file says 'events' version 'x'"),
+        ("events", 1, {SCHEMA_KEY: b"events"}, "file says 'events' version nothing"),
+        ("code_origins", 2, {SCHEMA_KEY: b"code_origins", VERSION_KEY: b"1"}, "file says 'code_origins' version '1'"),
+    ],
+)
+def test_a_part_of_another_table_or_version_is_damage_naming_what_it_says(
+    tmp_path, table, version, metadata, says
+) -> None:
+    path = part(tmp_path, table, version, metadata)
+    since = max(OLDEST_READABLE_RAW_SCHEMA_VERSION, TABLE_SINCE[table])
+    with pytest.raises(rawrun.DamagedRunError) as raised:
+        rawrun.check_part(path, table)
+    assert str(raised.value).startswith(
+        f"{path}: expected table {table!r} schema version {since} to {RAW_SCHEMA_VERSION}, "
+    )
+    assert says in str(raised.value)
+
+
+def test_a_part_whose_columns_differ_from_its_versions_schema_is_damage(tmp_path) -> None:
+    expected = table_schema("events", RAW_SCHEMA_VERSION)
+    first = expected.field(0)
+    missing = pa.schema(list(expected)[1:])
+    retyped = expected.set(0, first.with_type(pa.large_string() if first.type != pa.large_string() else pa.int8()))
+    extra = expected.append(pa.field("more", pa.int8()))
+    for schema, problem in (
+        (missing, f"no column {first.name!r}"),
+        (retyped, f"column {first.name!r} is {retyped.field(0).type}, expected {first.type}"),
+        (extra, "unexpected columns ['more']"),
+    ):
+        path = part(tmp_path, "events", RAW_SCHEMA_VERSION, schema=schema)
+        with pytest.raises(rawrun.DamagedRunError, match="columns do not match the 'events' schema: ") as raised:
+            rawrun.check_part(path, "events")
+        assert str(raised.value).endswith(problem)
