@@ -92,6 +92,29 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
         os.unlink(path)
 
 
+def forget_a_parent_s_forkserver() -> None:
+    """mutmut runs each mutant's tests in a fork of one process: a multiprocessing forkserver that
+    process started (the ingest's symbol workers use one) is not the fork's child, and the fork's
+    first use of it fails with ChildProcessError (every in-process ingest, so every mutant its tests
+    reach, counted as killed). The fork starts its own instead."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None:
+        return
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        server._forkserver_pid = server._forkserver_address = server._forkserver_alive_fd = None
+        if hasattr(server, "_forkserver_authkey"):  # CPython 3.12+
+            server._forkserver_authkey = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    forget_a_parent_s_forkserver()
+
+
 # mutmut runs pytest from inside `mutants/`, where this file is copied to, beside a sitecustomize.py
 # that does the same in the Python processes the tests start (a capture's child, the CLI).
 MUTANTS = os.path.dirname(os.path.abspath(__file__))
