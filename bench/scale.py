@@ -191,6 +191,17 @@ def main() -> None:
         f"per event: {event_cpu / events * 1e6:.2f} us CPU/event, {events / max(event_cpu, 1e-9):,.0f} events/s per core "
         f"({', '.join(per_event)})"
     )
+    # Prepare checks the events' attributes as JSON (per distinct text of each part, on the executors);
+    # timed here alone, in this process, since prepare's CPU is counted per stack above.
+    from tbpipe.pipeline.lake.steps import attributes_not_json
+
+    json_cpu = time.process_time()
+    attributes_not_json(sorted(runs_dir.glob("*/events-*.parquet")))
+    json_cpu = time.process_time() - json_cpu
+    print(
+        f"per event with prepare's JSON check of the attributes ({json_cpu / events * 1e6:.2f} us/event alone): "
+        f"{(event_cpu + json_cpu) / events * 1e6:.2f} us CPU/event"
+    )
     print(f"per stack: {stack_cpu / max(summary.new_stacks, 1) * 1e3:.2f} ms CPU/new stack ({', '.join(per_stack)})")
     print(
         f"symbolize: {addresses:,} addresses, {addresses / max(symbolize_cpu, 1e-9):,.0f} addresses/s per core (cold store)"

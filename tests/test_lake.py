@@ -29,7 +29,7 @@ from test_report import VERSION_1, capture_night, version_2
 
 from tbpipe.capture import __version__
 from tbpipe.pipeline.db.connection import open_database, query_rows
-from tbpipe.pipeline.lake import ids, store
+from tbpipe.pipeline.lake import ids, steps, store
 from tbpipe.pipeline.lake.executors import SYMBOL_STORE_CONF
 from tbpipe.pipeline.lake.spark_ingest import SHARD_CONF
 
@@ -365,6 +365,18 @@ def test_gpu_time_carried_by_export_and_noted_by_the_spark_ingest(workload, mixe
     gpu_sites = f"SELECT * FROM call_sites WHERE run_id = '{mixed['gpu']}'"
     assert sorted_rows(lake_rows(mixed["lake"], gpu_sites)) == sorted_rows(con.execute(gpu_sites).fetchall())
     assert lake_rows(mixed["lake"], "SELECT count(*) FROM gpu_time_sites") == [(0,)]
+
+
+def test_attributes_not_json_counted_per_event(tmp_path) -> None:
+    """Prepare's check: each part's distinct texts are checked once, its events counted by the texts
+    they use (what DuckDB's JSON type would refuse: not objects alone); a part without attributes has none."""
+    texts = ['{"grid": [1, 1, 1]}', "{not json", None, "{not json", "[1, 2]", '"text"', '{"b": [1,}', ""]
+    first, second, bare = tmp_path / "events-1.parquet", tmp_path / "events-2.parquet", tmp_path / "events-3.parquet"
+    pq.write_table(pa.table({"attrs": pa.array(texts * 3, pa.string())}), first)
+    pq.write_table(pa.table({"attrs": pa.array(texts[:2], pa.string())}), second, use_dictionary=False)
+    pq.write_table(pa.table({"ts": pa.array([1, 2], pa.int64())}), bare)
+    assert steps.attributes_not_json([first]) == 3 * 4
+    assert steps.attributes_not_json([first, second, bare]) == 3 * 4 + 1
 
 
 def _quarantined(output: str) -> list[str]:

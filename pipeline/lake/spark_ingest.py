@@ -6,12 +6,14 @@ Where each step runs (D = driver, E = executors):
   E  check the executors: the same tbpipe as the driver, the lake's folder writable (`executors`)
   E  prepare: validate, read and flatten each run (`steps.prepare_run` in `mapInArrow` over the
      paths): run rows, raw stack id -> stack id, run modules, the names its events use (from the
-     parts' dictionaries); damaged runs come back quarantined, a folder an executor cannot read
-     stops the job with its path
+     parts' dictionaries), events whose attributes are not JSON (each part's distinct texts checked
+     once); damaged runs come back quarantined, a folder an executor cannot read stops the job
+     with its path
   E  events, in the JVM only: read once by Spark's Parquet reader, run and event id from the file,
-     name id, and raw stack id -> stack id by broadcast joins, attributes checked as JSON, written
-     as run partitions into staging (moved into the lake once the run's other tables are in);
-     events per run, name and stack counted by Spark SQL from what was written
+     name id, and raw stack id -> stack id by broadcast joins, written as run partitions into
+     staging; events per run, name and stack counted by one Spark SQL aggregation over the two id
+     columns written, staged as run partitions too (both moved into the lake once the run's other
+     tables are in)
   E  new stacks: distinct stack ids anti-joined with the lake's `stacks`; each new stack is laid
      out by one run holding it, picked by a hash of (stack, run) so the work spreads over runs
   E  lay out: `groupBy(run).applyInArrow(steps.lay_out_run)`: slots, stack rows, source files
@@ -20,8 +22,8 @@ Where each step runs (D = driver, E = executors):
      partition through tbpipe's Symbolizer with the executor's own symbol store
   E  frames and sites: `cogroup(...).applyInArrow(steps.build_frames)` per laying-out run: inline
      expansion, frame ids, and call sites by the packaged siting SQL in an in-memory DuckDB
-  E  counts: `event_counts` and per run, name and call site `site_counts` (what `call_sites` reads),
-     written per run partition; the events' partitions swapped in
+  E  counts: per run, name and call site `site_counts` (what `call_sites` reads) from the staged
+     event counts, written per run partition; the events' and event counts' partitions swapped in
   D  the runs rows (from the manifests: one small row per run) and the summary
 
 Every intermediate result is written by Spark to `<lake>/_staging/<job>/` and read back, so no
@@ -237,17 +239,17 @@ class _Job:
 
     # ---------------------------------------------------------------- lake reads and writes
 
-    def read_table(self, name: str) -> Any:
+    def read_table(self, name: str, directory: Path | None = None) -> Any:
+        """The lake's table `name`, or that table's rows written to `directory` (staged)."""
         table = TABLES[name]
-        files = store.data_files(store.table_dir(self.lake, name))
+        directory = directory or store.table_dir(self.lake, name)
+        files = store.data_files(directory)
         schema = spark_schema(table.schema)
         if not files:
             return self.spark.createDataFrame([], schema)
         reader = self.spark.read.schema(schema)
         if table.partitioned:
-            return reader.option("basePath", str(store.table_dir(self.lake, name))).parquet(
-                str(store.table_dir(self.lake, name))
-            )
+            return reader.option("basePath", str(directory)).parquet(str(directory))
         return reader.parquet(*[str(p) for p in files])
 
     def stage(self, name: str, frame: Any, partition: str | None = "part") -> Any:
@@ -492,14 +494,12 @@ class _Job:
         grouped = laid.groupBy(PARTITION).cogroup(needed.groupBy("owner"))
         return self.stage("built", grouped.applyInArrow(build_group, spark_schema(schema)))
 
-    def stage_events(self, ready_runs: list[dict[str, Any]], prepared: Any) -> tuple[Path, dict[int, int]]:
+    def stage_events(self, ready_runs: list[dict[str, Any]], prepared: Any) -> Path:
         """Every event of the ready runs read once by Spark's Parquet reader and made a lake row in
         the JVM: its run and event id from its file and row (broadcast), its name id from (kind, name)
         (broadcast, the names prepare read from the parts' dictionaries), its stack id from the raw
-        one (broadcast), its attributes checked as JSON (counted by an observation of the write).
-        Written as run partitions under the staging folder; returns that folder and, per run, the
-        events whose attributes are not JSON (looked for per run only when the write saw some)."""
-        from pyspark.sql import Observation
+        one (broadcast). Written as run partitions under the staging folder, which is returned.
+        (Prepare checked the attributes as JSON, per distinct text of each part.)"""
         from pyspark.sql import functions as F
 
         target = self.staging / "event_rows"
@@ -507,13 +507,11 @@ class _Job:
             prepared.where(F.col("part") == "stack").select("stack.*").withColumnRenamed("stack_id", "lake_stack_id")
         )
         names = prepared.where(F.col("part") == "name").select("name.*")
-        bad_json = F.col("attrs").isNotNull() & F.try_parse_json(F.col("attrs")).isNull()
         # The raw stack id is a uint64 (a DECIMAL(20, 0) to Spark): its bits as a signed long.
         signed = F.expr(
             "CAST(CASE WHEN stack_id >= 9223372036854775808BD THEN stack_id - 18446744073709551616BD "
             "ELSE stack_id END AS BIGINT)"
         )
-        bad_seen = 0
         for batch in _broadcast_batches(ready_runs, self.options.broadcast_stacks):
             events = self._raw_events(batch)
             if events is None:
@@ -526,8 +524,7 @@ class _Job:
                 .withColumn("raw_id", signed)
                 .join(F.broadcast(batch_stacks), [PARTITION, "raw_id"], "left")
             )
-            observed = Observation()
-            rows = rows.observe(observed, F.sum(bad_json.cast("long")).alias("bad")).select(
+            rows = rows.select(
                 (F.col("first") + F.col("row_index") + 1).alias("event_id"),
                 F.col(PARTITION),
                 F.timestamp_micros(F.expr("(ts + 500) div 1000")).alias("ts"),
@@ -537,13 +534,7 @@ class _Job:
                 _attrs_with_correlation_id(F).alias("attrs"),
             )
             rows.write.mode("append").partitionBy(PARTITION).parquet(str(target))
-            bad_seen += observed.get.get("bad") or 0
-        bad: dict[int, int] = {}
-        if bad_seen:
-            events = self._raw_events(ready_runs)
-            per_run = events.where(bad_json).groupBy(PARTITION).count().collect()
-            bad = {row[0]: row[1] for row in per_run}
-        return target, bad
+        return target
 
     def _raw_events(self, runs: list[dict[str, Any]]) -> Any:
         """The raw events of `runs` with the run number and first event id of their file, and their
@@ -570,15 +561,20 @@ class _Job:
         return events.join(F.broadcast(file_map), "file_path")
 
     def count_events(self, staged: Path) -> tuple[Any, dict[int, int], dict[int, int]]:
-        """`event_counts` rows of the staged events (Spark SQL's aggregation over the two id columns
-        written), and per run its distinct stacks and its events without a stack."""
+        """`event_counts` rows of the staged events (one Spark SQL aggregation over the two id
+        columns written), staged as run partitions of one file each (swapped into the lake with the
+        events); and per run its distinct stacks and its events without a stack."""
         from pyspark.sql import functions as F
 
         if not store.data_files(staged):
             return None, {}, {}
         rows = self.spark.read.parquet(str(staged))
         counts = rows.groupBy(PARTITION, "name_id", "stack_id").agg(F.count(F.lit(1)).alias("events"))
-        counts = self.stage("counts", counts.select(*TABLES["event_counts"].schema.names), partition=None)
+        target = self.staging / "event_counts"
+        counts.select(*TABLES["event_counts"].schema.names).repartition(PARTITION).write.partitionBy(PARTITION).parquet(
+            str(target)
+        )
+        counts = self.read_table("event_counts", target)
         per_run = counts.groupBy(PARTITION).agg(
             F.count_distinct("stack_id"), F.sum(F.when(F.col("stack_id").isNull(), F.col("events")))
         )
@@ -587,32 +583,28 @@ class _Job:
             stacks[number], without[number] = distinct, nulls or 0
         return counts, stacks, without
 
-    def publish_events(self, staged: Path, runs: list[dict[str, Any]]) -> None:
-        """The staged events partitions of `runs` moved into the lake, each replacing the run's own."""
+    def publish_partitions(self, name: str, staged: Path, runs: list[dict[str, Any]]) -> None:
+        """The staged partitions of table `name` of `runs` moved into the lake, each replacing the run's own."""
         for run in runs:
             source = staged / f"{PARTITION}={run['run_number']}"
             if source.is_dir():
-                store.swap_in(source, store.partition_dir(self.lake, "event_rows", run["run_number"]))
+                store.swap_in(source, store.partition_dir(self.lake, name, run["run_number"]))
 
     def load(self, prepared: Any, ready_runs: list[dict[str, Any]], summary: IngestSummary) -> dict[int, int]:
-        """Everything after `prepare` for the runs to load; returns new stacks per run. Runs whose
-        events' attributes are not JSON, and complete runs with events whose stack they do not hold,
-        are quarantined here (their dicts in `ready_runs` change)."""
+        """Everything after `prepare` for the runs to load; returns new stacks per run. Complete runs
+        with events whose stack they do not hold are quarantined here (their dicts in `ready_runs`
+        change)."""
         from pyspark.sql import functions as F
 
         spark = self.spark
         with self.step("write events"):
-            staged, bad = self.stage_events(ready_runs, prepared)
+            staged = self.stage_events(ready_runs, prepared)
         with self.step("count events"):
             counts, stacks_per_run, null_stacks = self.count_events(staged)
         for run in ready_runs:
             number = run["run_number"]
             dangling = steps.dangling_events(run, null_stacks.get(number, 0))
-            if bad.get(number):
-                # Attributes that are not JSON quarantine the run, as DuckDB's JSON column does.
-                run["status"] = "quarantined"
-                run["reason"] = f"{Path(run['path'])}: events have attributes that are not JSON ({bad[number]} events)"
-            elif dangling:
+            if dangling:
                 run["notes"] = [*(run["notes"] or []), dangling_events_note(dangling)]
                 if run["complete"]:
                     run["status"] = "quarantined"
@@ -655,11 +647,11 @@ class _Job:
             with self.step("publish events and counts"):
                 names = prepared.where((F.col("part") == "name") & F.col(f"name.{PARTITION}").isin(numbers))
                 self.append_new("event_names", names.select("name.name_id", "name.kind", "name.name"))
-                self.publish_events(staged, ready_runs)
-                counts = counts.where(F.col(PARTITION).isin(numbers))
-                self.write_partitions("event_counts", counts.repartition(PARTITION))
+                self.publish_partitions("event_rows", staged, ready_runs)
             with self.step("count sites"):
-                self.write_site_counts(counts)
+                self.write_site_counts(counts.where(F.col(PARTITION).isin(numbers)))
+            with self.step("publish events and counts"):  # after the site counts that read them
+                self.publish_partitions("event_counts", self.staging / "event_counts", ready_runs)
         with self.step("write runs"):
             replaced = [r["run_id"] for r in ready_runs if r["status"] == "updated"]
             self.replace_runs("run_modules", _run_modules(prepared, ready), replaced)

@@ -31,6 +31,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from tbpipe.capture import __version__
 from tbpipe.pipeline.db import schema
@@ -166,6 +167,10 @@ def prepare_run(
         return PreparedRun(_run_row(run_dir, "present", run_id=run_id, run_number=number, complete=bool(existing[0])))
     try:
         event_files = [(path, events_part(path)) for path in files["events"]]
+        not_json = attributes_not_json([path for path, _part in event_files])
+        if not_json:
+            # As DuckDB's JSON column refuses them: the run is quarantined before any event is written.
+            raise DamagedRunError(f"{run_dir}: events have attributes that are not JSON ({not_json} events)")
         gpu_parts = sum(verify_part(path, table) >= 0 for table in GPU_TABLES for path in files[table])
         tables = read_tables(files, STACK_PARTS)
         notes = notes + reference_problems(tables)
@@ -225,6 +230,27 @@ def prepare_run(
         schema=RUN_NAME,
     )
     return PreparedRun(run, stacks, modules, names)
+
+
+def attributes_not_json(paths: list[Path]) -> int:
+    """Events of these parts whose attributes are not JSON text (DuckDB's `json_valid`, the parser
+    its JSON type uses). Each part's attributes are read as a dictionary, so a text is checked once
+    however many events repeat it, and the events are counted by their index into it."""
+    con = duckdb.connect()
+    bad = 0
+    try:
+        for path in paths:
+            if "attrs" not in pq.read_schema(path).names:
+                continue
+            parquet = pq.ParquetFile(path, read_dictionary=["attrs"])
+            for chunk in parquet.read(columns=["attrs"]).column(0).chunks:
+                texts = pa.table({"i": pa.array(np.arange(len(chunk.dictionary))), "t": chunk.dictionary})
+                invalid = con.from_arrow(texts).filter("NOT json_valid(t)").select("i").to_arrow_table()["i"]
+                if len(invalid):
+                    bad += pc.sum(pc.is_in(chunk.indices, value_set=invalid.combine_chunks())).as_py() or 0
+    finally:
+        con.close()
+    return bad
 
 
 def dangling_events(run: dict[str, Any], null_stack_events: int) -> int:
