@@ -346,6 +346,8 @@ def test_gpu_time_against_one_run_needs_more_executions_or_a_shifted_mean() -> N
     assert gpu_pair(100, 50, means=(10, 13.5)) == "unchanged"  # a slower mean does not explain less time
     assert gpu_pair(0, 5) == "new" and gpu_pair(0, 0) == "unchanged"
     assert gpu_pair(100, 0, runs=(10, 0)) == "removed"
+    # Fractions (GPU time per marker event): any growth is growth, any time where there was none is new.
+    assert gpu_pair(100, 100.5, runs=(10, 11)) == "increased" and gpu_pair(0, 0.5) == "new"
 
 
 def test_gpu_time_thresholds_are_strict_and_count_from_the_baseline() -> None:
@@ -391,6 +393,16 @@ def test_gpu_time_against_a_window_flags_outside_its_band_only() -> None:
     assert gpu_window([0, 5], [6, 5])[0] == ["increased", "unchanged"]
     # A median of 0: the relative threshold counts from 1 ns.
     assert gpu_window([0, 0, 5], [6, 4.5], gpu_relative=4)[0] == ["increased", "unchanged"]
+    assert gpu_window([0, 0, 5], [6, 11], gpu_relative=10)[0] == ["unchanged", "increased"]
+
+
+def test_gpu_time_new_in_a_window_is_per_site() -> None:
+    nan = np.full(2, np.nan)
+    codes, _, _ = gpu_time._verdicts(
+        np.array([[0.0, 0.0], [5.0, 5.0]]), np.array([5.0, 5.0]), np.ones((2, 2)), np.ones(2), nan, nan, nan, nan,
+        nan, nan, request(),
+    )  # fmt: skip
+    assert [gpu_time._CODES[c] for c in codes] == ["new", "unchanged"]
 
 
 # ------------------------------------------------------------------------------------------ a whole report
