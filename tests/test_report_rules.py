@@ -80,6 +80,7 @@ def test_the_band_equals_its_reference(rows: list[list[float]], k: float) -> Non
 # ------------------------------------------------------------------------------------------ statistics
 
 
+@pytest.mark.filterwarnings("error")  # no division warnings on a report's stderr
 def test_mean_and_variance_by_hand() -> None:
     # Values 2, 4, 9: sum 15, squares 101; mean 5, sample variance (101 - 75) / 2 = 13. One value: no
     # variance; none: no mean; rounding below 0 is 0.
@@ -92,6 +93,7 @@ def test_mean_and_variance_by_hand() -> None:
     assert mean[3] == 1 and variance[3] == 0
 
 
+@pytest.mark.filterwarnings("error")
 def test_welch_z_by_hand() -> None:
     # Standard error sqrt(4/4 + 9/9) = sqrt(2): a mean moved by 3 is 3/sqrt(2) errors, the sign b - a.
     z = stats.welch_z(
