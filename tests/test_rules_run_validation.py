@@ -95,6 +95,46 @@ def test_a_garbled_field_damages_the_run_naming_the_manifest(tmp_path, change, p
     assert problem in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"files": ["events-000001.parquet"]}, "manifest field 'files' is list, not dict"),
+        ({"labels": ["k"]}, "manifest field 'labels' is list, not dict"),
+        ({"files": {"events": [3]}}, "manifest lists a file 3 that is not a events part"),
+        (
+            {"schema_version": 0},
+            f"raw schema version 0, this tbpipe reads {OLDEST_READABLE_RAW_SCHEMA_VERSION} to {RAW_SCHEMA_VERSION}",
+        ),
+    ],
+)
+def test_each_problem_is_said_whole_after_the_manifests_path(tmp_path, change, problem) -> None:
+    run_dir = manifest_at(tmp_path, dict(GOOD, **change))
+    with pytest.raises(rawrun.DamagedRunError) as raised:
+        rawrun.read_manifest(run_dir)
+    assert str(raised.value) == f"{run_dir / MANIFEST_FILE}: {problem}"
+
+
+def test_garbage_is_quoted_up_to_a_limit(tmp_path) -> None:
+    long = "x" * 400
+    cases = [
+        ({"started_at": long}, f"manifest field 'started_at' is not an ISO-8601 time: {'x' * 60!r}"),
+        ({"labels": {long: "v"}}, f"manifest field 'labels' has a bad entry {long!r}"[:300]),
+        ({"files": {"events": [long]}}, f"manifest lists a file {long!r}"[:300]),
+    ]
+    for index, (change, problem) in enumerate(cases):
+        run_dir = manifest_at(tmp_path, dict(GOOD, **change), f"run{index}")
+        with pytest.raises(rawrun.DamagedRunError) as raised:
+            rawrun.read_manifest(run_dir)
+        said = str(raised.value).removeprefix(f"{run_dir / MANIFEST_FILE}: ")
+        assert said.startswith(problem) and len(said) <= 300
+        if index == 0:
+            assert said == problem
+    naive = manifest_at(tmp_path, dict(GOOD, started_at="2026-12-06T04:00:00.000000"), "naive")
+    with pytest.raises(rawrun.DamagedRunError) as raised:
+        rawrun.read_manifest(naive)
+    assert str(raised.value).endswith("manifest field 'started_at' has no time zone: '2026-12-06T04:00:00.000000'")
+
+
 def test_a_manifest_that_is_not_a_json_object_damages_the_run(tmp_path) -> None:
     with pytest.raises(rawrun.DamagedRunError, match="not a .* manifest"):
         rawrun.read_manifest(manifest_at(tmp_path, [GOOD]))
