@@ -1,6 +1,7 @@
 """Which `code_origins` row a generated line takes (pipeline/stacks/origins.py), and how frames read
 as text (pipeline/stacks/render.py): exact range edges, the innermost range when ranges nest, the last
-row written when two have the same range; against a plain definition on random ranges."""
+row written when two have the same range; against a plain definition on random ranges. Also the
+combined order's default (a native walk taken) and native frames without a module."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tbpipe.pipeline.stacks import origins, render
+from tbpipe.pipeline.stacks import focus, order, origins, render
+from tbpipe.schemas.raw import NATIVE_FRAME_EVAL_LOOP, PYTHON_FRAME_ENTRY
 
 
 def ranges(*rows: tuple[str, int, int]):
@@ -48,16 +50,28 @@ def test_frames_read_as_file_line_function_with_their_marks() -> None:
         render.frame("python", "step", "/app/train.py", 12, None),
         render.frame("native", "gemm", None, None, "/usr/lib/libcublas.so.12", inlined=True),
         render.frame("native", "??", None, 7, None),
-        render.frame("python", "call", "/tmp/gen.py", 3, None, generated=True),
         render.frame("marker", "<native walk stopped>", None, None, None),
+        render.frame("python", "call", "/tmp/gen.py", 3, None, generated=True),
     ]
     assert render.format_frames(frames) == "\n".join(
         [
             "/app/train.py:12:step",
             "libcublas.so.12:?:gemm [inlined]",
             "??:7:??",
-            "/tmp/gen.py:3:call [generated]",
             "<native walk stopped>",
+            "/tmp/gen.py:3:call [generated]",
         ]
     )
     assert "generated" not in render.frame("python", "f", "a.py", 1, None)
+
+
+def test_the_combined_order_takes_the_native_walk_as_captured_unless_told() -> None:
+    native, python = [0, NATIVE_FRAME_EVAL_LOOP], [PYTHON_FRAME_ENTRY]
+    assert order.combined_order(native, python).slots == [("native", 0), ("python", 0)]
+    assert order.combined_order(native, python, native_captured=False).slots == [("python", 0)]
+
+
+def test_a_native_frame_without_a_module_is_the_programs_unless_its_function_is_machinery() -> None:
+    assert not focus.is_recording_machinery("gemm", None)
+    assert focus.is_recording_machinery("at::RecordFunction::before", None)
+    assert focus.FrameRules().classify("native", "gemm", None, None) == focus.NATIVE
