@@ -4,8 +4,8 @@ Two tiers. Against one baseline (a run or a group), counts are exact: any change
 thresholds is one. Against a window of earlier runs, a site whose count every window run agrees on
 is compared the same exact way; a site whose count varies is flagged only when the candidate leaves
 the window's band (`stats.spread`) and also passes the thresholds measured from the window's
-median, so data-dependent sites do not alarm. Everything is computed column-wise: one DuckDB query
-gives every (set, site) value, numpy classifies all sites at once.
+median, so data-dependent sites do not alarm. Everything is computed column-wise: DuckDB sums every
+(set, site) value, numpy classifies all sites at once.
 """
 
 from __future__ import annotations
@@ -149,36 +149,36 @@ def _site_values(con: Any, sets: list[RunSet], request: ReportRequest) -> pa.Tab
         where.append("NOT (kind = ? AND name = ?)")
         params += list(request.per)
     numbers = _run_numbers(con, membership["run_id"].to_pylist())
+    counts = _COUNTS[request.site_of][1]
+    # The rows of the window's runs on integer keys (a site key's sites stand for its first one).
+    rows = f"""
+        {counts} p
+        JOIN (SELECT r.run_number, s.set_index FROM runs r JOIN report_sets s USING (run_id)) m USING (run_number)
+        LEFT JOIN (SELECT site_id, min(site_id) OVER (PARTITION BY site_key) AS site FROM sites) k USING (site_id)"""
+    named = f"p.name_id IN (SELECT name_id FROM event_names WHERE {' AND '.join(where)})"
     con.register("report_sets", membership)
     try:
         # `run_site_counts` holds each run's events per name and site: sum them over each set's runs,
-        # on integer keys (a site key's sites stand for its first one), and name the sums after: a
-        # window's millions of rows grouped by strings cost twice as much.
-        table = query_arrow(
+        # on integer keys, and name the sums after: a window's millions of rows grouped by strings
+        # cost twice as much.
+        summed = query_arrow(
             con,
             f"""
-            WITH members AS (
-                SELECT r.run_number, s.set_index FROM runs r JOIN report_sets s USING (run_id)
-            ), keyed AS (
-                SELECT site_id, min(site_id) OVER (PARTITION BY site_key) AS site FROM sites
-            ), summed AS (
-                SELECT m.set_index, p.name_id, k.site, sum(p.events)::DOUBLE AS events,
-                       arg_max(p.site_file, {_PLACE}) AS site_file, arg_max(p.site_line, {_PLACE}) AS site_line
-                FROM {_COUNTS[request.site_of][1]} p
-                JOIN members m USING (run_number)
-                LEFT JOIN keyed k USING (site_id)
-                WHERE p.run_number IN ({numbers})
-                    AND p.name_id IN (SELECT name_id FROM event_names WHERE {" AND ".join(where)})
+            WITH summed AS (
+                SELECT m.set_index, p.name_id, k.site, sum(p.events)::DOUBLE AS events
+                FROM {rows}
+                WHERE p.run_number IN ({numbers}) AND {named}
                 GROUP BY m.set_index, p.name_id, k.site
             )
-            SELECT v.set_index, c.kind, c.name, t.site_key, v.events,
-                   t.function AS site_function, t.portable_file AS site_portable_file, v.site_file, v.site_line
+            SELECT v.set_index, v.name_id, v.site, c.kind, c.name, t.site_key, v.events,
+                   t.function AS site_function, t.portable_file AS site_portable_file
             FROM summed v
             JOIN event_names c USING (name_id)
             LEFT JOIN sites t ON t.site_id = v.site
             """,
             params,
         )
+        table = _with_places(summed, _places(con, summed, sets, rows, named, params))
         if request.per is not None:
             markers = dict(
                 query_rows(
@@ -210,6 +210,87 @@ def _site_values(con: Any, sets: list[RunSet], request: ReportRequest) -> pa.Tab
     finally:
         con.unregister("report_sets")
     return table
+
+
+def _places(con: Any, summed: pa.Table, sets: list[RunSet], rows: str, named: str, params: list) -> pa.Table:
+    """Where each site was (`_PLACE`'s file and line) in the only sets the report shows it from: the
+    candidate and the newest baseline set that has it. Choosing it in every set of a year's window
+    cost more than the sums; most sites need the last two sets' runs only, the rest a few others'."""
+    candidate = len(sets) - 1
+    base = summed.filter(pc.less(summed["set_index"], candidate))
+    newest = base.group_by(["name_id", "site"], use_threads=False).aggregate([("set_index", "max")])
+    columns = ["set_index", "name_id", "site"]
+    needed = pa.concat_tables(
+        [
+            newest.rename_columns(["name_id", "site", "set_index"]).select(columns),
+            summed.filter(pc.equal(summed["set_index"], candidate)).select(columns),
+        ]
+    )
+    recent = pc.greater_equal(needed["set_index"], candidate - 1)
+    out = []
+    # Apart, so that the few sites gone before the last baseline set read only their own rows.
+    for part, only_sites in ((needed.filter(recent), False), (needed.filter(pc.invert(recent)), True)):
+        if not part.num_rows:
+            continue
+        run_ids = [r for i in pc.unique(part["set_index"]).to_pylist() for r in sets[i].run_ids]
+        where = f"p.run_number IN ({_run_numbers(con, run_ids)}) AND {named}"
+        if only_sites:
+            where += f" AND {_site_ids(con, part['site'].to_pylist())}"
+        con.register("report_needed", part)
+        try:
+            out.append(
+                query_arrow(
+                    con,
+                    f"""
+                    SELECT m.set_index, p.name_id, k.site,
+                           arg_max(p.site_file, {_PLACE}) AS site_file, arg_max(p.site_line, {_PLACE}) AS site_line
+                    FROM {rows}
+                    SEMI JOIN report_needed n
+                        ON n.set_index = m.set_index AND n.name_id = p.name_id AND n.site IS NOT DISTINCT FROM k.site
+                    WHERE {where}
+                    GROUP BY m.set_index, p.name_id, k.site
+                    """,
+                    params,
+                )
+            )
+        finally:
+            con.unregister("report_needed")
+    return pa.concat_tables(out) if out else pa.table({"site_file": pa.array([], pa.string())})
+
+
+def _with_places(summed: pa.Table, places: pa.Table) -> pa.Table:
+    """`summed` with each row's file and line from `places` (null where not chosen), matched on
+    (set, name, site) with no site a key of its own; only the keys go through the join."""
+    keys = ["set_index", "name_id", "site"]
+    if not places.num_rows:
+        return summed.append_column("site_file", pa.nulls(summed.num_rows, pa.string())).append_column(
+            "site_line", pa.nulls(summed.num_rows, pa.int32())
+        )
+
+    def keyed(table: pa.Table, index: str) -> pa.Table:
+        columns = [table[k] for k in keys[:2]] + [pc.fill_null(table["site"], -1)]
+        return pa.table([*columns, pa.array(np.arange(table.num_rows))], names=[*keys, index])
+
+    pairs = keyed(summed, "row").join(keyed(places, "place"), keys, join_type="inner", use_threads=False)
+    at = np.full(summed.num_rows, -1)
+    at[pairs["row"].to_numpy()] = pairs["place"].to_numpy()
+    indices = pa.array(at, mask=at < 0)
+    return summed.append_column("site_file", places["site_file"].take(indices)).append_column(
+        "site_line", places["site_line"].take(indices)
+    )
+
+
+def _site_ids(con: Any, sites: list[int | None]) -> str:
+    """A filter on `p.site_id` for these sites (a site stands for every site of its key), as literals:
+    a constant list reaches the count tables' scans."""
+    known = [int(s) for s in sites if s is not None]
+    rows = query_rows(
+        con,
+        "SELECT site_id FROM sites WHERE site_key IN (SELECT site_key FROM sites WHERE list_contains(?, site_id))",
+        [known],
+    )
+    listed = f"p.site_id IN ({', '.join(str(int(r[0])) for r in rows) or 'NULL'})"
+    return f"({listed} OR p.site_id IS NULL)" if len(known) < len(sites) else listed
 
 
 # ------------------------------------------------------------------------------------------ classification
