@@ -29,14 +29,17 @@ and, asked for with --ways, to see where the observer's cost goes:
   python-stack    Python frames only (as native=False)
   native-stack    native frames only (as python=False)
 
-A round times a block of steps (about --block-s of CPU time) of each way, with an off block
-before and after; the ratio of a way is its time over the mean of the off blocks around it, and
-the median over rounds is printed, with the middle half of the rounds under it. Recording ways
-run in one session for the whole run (steady state: stacks seen before are not written again)
-and end their block with a flush of what it recorded, inside the timed region (what the flusher
-does once a second); the profiler's block ends with its exit (the collection of its events).
-Time is the CPU time of the stepping thread (which also does the flush): on a shared machine wall
-time mostly measures the neighbours.
+A round times a block of steps (about --block-s of CPU time, by default one flush interval of a
+session) of each way, with a shorter off block (a quarter of the steps) before and after; all ways of a step are interleaved in
+every round, in an order rotated from round to round. Time is the CPU time of the stepping thread
+(which also does the flush), read around every step: a block's time per step is the median of its
+steps (a step slowed by a neighbour on a shared machine, where wall time mostly measures the
+neighbours, does not move it), plus what ends the block spread over its steps. Recording ways run
+in one session for the whole run (steady state: stacks seen before are not written again) and end
+their block with a flush of what it recorded (what the flusher does once per interval); the
+profiler's block ends with its exit (the collection of its events). The ratio of a way is its time
+per step over the mean of the off blocks around it; the median over rounds is printed, with the
+middle half of the rounds under it.
 
 Targets (issue 52), relative to floors measured in the same run: on every step, the observer with
 default settings below torch.profiler without stacks, and at most rf-only + 0.10x; observer@0.1 at
@@ -64,6 +67,7 @@ except ImportError:
 
 from tbpipe import _native, capture
 from tbpipe.capture import torch_ops
+from tbpipe.capture.sessions import DEFAULT_FLUSH_INTERVAL_S
 
 # The most a way may cost above its floor, as a fraction of the step (issue 52).
 GAP_FULL = 0.10
@@ -163,20 +167,28 @@ EXTRA_WAYS = [way for way in WAYS if way not in MAIN_WAYS]
 TARGETS = [("observer", GAP_FULL, "rf-only"), ("observer@0.1", GAP_SAMPLED, "rf-only@0.1")]
 
 
-def timed_steps(step: Callable[[], None], steps: int) -> float:
-    cpu = time.thread_time()
+def step_times(step: Callable[[], None], steps: int) -> list[float]:
+    """The CPU time of each of `steps` steps."""
+    times = []
     for _ in range(steps):
+        cpu = time.thread_time()
         step()
-    return time.thread_time() - cpu
+        times.append(time.thread_time() - cpu)
+    return times
+
+
+def timed_steps(step: Callable[[], None], steps: int) -> float:
+    """CPU seconds of a typical step (the median) of `steps` steps."""
+    return statistics.median(step_times(step, steps))
 
 
 class Measured:
     """CPU seconds per step of one way, with what it recorded."""
 
     def __init__(self) -> None:
-        self.seconds = 0.0
+        self.seconds = 0.0  # a typical step's, with the block's flush (or the profiler's exit) spread over its steps
         self.events = 0  # recorded + sampled out + rate limited: every op the hook saw
-        self.flush_seconds = 0.0
+        self.flush_seconds = 0.0  # the flush's (or exit's) share of a step
 
 
 def run_way(step: Callable[[], None], steps: int, way: dict, session: capture.Session) -> Measured:
@@ -186,11 +198,15 @@ def run_way(step: Callable[[], None], steps: int, way: dict, session: capture.Se
     measured = Measured()
     if way.get("profiler"):
         activities = [torch.profiler.ProfilerActivity.CPU]
+        profiler = torch.profiler.profile(activities=activities, with_stack=way["with_stack"])
         cpu = time.thread_time()
-        with torch.profiler.profile(activities=activities, with_stack=way["with_stack"]):
-            for _ in range(steps):
-                step()
-        measured.seconds = (time.thread_time() - cpu) / steps
+        profiler.__enter__()
+        entered = time.thread_time() - cpu
+        typical = timed_steps(step, steps)
+        cpu = time.thread_time()
+        profiler.__exit__(None, None, None)
+        measured.flush_seconds = (entered + time.thread_time() - cpu) / steps
+        measured.seconds = typical + measured.flush_seconds
         return measured
     _native._set_overhead_limits(way.get("sample_rate", 1.0), 0)
     _native._set_stack_parts(way.get("python", True), way.get("native", True))
@@ -204,13 +220,11 @@ def run_way(step: Callable[[], None], steps: int, way: dict, session: capture.Se
     if observer is not None:
         observer.set_level(way.get("level", 1))
     try:
-        cpu = time.thread_time()
-        for _ in range(steps):
-            step()
+        typical = timed_steps(step, steps)
         torch_ops.stop()
         flush_started = time.thread_time()
         session.flush()  # the cost of writing what this block recorded
-        end = time.thread_time()
+        flushed = time.thread_time() - flush_started
     finally:
         torch_ops.stop()
         if observer is not None:
@@ -219,8 +233,8 @@ def run_way(step: Callable[[], None], steps: int, way: dict, session: capture.Se
         _native._set_stack_parts(True, True)
         _native._set_nested_op_stacks(session.op_stacks == "outermost")
         _native._set_stack_reuse(True)
-    measured.seconds = (end - cpu) / steps
-    measured.flush_seconds = (end - flush_started) / steps
+    measured.flush_seconds = flushed / steps
+    measured.seconds = typical + measured.flush_seconds
     after = _native.counters()["recorded"], _native._overhead_counters()["sampled_out"]
     measured.events = (after[0] - before[0]) + (after[1] - before[1])
     return measured
@@ -234,7 +248,7 @@ def _records_every_op(way: dict) -> bool:
 
 def steps_per_block(step: Callable[[], None], seconds: float) -> int:
     """How many steps take about `seconds` of CPU time, off."""
-    elapsed = timed_steps(step, 10) / 10
+    elapsed = timed_steps(step, 10)
     return max(5, round(seconds / max(elapsed, 1e-6)))
 
 
@@ -245,6 +259,7 @@ def bench_workload(name: str, rounds: int, block_s: float, ways: list[str], sess
     for _ in range(30):  # warm the allocator, the kernels' caches and the code paths
         step()
     steps = steps_per_block(step, block_s)
+    off_steps = max(5, steps // 4)  # enough for a median: a way's block is as long as its flush interval
     for way in ways:  # warm each way once: first stacks, interned names, the profiler's set-up
         run_way(step, max(2, steps // 4), WAYS[way], session)
     ratios: dict[str, list[float]] = {way: [] for way in ways}
@@ -254,11 +269,11 @@ def bench_workload(name: str, rounds: int, block_s: float, ways: list[str], sess
     events_per_step: list[float] = []
     for round_index in range(rounds):
         order = ways[round_index % len(ways) :] + ways[: round_index % len(ways)]  # rotate: no fixed neighbours
-        before = timed_steps(step, steps) / steps
+        before = timed_steps(step, off_steps)
         off_times.append(before)
         for way in order:
             measured = run_way(step, steps, WAYS[way], session)
-            after = timed_steps(step, steps) / steps
+            after = timed_steps(step, off_steps)
             off_times.append(after)
             ratios[way].append(measured.seconds / ((before + after) / 2))
             flush[way].append(measured.flush_seconds)
@@ -359,6 +374,10 @@ def _print_gaps(result: dict) -> bool:
             below = ratio["observer"] < ratio["profiler"]
             ok &= below
             checks.append(f"below profiler {ratio['profiler']:.3f}x: {'yes' if below else 'NO'}")
+    # Not a target: what op_stacks="outermost" would change, for the choice of the default.
+    for way, floor in (("outermost", "rf-only"), ("outermost@0.1", "rf-only@0.1")):
+        if way in ratio and floor in ratio:
+            checks.append(f"{way} {ratio[way]:.3f}x ({ratio[way] - ratio[floor]:+.3f})")
     print(f"  {result['label']:22} " + "; ".join(checks))
     return ok
 
@@ -366,15 +385,19 @@ def _print_gaps(result: dict) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run, not a measurement)")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds per step (default 9, quick 2)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per step (default 5, quick 2)")
     parser.add_argument(
-        "--block-s", type=float, default=None, help="CPU seconds of steps per timed block (default 0.5, quick 0.05)"
+        "--block-s",
+        type=float,
+        default=None,
+        help=f"CPU seconds of steps per timed block (default {DEFAULT_FLUSH_INTERVAL_S:g}, a session's flush interval; "
+        "quick 0.05)",
     )
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: " + ", ".join(WORKLOADS))
     parser.add_argument("--ways", default=",".join(MAIN_WAYS), help="comma-separated: " + ", ".join(WAYS))
     args = parser.parse_args()
-    rounds = args.rounds or (2 if args.quick else 9)
-    block_s = args.block_s or (0.05 if args.quick else 0.5)
+    rounds = args.rounds or (2 if args.quick else 5)
+    block_s = args.block_s or (0.05 if args.quick else DEFAULT_FLUSH_INTERVAL_S)
     workloads = [w for w in args.workloads.split(",") if w]
     ways = [w for w in args.ways.split(",") if w]
     for name in workloads:
@@ -387,7 +410,8 @@ def main() -> None:
     torch.set_num_threads(1)
     print(
         f"torch {torch.__version__}, Python {sys.version.split()[0]}, 1 thread, {rounds} rounds of a "
-        f"{block_s:g} s block per way and step, each between two off blocks"
+        f"{block_s:g} s block per way and step, each between two off blocks; a block's time per step is the "
+        "median step's CPU time of the stepping thread, its flush (or the profiler's exit) spread over its steps"
     )
     results = {}
     # One session for the whole run, flushed only by the recording blocks; "off" blocks run in it

@@ -26,6 +26,7 @@
 #include <Python.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -33,7 +34,6 @@
 #include <new>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "capi.h"
@@ -78,31 +78,33 @@ struct Frame {
   bool traced;           // run on fake tensors (tracing, not work): neither it nor anything inside is recorded
 };
 
-struct TextHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view text) const noexcept { return std::hash<std::string_view>{}(text); }
-};
-
-// The last names seen at each address, with their text inline (one cache line each): an op's
-// name is its schema's, at the same address every call. The text is compared too, because names
-// built per call (backward nodes, user scopes) can come at an address another name had before.
+// The last names seen at each address, with their text inline (one cache line each), two lines per
+// set of addresses (the newer first): an op's name is its schema's, at the same address every call,
+// and a step's few hundred names would often share a line of a direct-mapped table. The text is
+// compared too, because names built per call (backward nodes, user scopes) can come at an address
+// another name had before.
 class RecentNames {
  public:
   static constexpr size_t kTextBytes = 48;
 
-  // The id of `name` if this address last held this text, else 0.
+  // The id of `name` if a line holds this address with this text, else 0.
   uint32_t find(const char* name) const {
-    const Line& line = lines_[slot(name)];
-    if (line.address != name) return 0;
-    const size_t length = strnlen(name, kTextBytes);
-    if (length != line.length || std::memcmp(line.text, name, length) != 0) return 0;
-    return line.id;
+    const Line* set = &lines_[set_of(name) * kWays];
+    for (size_t way = 0; way < kWays; ++way) {
+      const Line& line = set[way];
+      if (line.address != name) continue;
+      const size_t length = strnlen(name, kTextBytes);
+      if (length == line.length && std::memcmp(line.text, name, length) == 0) return line.id;
+    }
+    return 0;
   }
 
   void remember(const char* name, uint32_t id) {
     const size_t length = strnlen(name, kTextBytes);
-    if (length == kTextBytes) return;  // too long to keep inline: the map has it
-    Line& line = lines_[slot(name)];
+    if (length == kTextBytes) return;  // too long to keep inline: the table by text has it
+    Line* set = &lines_[set_of(name) * kWays];
+    set[1] = set[0];
+    Line& line = set[0];
     line.address = name;
     line.id = id;
     line.length = static_cast<uint32_t>(length);
@@ -116,12 +118,71 @@ class RecentNames {
     uint32_t length = 0;
     char text[kTextBytes];
   };
-  static constexpr size_t kLines = 256;
-  static size_t slot(const char* name) {
+  static constexpr size_t kWays = 2;
+  static constexpr size_t kSets = 256;
+  static size_t set_of(const char* name) {
     const uint64_t key = reinterpret_cast<uintptr_t>(name);
-    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ULL) >> 56);  // top 8 bits: kLines == 256
+    return static_cast<size_t>((key * 0x9E3779B97F4A7C15ULL) >> 56);  // top 8 bits: kSets == 256
   }
-  Line lines_[kLines];
+  Line lines_[kSets * kWays];
+};
+
+// Names that are new on every call ("ProfilerStep#17") would grow the table without bound.
+constexpr size_t kMaxNamesPerThread = 4096;
+
+// Op names to string-table ids by their text, for the names RecentNames misses: those built per call
+// (a backward node's, at another address each time), those longer than its lines, those whose set
+// was taken. Open addressing with each text's hash kept beside it: a lookup compares hashes in one
+// array and one text, where a node-based map chased a pointer per node and hashed each node's text
+// again to tell where its bucket ends.
+class NamesByText {
+ public:
+  uint32_t find(std::string_view text, uint64_t hash) const {
+    if (slots_.empty()) return 0;
+    for (size_t i = hash & (slots_.size() - 1);; i = (i + 1) & (slots_.size() - 1)) {
+      const Slot& slot = slots_[i];
+      if (slot.id == 0) return 0;
+      if (slot.hash == hash && slot.text == text) return slot.id;
+    }
+  }
+
+  void add(std::string_view text, uint64_t hash, uint32_t id) {
+    if (count_ >= kMaxNamesPerThread) clear();
+    if (2 * (count_ + 1) > slots_.size()) grow();  // at most half full: probes stay short
+    place(Slot{hash, id, std::string(text)});
+    ++count_;
+  }
+
+  static uint64_t hash_of(std::string_view text) { return std::hash<std::string_view>{}(text); }
+
+ private:
+  struct Slot {
+    uint64_t hash = 0;
+    uint32_t id = 0;  // 0: empty
+    std::string text;
+  };
+
+  void place(Slot&& slot) {
+    size_t i = slot.hash & (slots_.size() - 1);
+    while (slots_[i].id != 0) i = (i + 1) & (slots_.size() - 1);
+    slots_[i] = std::move(slot);
+  }
+
+  void grow() {
+    std::vector<Slot> old(std::max<size_t>(256, 2 * slots_.size()));
+    old.swap(slots_);
+    for (Slot& slot : old) {
+      if (slot.id != 0) place(std::move(slot));
+    }
+  }
+
+  void clear() {
+    slots_.clear();
+    count_ = 0;
+  }
+
+  std::vector<Slot> slots_;  // a power of two long
+  size_t count_ = 0;
 };
 
 // An autograd backward node running on this thread (kept with torch drawing ops, see g_torch_rate).
@@ -137,14 +198,11 @@ struct ThreadState {
   std::vector<BackwardNode> backward;
   uint64_t next_id = 1;
   RecentNames recent;
-  // Op names to string-table ids, by text (behind `recent`).
-  std::unordered_map<std::string, uint32_t, TextHash, std::equal_to<>> names;
+  NamesByText names;  // behind `recent`
 
   ThreadState() { frames.reserve(64); }
 };
 
-// Names that are new on every call ("ProfilerStep#17") would grow the map without bound.
-constexpr size_t kMaxNamesPerThread = 4096;
 // Deeper nesting than this is recorded with its depth but not kept as a parent.
 constexpr size_t kMaxFrames = 1024;
 
@@ -174,14 +232,11 @@ uint32_t name_id(ThreadState& state, const char* name) {
   if (name == nullptr) name = "";
   if (const uint32_t id = state.recent.find(name)) return id;
   const std::string_view text(name);
-  uint32_t id;
-  auto hit = state.names.find(text);
-  if (hit != state.names.end()) {
-    id = hit->second;
-  } else {
+  const uint64_t hash = NamesByText::hash_of(text);
+  uint32_t id = state.names.find(text, hash);
+  if (id == 0) {
     id = g_api->intern(text.data(), text.size());
-    if (state.names.size() >= kMaxNamesPerThread) state.names.clear();
-    state.names.emplace(std::string(text), id);
+    if (id != 0) state.names.add(text, hash, id);
   }
   state.recent.remember(name, id);
   return id;
