@@ -97,10 +97,16 @@ class Lookups:
         """{run_number: (run_id, started_at in UTC, labels)}."""
 
         def fetch(missing: list[int]) -> dict[int, tuple]:
-            columns = "run_number, run_id, started_at AT TIME ZONE 'UTC', labels"
+            # The labels as JSON text, parsed here: DuckDB's MAP made into dicts took most of a year's
+            # 2,920 runs' read.
+            columns = "run_number, run_id, started_at AT TIME ZONE 'UTC', to_json(labels)"
             if len(missing) > 256:  # a site's year of history: all of them, without a parameter per run
-                return {row[0]: row[1:] for row in query_rows(con, f"SELECT {columns} FROM runs")}
-            return {row[0]: row[1:] for row in lookup(con, "runs", columns, "run_number", missing)}
+                rows = query_rows(con, f"SELECT {columns} FROM runs")
+            else:
+                rows = lookup(con, "runs", columns, "run_number", missing)
+            return {
+                number: (run_id, started, labels and json.loads(labels)) for number, run_id, started, labels in rows
+            }
 
         return self._fill(self._runs, run_numbers, fetch)
 

@@ -377,32 +377,36 @@ def site_history(
         kept,  # the caller may know it
     )
     names = kept.event_names(cursor, {row[1] for row in counts})
-    of_run = kept.runs(cursor, {row[0] for row in counts})
-    rows = []
+    by_run: dict[int, list[tuple]] = {}
     for run_number, name_id, events, file, line in counts:
+        by_run.setdefault(run_number, []).append((events, name_id, file, line))
+    of_run = kept.runs(cursor, by_run)
+    # Newest run first (ties by run id), each run's names by events, most first: the runs are
+    # sorted, not their rows (a year's history has a row or two a run).
+    order = sorted(by_run, key=lambda number: of_run[number][0])
+    order.sort(key=lambda number: of_run[number][1], reverse=True)
+    runs = []
+    for run_number in order[:limit]:
         run_id, started, labels = of_run[run_number]
-        rows.append((run_id, started, labels, *names[name_id], events, file, line))
-    # Newest run first (ties by run id), each run's names by events, most first.
-    rows.sort(key=lambda row: (row[0], -row[5]))
-    rows.sort(key=lambda row: row[1], reverse=True)
-    runs: dict[str, dict[str, Any]] = {}
-    for run_id, started, labels, kind, name, events, file, line in rows:
-        entry = runs.get(run_id)
-        if entry is None:
-            if len(runs) >= limit:
-                continue
-            entry = runs[run_id] = {
-                "run_id": run_id,
-                "started_at": _iso(started),
-                "labels": dict(labels or {}),
-                "events": 0,
-                "names": {},
-                "site_file": file,
-                "site_line": line,
-            }
-        entry["events"] += events
-        entry["names"][f"{kind}:{name}"] = events
-    return {"site_key": site_key, "runs": list(reversed(runs.values()))}
+        rows = by_run[run_number]
+        rows.sort(key=lambda row: -row[0])
+        _events, _name, file, line = rows[0]
+        entry = {
+            "run_id": run_id,
+            "started_at": _iso(started),
+            "labels": dict(labels or {}),
+            "events": 0,
+            "names": {},
+            "site_file": file,
+            "site_line": line,
+        }
+        for events, name_id, _file, _line in rows:
+            kind, name = names[name_id]
+            entry["events"] += events
+            entry["names"][f"{kind}:{name}"] = events
+        runs.append(entry)
+    runs.reverse()
+    return {"site_key": site_key, "runs": runs}
 
 
 def kernel_sites(cursor: Any, name: str, kind: str | None, run_ids: list[str] | None, limit: int) -> list[dict]:
