@@ -660,3 +660,48 @@ def test_an_archive_without_a_run_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(UploadRefused, match="holds no run folder") as caught:
         upload.receive(archive, tmp_path / "uploads", max_unpacked=1 << 20)
     assert caught.value.status == 422 and os.listdir(tmp_path / "uploads") == []
+
+
+def test_receive_keeps_the_expansion_limit_and_says_why_it_refuses(tmp_path: Path) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        info = tarfile.TarInfo("run/zeros")
+        info.size = 1 << 20
+        tar.addfile(info, io.BytesIO(bytes(info.size)))
+    archive = tmp_path / "a.tar.gz"
+    archive.write_bytes(buffer.getvalue())
+    with pytest.raises(UploadRefused, match="times the archive's"):
+        upload.receive(archive, tmp_path / "uploads", max_unpacked=1 << 30)
+    with pytest.raises(UploadRefused) as caught:
+        upload.receive(archive, tmp_path / "uploads", max_unpacked=1 << 30, max_expansion=None)
+    assert str(caught.value) == "the archive holds no run folder (a folder with manifest.json and its Parquet parts)"
+    archive.write_bytes(b"not an archive" * 50)
+    with pytest.raises(UploadRefused) as caught:  # refused before its folder exists: still this refusal
+        upload.receive(archive, tmp_path / "uploads", max_unpacked=1 << 30)
+    assert str(caught.value) == "the upload is not a tar or zip archive (send a run folder as .tar, .tar.gz or .zip)"
+    assert caught.value.status == 415 and os.listdir(tmp_path / "uploads") == []
+
+
+def test_entries_of_other_kinds_and_clashes_are_named(tmp_path: Path) -> None:
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(member_tar(b"Z"))  # a type tar does not know
+    with pytest.raises(UploadRefused) as caught:
+        upload.unpack(archive, tmp_path / "into", max_unpacked=1 << 20)
+    assert str(caught.value) == "archive entry 'r/x' is not a regular file; only files and folders are taken"
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as bundle:
+        info = zipfile.ZipInfo("r/fifo")
+        info.external_attr = (stat.S_IFIFO | 0o644) << 16
+        bundle.writestr(info, b"")
+    archive.write_bytes(buffer.getvalue())
+    with pytest.raises(UploadRefused) as caught:
+        upload.unpack(archive, tmp_path / "into2", max_unpacked=1 << 20)
+    assert str(caught.value) == "archive entry 'r/fifo' is not a regular file; only files and folders are taken"
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name in ("r", "r/x"):  # a file, then an entry inside it as if it were a folder
+            tar.addfile(tarfile.TarInfo(name), io.BytesIO(b""))
+    archive.write_bytes(buffer.getvalue())
+    with pytest.raises(UploadRefused, match="^the archive cannot be unpacked: ") as caught:
+        upload.unpack(archive, tmp_path / "into3", max_unpacked=1 << 20)
+    assert caught.value.status == 400 and "None" not in str(caught.value)
