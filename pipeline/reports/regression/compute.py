@@ -339,8 +339,9 @@ def _classify(values: pa.Table, sets: list[RunSet], request: ReportRequest) -> l
     if n_base > 1:
         spreads = bands(window, request.spread)
     # Only the rows the sites are shown from become Python objects (a year's window has ~30 rows a site).
-    shown = values.take(pa.array(newest_row))
-    columns = {c: shown[c].to_pylist() for c in ("site_function", "site_portable_file", "site_file")}
+    names = ("site_function", "site_portable_file", "site_file")
+    shown = values.select(list(names)).take(pa.array(newest_row))
+    columns = {c: shown[c].to_pylist() for c in names}
     base_keys = set(pc.unique(values["site_key"].filter(pa.array(in_base))).to_pylist())
     out = []
     for (site_kind, site_name, site_key), index in ids.items():
