@@ -409,9 +409,30 @@ def test_values_as_json_carries_them() -> None:
     ],
 )
 def test_entry_names_that_could_land_outside_are_refused(name: str, message: str) -> None:
-    with pytest.raises(UploadRefused, match=message) as caught:
+    with pytest.raises(UploadRefused) as caught:
         upload._entry_path(name)
     assert caught.value.status == 400
+    separator = " " if message in ("absolute path", "reaches outside") else ": "
+    detail = {"absolute path": "has an absolute path", "reaches outside": "reaches outside the archive ('..')"}
+    assert str(caught.value) == f"archive entry {name!r}{separator}{detail.get(message, message)}"
+
+
+def test_long_entry_names_are_cut_to_200_characters(tmp_path: Path) -> None:
+    name = "/" + "a" * 300
+    with pytest.raises(UploadRefused) as caught:
+        upload._entry_path(name)
+    assert str(caught.value) == f"archive entry {name[:200]!r} has an absolute path"
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("r/" + "b" * 250)
+        info.type, info.linkname = tarfile.SYMTYPE, "x"
+        tar.addfile(info)
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(buffer.getvalue())
+    with pytest.raises(UploadRefused) as caught:
+        upload.unpack(archive, tmp_path / "into", max_unpacked=1 << 20)
+    expected = f"archive entry {info.name[:200]!r} is a symbolic link; only files and folders are taken"
+    assert str(caught.value) == expected
 
 
 def test_entry_names_are_made_plain() -> None:
