@@ -114,6 +114,29 @@ def test_each_problem_is_said_whole_after_the_manifests_path(tmp_path, change, p
     assert str(raised.value) == f"{run_dir / MANIFEST_FILE}: {problem}"
 
 
+OPTIONAL_FIELDS = {
+    **dict.fromkeys(
+        ["parent_run_id", "host", "cwd", "python_version", "python_implementation", "torch_version"]
+        + ["cuda_version", "tbpipe_version"],
+        ("text", 1, "int, not str"),
+    ),
+    "pid": (7, "7", "str, not int"),
+    **dict.fromkeys(["argv", "sources", "errors", "sys_path"], (["a"], "a", "str, not list")),
+    **dict.fromkeys(["capture", "counters"], ({}, [], "list, not dict")),
+}
+
+
+@pytest.mark.parametrize("field", sorted(OPTIONAL_FIELDS))
+def test_each_optional_field_may_be_left_out_or_null_but_not_of_another_type(tmp_path, field) -> None:
+    good, bad, problem = OPTIONAL_FIELDS[field]
+    for index, value in enumerate((good, None)):
+        rawrun.read_manifest(manifest_at(tmp_path, dict(GOOD, **{field: value}), f"ok{index}"))
+    run_dir = manifest_at(tmp_path, dict(GOOD, **{field: bad}), "bad")
+    with pytest.raises(rawrun.DamagedRunError) as raised:
+        rawrun.read_manifest(run_dir)
+    assert str(raised.value) == f"{run_dir / MANIFEST_FILE}: manifest field {field!r} is {problem}"
+
+
 def test_garbage_is_quoted_up_to_a_limit(tmp_path) -> None:
     long = "x" * 400
     cases = [
