@@ -35,6 +35,7 @@ from tbpipe.pipeline.runfolder import (  # noqa: F401 - re-exported: a run's fol
     parts_fingerprint,
     read_manifest,
 )
+from tbpipe.schemas.format import TABLE_SINCE, readable_raw_schema_version
 from tbpipe.schemas.raw import (
     FORMAT_NAME,
     NATIVE_FRAME_MARKER,
@@ -42,9 +43,7 @@ from tbpipe.schemas.raw import (
     RAW_SCHEMA_VERSION,
     RUN_TABLES,
     SCHEMA_KEY,
-    TABLE_SINCE,
     VERSION_KEY,
-    readable_raw_schema_version,
     table_schema,
 )
 

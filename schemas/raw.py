@@ -11,7 +11,7 @@ Each file's key-value metadata names its table and the schema version.
 
 Versions: a reader of this module reads every version from
 OLDEST_READABLE_RAW_SCHEMA_VERSION to RAW_SCHEMA_VERSION. A later version only adds
-optional tables (`TABLE_SINCE` says from which version a table may appear) and
+optional tables (`format.TABLE_SINCE` says from which version a table may appear) and
 nullable columns at the end of a table (`COLUMN_SINCE`); a part of an older version
 has the schema `table_schema(table, version)` gives, a table a run does not have is
 empty.
@@ -28,8 +28,6 @@ from tbpipe.schemas.format import (  # noqa: F401 - defined there, without pyarr
     MANIFEST_FILE,
     OLDEST_READABLE_RAW_SCHEMA_VERSION,
     RAW_SCHEMA_VERSION,
-    TABLE_SINCE,
-    readable_raw_schema_version,
 )
 from tbpipe.schemas.op_attributes import OP_COLUMNS
 

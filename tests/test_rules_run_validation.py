@@ -13,13 +13,13 @@ import pytest
 
 from tbpipe.pipeline import rawrun
 from tbpipe.pipeline.errors import UsageError
+from tbpipe.schemas.format import TABLE_SINCE
 from tbpipe.schemas.raw import (
     FORMAT_NAME,
     MANIFEST_FILE,
     OLDEST_READABLE_RAW_SCHEMA_VERSION,
     RAW_SCHEMA_VERSION,
     SCHEMA_KEY,
-    TABLE_SINCE,
     VERSION_KEY,
     table_schema,
 )

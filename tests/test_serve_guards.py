@@ -545,14 +545,19 @@ def test_an_archive_past_the_entry_cap_is_refused_and_leaves_nothing(tmp_path: P
     assert caught.value.status == 400 and os.listdir(uploads) == []
 
 
-def test_an_archive_past_its_expansion_is_refused(tmp_path: Path) -> None:
+def zeros_tar_gz(archive: Path) -> Path:
+    """A tar.gz of one 1 MiB file of zeros (a few KiB packed: past any expansion ratio), at `archive`."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
         info = tarfile.TarInfo("run/zeros")
         info.size = 1 << 20
         tar.addfile(info, io.BytesIO(bytes(info.size)))
-    archive = tmp_path / "a.tar.gz"
     archive.write_bytes(buffer.getvalue())
+    return archive
+
+
+def test_an_archive_past_its_expansion_is_refused(tmp_path: Path) -> None:
+    archive = zeros_tar_gz(tmp_path / "a.tar.gz")
     into = tmp_path / "into"
     with pytest.raises(UploadRefused, match="times the archive's") as caught:
         upload.unpack(archive, into, max_unpacked=1 << 30)
@@ -684,13 +689,7 @@ def test_an_archive_without_a_run_leaves_nothing(tmp_path: Path) -> None:
 
 
 def test_receive_keeps_the_expansion_limit_and_says_why_it_refuses(tmp_path: Path) -> None:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        info = tarfile.TarInfo("run/zeros")
-        info.size = 1 << 20
-        tar.addfile(info, io.BytesIO(bytes(info.size)))
-    archive = tmp_path / "a.tar.gz"
-    archive.write_bytes(buffer.getvalue())
+    archive = zeros_tar_gz(tmp_path / "a.tar.gz")
     with pytest.raises(UploadRefused, match="times the archive's"):
         upload.receive(archive, tmp_path / "uploads", max_unpacked=1 << 30)
     with pytest.raises(UploadRefused) as caught:
