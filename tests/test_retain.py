@@ -391,6 +391,61 @@ def test_the_service_rolls_up_on_its_schedule_and_lists_rolled_up_runs(served, f
     assert one["rolled_up"] and one["rolled_up_at"] and one["counts"]
 
 
+def test_a_retain_between_two_requests_shows_on_the_kept_pages(full, tmp_path, symbol_cache) -> None:
+    """Pages are kept per database state (serve/cache.py): after an upload and the scheduled retain
+    that follows it, a run's page and the runs page show the run rolled up, not the page kept before."""
+    import httpx
+    from support.serve import Server, environment, wait_until
+    from test_serve_cache import run_archive
+
+    db = copy(full, tmp_path / "served.duckdb")
+    (tmp_path / "token").write_text("retain-page-token\n")
+    every = "0.001"  # hours: a retain every 3.6 s, the first when the service starts
+    args = (
+        "--retain-keep-runs",
+        "4",
+        "--retain-by",
+        "rank",
+        "--retain-every",
+        every,
+        "--token-file",
+        str(tmp_path / "token"),
+    )
+    with Server(db, *args, env=environment(symbol_cache)) as server:
+
+        def get(path: str, **params) -> httpx.Response:
+            response = httpx.get(server.url + path, params=params, timeout=60)
+            assert response.status_code == 200, response.text
+            return response
+
+        def retains() -> list[dict]:
+            jobs = get("/api/ingest").json()["jobs"]  # newest first
+            return [j for j in jobs if j["source"] == "retain" and j["status"] == "done"]
+
+        wait_until(retains, timeout_s=120, what="the first scheduled retain")
+        night2 = get("/api/runs", label="rank=0", order="oldest").json()["runs"][1]["run_id"]
+        before = [get(f"/runs/{night2}") for _ in range(2)]
+        assert 'class="rolled-up"' not in before[0].text and "x-tbpipe-cache" in before[1].headers
+        archive = run_archive(tmp_path, {"suite": "app", "commit": "c6", "rank": "0"}, "retained_kernel")
+        uploaded = httpx.post(
+            server.url + "/api/runs", params={"wait": 120}, content=archive,
+            headers={"authorization": "Bearer retain-page-token"}, timeout=180,
+        )  # fmt: skip
+        assert uploaded.status_code == 201, uploaded.text
+        (run_id,) = uploaded.json()["run_ids"]
+        assert run_id in get("/").text
+        # The next retain keeps night 2's rank 0 no longer (five newer runs of rank 0 now).
+        wait_until(
+            lambda: any(j["summary"].startswith("rolled up 1 run ") for j in retains()), timeout_s=120,
+            what="a retain after the upload",
+        )  # fmt: skip
+        after = get(f"/runs/{night2}")
+        assert 'class="rolled-up"' in after.text and after.content != before[0].content
+        row = next(line for line in get("/").text.split('<tr class="run">') if night2 in line)
+        assert "rolled up" in row
+    assert "Traceback" not in server.output()
+
+
 def _zeros_archive(megabytes: int) -> bytes:
     """A tar.gz of one run-like folder whose only part is `megabytes` MB of zeros: a few tens of kB."""
     packed = io.BytesIO()

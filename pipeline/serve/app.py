@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 
 from tbpipe.capture import __version__
-from tbpipe.pipeline.serve.cache import ResponseCache
+from tbpipe.pipeline.serve.cache import ResponseCache, pages_kept
 from tbpipe.pipeline.serve.config import ServeConfig
 from tbpipe.pipeline.serve.database import CLOSED, ServedDatabase
 from tbpipe.pipeline.serve.ingest import IngestService
@@ -99,6 +99,6 @@ def create_app(config: ServeConfig) -> FastAPI:
     app.include_router(api.router)
     app.include_router(pages.router)
     app.include_router(jobs.router)
-    app.add_middleware(ResponseCache, state_key=service.database.state_key)  # inside the headers
+    app.add_middleware(ResponseCache, state_key=service.database.state_key, pages=pages_kept())  # inside the headers
     app.add_middleware(SecurityHeaders, loopback_only=is_loopback(config.host))
     return app

@@ -164,10 +164,14 @@ def runs_page(
             params.append(("offset", str(new_offset)))
         return "/" + ("?" + urlencode(params) if params else "")
 
-    return render(
+    ingesting = service_of(request).ingest.running is not None
+    response = render(
         request, "runs.html.j2", page=page, labels=labels, values=values, kinds=kinds, with_labels=with_labels,
-        page_size=PAGE_RUNS, ingest=service_of(request).ingest,
+        page_size=PAGE_RUNS, ingesting=ingesting,
     )  # fmt: skip
+    if ingesting:  # the page says so: not kept past the ingest (cache.py)
+        response.headers["cache-control"] = "no-store"
+    return response
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
