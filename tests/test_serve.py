@@ -142,6 +142,8 @@ def test_kept_reads_equal_fresh_ones(nights_db, tmp_path, monkeypatch) -> None:
         assert keys
         for key in keys:
             assert queries.site(con.cursor(), key, 5, ("state",)) == queries.site(con.cursor(), key, 5)
+        for run_id in run_ids:  # a run's counts from every run's, kept for the state
+            assert queries.run(con.cursor(), run_id, ("state",)) == queries.run(con.cursor(), run_id)
         # Read ahead for a state (warm.py does it after every ingest): the runs' pages need no query.
         assert queries.warm(con.cursor(), ("warmed",)) == len(run_ids)
         before = len(queried)

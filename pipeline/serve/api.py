@@ -74,8 +74,9 @@ def labels(request: Request) -> dict[str, list[str]]:
 
 @router.get("/runs/{run_id}", summary="One run: manifest fields, versions, counts, notes")
 def run(request: Request, run_id: str) -> dict[str, Any]:
-    with service_of(request).database.read() as cursor:
-        return queries.run(cursor, run_id)
+    database = service_of(request).database
+    with database.read() as cursor:
+        return queries.run(cursor, run_id, database.state_key())
 
 
 @router.get("/runs/{run_id}/sites", summary="A run's call sites, most events first")

@@ -179,10 +179,10 @@ def run_page(request: Request, run_id: str) -> HTMLResponse:
     frames_mode(request)  # a wrong mode is refused here, not by the graph's request
     database = service_of(request).database
     with database.read() as cursor:
-        run = queries.run(cursor, run_id)
+        generation = database.state_key()
+        run = queries.run(cursor, run_id, generation)
         order = [k for k in ("kernel_launch", "op") if k in run["counts"]]
         order += [k for k in run["counts"] if k not in order][:4]
-        generation = database.state_key()
         sections = [(kind, queries.run_sites(cursor, run_id, kind, None, SITES_SHOWN, 0, generation)) for kind in order]
     return render(request, "run.html.j2", run=run, sections=sections)
 

@@ -138,7 +138,8 @@ def label_values(cursor: Any) -> dict[str, list[str]]:
     return {key: list(values) for key, values in rows}
 
 
-def run(cursor: Any, run_id: str) -> dict[str, Any]:
+def run(cursor: Any, run_id: str, generation: tuple | None = None) -> dict[str, Any]:
+    """One run's row, its counts by kind (every run's, kept per state with `generation`) and its children."""
     rows = query_rows(
         cursor,
         """
@@ -165,7 +166,7 @@ def run(cursor: Any, run_id: str) -> dict[str, Any]:
     out["status"] = "complete" if out["complete"] else "incomplete"
     for key in ("argv", "sources", "capture_errors", "ingest_notes"):
         out[key] = list(out[key] or [])
-    out["counts"] = counts_by_kind(cursor, [run_id])[run_id]
+    out["counts"] = counts_by_kind(cursor, [run_id], generation)[run_id]
     children = query_rows(cursor, "SELECT run_id FROM runs WHERE parent_run_id = ? ORDER BY started_at", [run_id])
     out["child_run_ids"] = [r[0] for r in children]
     return out
