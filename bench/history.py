@@ -16,11 +16,15 @@ Measured, each beside DuckDB's own scan of the same rows in the same run (the an
 - `tbpipe report --candidate latest --baseline-window 30 --group-by commit` as a new process;
 - one site's year of history (`GET /api/sites/{key}/history`'s read, in the process);
 - a real `tbpipe serve` (loopback only) answering `--requests` requests per endpoint sent at once
-  (runs, a run's sites, a site, its history, and the same as pages): p50 and p95;
+  (runs, a run's sites, a site, its history, and the same as pages): p50, p95 and the service's CPU
+  time per request; each burst after a few requests that made the first plans (and kept their
+  answers), except the "first asked" pages, whose burst is the first anybody asks for them. With
+  `--page-cache both` the service runs twice in the same run, its pages kept per database state and
+  not (`TBPIPE_PAGE_CACHE=off`; the API's answers are kept either way), and the p95s are compared;
 - the database's bytes per rolled-up night (its used blocks before and after the rolled-up nights
   were added), and per night with events before the roll-up.
-Targets on the 2-core machine: report <= 3 s, a site's year <= 100 ms, p95 <= 300 ms, <= 1 MB a
-rolled-up night of 8 ranks. The database is kept in --work and made again when the options change.
+Targets on the 2-core machine: report <= 3 s, a site's year <= 100 ms, p95 <= 300 ms (the API's
+answers and the pages), <= 1 MB a rolled-up night of 8 ranks. The database is kept in --work and made again when the options change.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the he
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 TARGETS = {"report_s": 3.0, "history_ms": 100.0, "p95_ms": 300.0, "night_mb": 1.0}
-TARGETED = ("runs", "run sites", "site", "site history")  # the read API's answers, as in bench/serve.py
+# The read API's answers, as in bench/serve.py, and the same as pages.
+TARGETED = ("runs", "run sites", "site", "site history", "runs page", "run page", "site page")
 MODULES_PER_RUN = 250
 BATCH_NIGHTS = 16  # rolled-up nights generated per transaction
 
@@ -57,6 +62,10 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--full-nights", type=int, default=30, help="the last nights, not rolled up")
     parser.add_argument("--sample-nights", type=int, default=2, help="nights with events rolled up by tbpipe retain")
     parser.add_argument("--requests", type=int, default=100, help="requests per endpoint, all sent at once")
+    parser.add_argument(
+        "--page-cache", choices=("on", "off", "both"), default="on",
+        help="the service's pages kept per database state (on, as shipped), not (off), or both in turn, compared",
+    )  # fmt: skip
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "tbpipe-bench-history")
     args = parser.parse_args()
     if args.nights < args.full_nights + args.sample_nights + 1:
@@ -483,15 +492,46 @@ def _read_ahead(server, timeout_s: float = 600.0) -> float:
     return time.perf_counter() - started
 
 
-def measure_service(db: Path, args: argparse.Namespace, keys: list[str]) -> tuple[float, dict]:
+def _cpu_s(pid: int) -> float:
+    """The user+system CPU seconds of process `pid` so far (Linux's /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _bursts(url: str, endpoints: dict[str, tuple[list[str], bool]], requests: int, cpu) -> dict[str, tuple]:
+    """Per endpoint, `requests` requests at once (after a few to warm, where asked): latencies,
+    failures, wall seconds and the service's CPU seconds over the burst."""
+    import aiohttp
+    import serve as serve_bench
+
+    out = {}
+    for name, (paths, warm) in endpoints.items():
+        # A client per burst: the server closes keep-alive connections idle between bursts.
+        connector = aiohttp.TCPConnector(limit=requests)
+        async with aiohttp.ClientSession(url, connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+            if warm:
+                await serve_bench._burst(session, paths[:4])  # first plans made (and their answers kept)
+            batch = [paths[i % len(paths)] for i in range(requests)]
+            before, started = cpu(), time.perf_counter()
+            latencies, failed = await serve_bench._burst(session, batch)
+            wall, used = time.perf_counter() - started, cpu() - before
+        out[name] = (latencies, failed, wall, used)
+        print(f"  {name}: done in {wall:.1f} s", flush=True)
+    return out
+
+
+def measure_service(db: Path, args: argparse.Namespace, keys: list[str], pages_kept: bool) -> tuple[float, dict]:
     import httpx
     import serve as serve_bench
     from support.serve import Server
 
+    from tbpipe.pipeline.serve.cache import PAGE_CACHE_ENV
+
     copy = db.with_name("served.duckdb")  # the service opens its own copy
     shutil.copy(db, copy)
+    env = dict(os.environ, **{PAGE_CACHE_ENV: "on" if pages_kept else "off"})
     # At info its warmer logs when its read-ahead is done (and uvicorn logs each request, a line apiece).
-    with Server(copy, "--log-level", "info", env=dict(os.environ)) as server:
+    with Server(copy, "--log-level", "info", env=env) as server:
         read_ahead_s = _read_ahead(server)
         runs = httpx.get(server.url + "/api/runs", params={"limit": 1000}, timeout=600).json()
         total = runs["total"]
@@ -502,26 +542,44 @@ def measure_service(db: Path, args: argparse.Namespace, keys: list[str]) -> tupl
         # Eight rolled-up runs spread over the year (nobody read them before: computed on demand).
         old = [r["run_id"] for r in oldest if r["rolled_up"]][:: max(1, len(oldest) // 8)][:8]
         run_ids = newest + old
+        # Pages nobody asked for before their burst: the two nights before, eight other rolled-up runs,
+        # three other sites of the newest run.
+        stride = max(1, len(oldest) // 8)
+        unread_runs = [r["run_id"] for r in runs["runs"][args.ranks * 2 : args.ranks * 4]]
+        unread_runs += [r["run_id"] for r in oldest if r["rolled_up"]][stride // 2 :: stride][:8]
+        lead = httpx.get(server.url + f"/api/runs/{newest[0]}/sites", params={"limit": 50}, timeout=600).json()
+        unread_keys = [s["site_key"] for s in lead["sites"] if s["site_key"] and s["site_key"] not in keys][:3]
         endpoints = {
-            "runs": [f"/api/runs?limit=50&offset={o}" for o in (0, 50, total // 2, total - 50)],
-            "run sites": [f"/api/runs/{r}/sites?limit=50" for r in run_ids],
-            "site": [f"/api/sites/{k}" for k in keys],
-            "site history": [f"/api/sites/{k}/history?limit=5000" for k in keys],
-            "runs page": ["/", f"/?offset={total // 2}"],
-            "run page": [f"/runs/{r}" for r in run_ids],
-            "site page": [f"/sites/{k}" for k in keys],
+            "runs": ([f"/api/runs?limit=50&offset={o}" for o in (0, 50, total // 2, total - 50)], True),
+            "run sites": ([f"/api/runs/{r}/sites?limit=50" for r in run_ids], True),
+            "site": ([f"/api/sites/{k}" for k in keys], True),
+            "site history": ([f"/api/sites/{k}/history?limit=5000" for k in keys], True),
+            "runs page": (["/", f"/?offset={total // 2}"], True),
+            "run page": ([f"/runs/{r}" for r in run_ids], True),
+            "site page": ([f"/sites/{k}" for k in keys], True),
+            # The first requests anybody makes for these pages: a burst that renders each once with
+            # the pages kept, and every time without.
+            "run page, first asked": ([f"/runs/{r}" for r in unread_runs], False),
+            "site page, first asked": ([f"/sites/{k}" for k in unread_keys], False),
         }
-        results = asyncio.run(serve_bench._measure(server.url, endpoints, args.requests))
+        results = asyncio.run(_bursts(server.url, endpoints, args.requests, lambda: _cpu_s(server.process.pid)))
     copy.unlink(missing_ok=True)
     return read_ahead_s, {
-        name: (
-            serve_bench._percentile(lat, 0.5) * 1000,
-            serve_bench._percentile(lat, 0.95) * 1000,
-            failed,
-            len(lat) / wall,
-        )
-        for name, (lat, failed, wall) in results.items()
+        name: {
+            "p50": serve_bench._percentile(lat, 0.5) * 1000,
+            "p95": serve_bench._percentile(lat, 0.95) * 1000,
+            "failed": failed,
+            "rate": len(lat) / wall,
+            "cpu_ms": used * 1000 / len(lat),
+        }
+        for name, (lat, failed, wall, used) in results.items()
     }
+
+
+def _print_service(service: dict, label: str) -> None:
+    print(f"{'endpoint (' + label + ')':<34} {'p50 ms':>8} {'p95 ms':>8} {'req/s':>7} {'errors':>6} {'CPU ms/req':>10}")
+    for name, m in service.items():
+        print(f"{name:<34} {m['p50']:8.0f} {m['p95']:8.0f} {m['rate']:7.0f} {m['failed']:6d} {m['cpu_ms']:10.1f}")
 
 
 def main() -> None:
@@ -533,7 +591,7 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     db = args.work / "history.duckdb"
     stamp = args.work / "history.json"
-    key = {k: v for k, v in vars(args).items() if k not in ("work", "requests")} | {
+    key = {k: v for k, v in vars(args).items() if k not in ("work", "requests", "page_cache")} | {
         "schema": latest_version(),
         "bench": 4,  # bumped whenever the generation changes
     }
@@ -576,15 +634,32 @@ def main() -> None:
             f"anchor (DuckDB scanning its count rows) {anchor * 1000:.1f} ms; {read / anchor:.1f}x"
         )
     print(f"tbpipe serve: {args.requests} requests per endpoint, all at once, from one client on loopback")
-    read_ahead_s, service = measure_service(db, args, history["keys"])
-    print(f"(measured once the service had read ahead, {read_ahead_s:.1f} s after it started)")
-    print(f"{'endpoint':<16} {'p50 ms':>8} {'p95 ms':>8} {'req/s':>7} {'errors':>6}")
-    verdict = []
-    for name, (p50, p95, failed, rate) in service.items():
-        print(f"{name:<16} {p50:8.0f} {p95:8.0f} {rate:7.0f} {failed:6d}")
-        if name in TARGETED:
-            verdict.append(f"{name} {'OK' if p95 <= TARGETS['p95_ms'] and not failed else 'SLOW'} (p95 {p95:.0f} ms)")
-    print(f"targets (API, p95 <= {TARGETS['p95_ms']:g} ms): " + "; ".join(verdict) + "; pages are not kept per state")
+    modes = {"on": [True], "off": [False], "both": [True, False]}[args.page_cache]
+    measured = {}
+    for kept in modes:
+        label = "pages kept" if kept else "pages not kept"
+        print(f"{label}: load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+        read_ahead_s, measured[kept] = measure_service(db, args, history["keys"], kept)
+        print(f"(measured once the service had read ahead, {read_ahead_s:.1f} s after it started)")
+        _print_service(measured[kept], label)
+    if len(measured) == 2:
+        print(f"{'A/B, the same run':<34} {'p95 kept':>9} {'p95 not':>9} {'ratio':>6} {'CPU kept':>9} {'CPU not':>8}")
+        for name in measured[True]:
+            on, off = measured[True][name], measured[False][name]
+            print(
+                f"{name:<34} {on['p95']:9.0f} {off['p95']:9.0f} {off['p95'] / max(on['p95'], 1e-3):5.1f}x "
+                f"{on['cpu_ms']:9.1f} {off['cpu_ms']:8.1f}"
+            )
+    for kept, service in measured.items():
+        verdict = [
+            f"{name} {'OK' if service[name]['p95'] <= TARGETS['p95_ms'] and not service[name]['failed'] else 'SLOW'} "
+            f"(p95 {service[name]['p95']:.0f} ms)"
+            for name in TARGETED
+        ]
+        print(
+            f"targets, pages {'kept' if kept else 'not kept'} (p95 <= {TARGETS['p95_ms']:g} ms): API "
+            + "; ".join(verdict[:4]) + "; pages " + "; ".join(verdict[4:])
+        )  # fmt: skip
     print(f"load average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 

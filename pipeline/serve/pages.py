@@ -214,6 +214,25 @@ def history_chart(runs: list[dict[str, Any]]) -> str:
     )
 
 
+def history_rows(runs: list[dict[str, Any]]) -> str:
+    """The rows of a site's history table, newest run first. Made here rather than in the template:
+    a year of nightly ranks is hundreds of rows, which Jinja renders several times slower."""
+    escape = html.escape
+    rows = []
+    for entry in reversed(runs):
+        labels = sorted(entry["labels"].items(), key=lambda item: item[0].lower())  # Jinja's dictsort
+        pills = "".join(f'<span class="pill">{escape(k)}={escape(v)}</span> ' for k, v in labels)
+        names = ", ".join(f"{escape(name.split(':', 1)[1])} {count:,}" for name, count in entry["names"].items())
+        started = (entry["started_at"] or "")[:19].replace("T", " ")
+        rows.append(
+            f'<tr><td><a class="mono" href="/runs/{quote(entry["run_id"], safe="")}">{escape(entry["run_id"])}</a></td>'
+            f'<td class="mono">{escape(started)}</td><td>{pills}</td>'
+            f'<td class="mono">{escape(_where(entry["site_file"], entry["site_line"]))}</td>'
+            f'<td class="mono">{names}</td><td class="num">{entry["events"]:,}</td></tr>'
+        )
+    return "\n".join(rows)
+
+
 @router.get("/sites/{site_key}", response_class=HTMLResponse)
 def site_page(request: Request, site_key: str) -> HTMLResponse:
     frames_mode(request)
@@ -221,7 +240,10 @@ def site_page(request: Request, site_key: str) -> HTMLResponse:
     with database.read() as cursor:
         site = queries.site(cursor, site_key, 5, database.state_key())
     names = sorted({n for entry in site["runs"] for n in entry["names"]})
-    return render(request, "site.html.j2", site=site, chart=history_chart(site["runs"]), names=names)
+    return render(
+        request, "site.html.j2", site=site, chart=history_chart(site["runs"]), rows=history_rows(site["runs"]),
+        names=names,
+    )  # fmt: skip
 
 
 @router.get("/kernels/{name:path}", response_class=HTMLResponse)
