@@ -150,14 +150,18 @@ def test_an_ingest_between_two_requests_shows_the_new_run(server, tmp_path) -> N
 # ------------------------------------------------------------------------------------------ bounds
 
 
-def _pages(sizes: dict[str, int]):
-    """An ASGI app answering `/NAME` with as many bytes as `sizes` says; counts what it rendered."""
+def _pages(sizes: dict[str, int], no_store: tuple[str, ...] = ()):
+    """An ASGI app answering `/NAME` with as many bytes as `sizes` says (saying `Cache-Control:
+    no-store` for the names in `no_store`); counts what it rendered."""
     rendered: list[str] = []
 
     async def app(scope, receive, send) -> None:
         name = scope["path"].lstrip("/")
         rendered.append(name)
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/html")]})
+        headers = [(b"content-type", b"text/html")]
+        if name in no_store:
+            headers.append((b"Cache-Control", b"private, no-store"))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": b"x" * sizes[name]})
 
     return app, rendered
@@ -195,3 +199,12 @@ def test_what_is_kept_is_bounded_in_answers_and_bytes() -> None:
     assert _ask(cache, "/runs/a") == "miss"
     pages_off = ResponseCache(app, lambda: state, pages=False)
     assert [_ask(pages_off, "/runs/a") for _ in range(2)] == [None, None]  # passed by, not kept
+
+
+def test_an_answer_that_says_no_store_is_not_kept() -> None:
+    """The runs page says `no-store` while an ingest runs (it says so on the page): never kept."""
+    app, rendered = _pages({"": 10, "runs/a": 10}, no_store=("",))
+    cache = ResponseCache(app, lambda: ("db", 1))
+    assert [_ask(cache, "/") for _ in range(3)] == ["miss"] * 3
+    assert [_ask(cache, "/runs/a") for _ in range(2)] == ["miss", "hit"]
+    assert rendered == ["", "", "", "runs/a"]
