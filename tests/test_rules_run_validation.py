@@ -13,6 +13,7 @@ import pytest
 
 from tbpipe.pipeline import rawrun
 from tbpipe.pipeline.errors import UsageError
+from tbpipe.schemas import raw
 from tbpipe.schemas.format import TABLE_SINCE
 from tbpipe.schemas.raw import (
     FORMAT_NAME,
@@ -264,3 +265,71 @@ def test_a_part_whose_columns_differ_from_its_versions_schema_is_damage(tmp_path
         with pytest.raises(rawrun.DamagedRunError, match="columns do not match the 'events' schema: ") as raised:
             rawrun.check_part(path, "events")
         assert str(raised.value).endswith(problem)
+
+
+# ------------------------------------------------------------------------------------------ references
+
+
+def frames_table(native_stacks, python_stacks, events=None, modules=(0, 1), code=(2**63 + 1,)) -> dict:
+    """A run's tables as far as its references go: native frames (module, flags), Python frames (code id)."""
+    native = [[{"pc": 1, "module": m, "offset": 0, "flags": f} for m, f in s] for s in native_stacks]
+    python = [[{"code_id": c, "offset": 0, "line": 1, "flags": 0} for c in s] for s in python_stacks]
+    ids = list(range(1, len(native_stacks) + 1))
+    stacks = pa.table(
+        {
+            "stack_id": pa.array(ids, pa.uint64()),
+            "native": pa.array(native, pa.list_(raw.NATIVE_FRAME)),
+            "python": pa.array(python, pa.list_(raw.PYTHON_FRAME)),
+        }
+    )
+    tables = {
+        "stacks": stacks,
+        "modules": pa.table({"module_index": pa.array(modules, pa.int32())}),
+        "code": pa.table({"code_id": pa.array(code, pa.uint64())}),
+    }
+    if events is not None:
+        tables["events"] = pa.table({"stack_id": pa.array(events, pa.uint64())})
+    return tables
+
+
+def test_a_run_whose_rows_refer_to_nothing_it_holds_says_how_many_of_each() -> None:
+    marker = raw.NATIVE_FRAME_MARKER
+    tables = frames_table(
+        [[(0, 0), (5, 0), (5, 0), (-1, marker)], [(1, 0), (7, marker | 1), (-1, 0)]],
+        [[2**63 + 1, 2**63 + 2], [2**63 + 2, 2**63 + 3, 2**63 + 1]],
+        events=[1, 2, None, 3, 9, 9],
+    )
+    assert rawrun.reference_problems(tables) == [
+        "3 events refer to stacks the run does not hold",
+        "3 native frames refer to modules the run does not describe",
+        "3 Python frames refer to code objects the run does not describe",
+    ]
+
+
+def test_a_run_that_holds_all_it_refers_to_has_no_problem_whatever_its_markers() -> None:
+    tables = frames_table([[(0, 0), (-1, raw.NATIVE_FRAME_MARKER)], [(1, 0)]], [[2**63 + 1], []], events=[1, 2, None])
+    assert rawrun.reference_problems(tables) == []
+    assert rawrun.reference_problems(frames_table([[], []], [[], []], events=[None])) == []
+    # Events are checked only when loaded; stacks read without their native frames are not checked there.
+    unloaded = frames_table([[(9, 0)]], [[2**63 + 1]])
+    assert rawrun.reference_problems(unloaded) == ["1 native frames refer to modules the run does not describe"]
+    unloaded["stacks"] = unloaded["stacks"].drop(["native"])
+    assert rawrun.reference_problems(unloaded) == []
+
+
+def test_only_the_marker_flag_excuses_a_frame() -> None:
+    flags = [raw.NATIVE_FRAME_EVAL_LOOP, raw.NATIVE_FRAME_BY_FRAME_POINTER, raw.NATIVE_FRAME_EXACT_PC]
+    tables = frames_table([[(-1, f) for f in flags]], [[]])
+    assert rawrun.reference_problems(tables) == ["3 native frames refer to modules the run does not describe"]
+
+
+def test_an_older_part_gets_the_columns_added_since_as_nulls() -> None:
+    older = table_schema("stacks", 3)
+    current = table_schema("stacks", RAW_SCHEMA_VERSION)
+    assert older.names != current.names
+    part = older.empty_table()
+    grown = rawrun._in_current_columns(pa.concat_tables([part]), "stacks")
+    assert grown.schema.names == current.names
+    assert [grown.schema.field(n).type for n in current.names] == [current.field(n).type for n in current.names]
+    now = current.empty_table()
+    assert rawrun._in_current_columns(now, "stacks").schema.names == current.names
