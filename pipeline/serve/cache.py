@@ -37,7 +37,7 @@ PAGE_PREFIXES = ("/runs/", "/sites/", "/kernels/", "/jobs/")
 PAGE_CACHE_ENV = "TBPIPE_PAGE_CACHE"
 MAX_ANSWER_BYTES = 4 << 20
 MAX_TOTAL_BYTES = 64 << 20
-MAX_ENTRIES = 4096  # small answers (a 404 is not kept, but an empty page of runs is) count too
+MAX_ENTRIES = 4096  # besides the bytes: a crawl of many small answers is bounded too
 # Says whether an answer came from the cache ("hit") or was computed for it ("miss").
 CACHE_HEADER = b"x-tbpipe-cache"
 
