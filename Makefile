@@ -14,7 +14,7 @@ PIP_FLAGS ?= -q --disable-pip-version-check
 
 NATIVE_SOURCES := $(wildcard native/*.cpp native/*.h native/testing/*.cpp native/torch_observer/*.cpp) CMakeLists.txt pyproject.toml
 
-.PHONY: install run test lint format test-default test-matrix bench mutate clean
+.PHONY: install run test lint format test-default test-matrix bench mutate mutate-native clean
 
 # C/C++ sources under clang-format (test fixtures whose line numbers the oracles read stay as written).
 CLANG_FORMAT_SOURCES := $(wildcard native/*.cpp native/*.h native/testing/*.cpp native/torch_observer/*.cpp tests/cupti_double/*.c)
@@ -97,6 +97,15 @@ MUTATE_FLAGS ?=
 
 mutate: install
 	$(VENV)/bin/python tests/mutation/mutate.py --budget $(MUTATE_BUDGET) $(MUTATE_FLAGS) $(MUTATE_GROUPS)
+
+# The extension's rules (docs/testing.md): the hand-planted mutants of native/ listed in
+# tests/mutation/native_mutants.toml, each built into build/mutate/native and run against its tests,
+# within MUTATE_NATIVE_BUDGET minutes in all; MUTATE_NATIVE_MUTANTS picks mutants by name.
+MUTATE_NATIVE_BUDGET ?= 40
+MUTATE_NATIVE_MUTANTS ?=
+
+mutate-native: install
+	$(VENV)/bin/python tests/mutation/native.py --budget $(MUTATE_NATIVE_BUDGET) $(MUTATE_NATIVE_MUTANTS)
 
 bench: install
 	$(VENV)/bin/python bench/capture.py
