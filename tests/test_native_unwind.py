@@ -379,6 +379,21 @@ def test_recipes_agree_with_readelf_on_every_cfi_row(chain):
 
 
 @x86_64_only
+def test_an_fde_ends_before_its_end_address():
+    """An FDE covers [pc_begin, pc_end): where padding follows a function rather than the next
+    function's FDE, its last byte has the function's recipe and its end address none."""
+    native._refresh_modules()
+    libc = next(m for m in native._modules() if m["path"].endswith("/libc.so.6"))
+    listing = subprocess.run(["readelf", "-wf", libc["path"]], capture_output=True, text=True).stdout
+    ranges = [(int(lo, 16), int(hi, 16)) for lo, hi in re.findall(r" FDE .*pc=([0-9a-f]+)\.\.([0-9a-f]+)", listing)]
+    ends = [hi for _lo, hi in ranges[:400] if not any(lo <= hi < other_hi for lo, other_hi in ranges)]
+    assert len(ends) > 10
+    for end in ends:
+        assert native._recipe_for_pc(libc["load_bias"] + end - 1)["cfa_rule"] != "no-info", hex(end)
+        assert native._recipe_for_pc(libc["load_bias"] + end)["cfa_rule"] == "no-info", hex(end)
+
+
+@x86_64_only
 def test_damaged_cfi_is_refused_without_faulting(chain_o2):
     """The parser only reads inside the module's readable segments, whatever the
     bytes say: feed it a copy of real CFI with bytes flipped, words overwritten

@@ -441,9 +441,11 @@ def test_combined_order_refuses_lengths_outside_the_frames() -> None:
 
 def test_slot_columns_gathers_each_slot_and_refuses_rows_outside_the_columns() -> None:
     """Slots: a Python frame of code row 1 placed from code origins, a native frame at an exact PC,
-    a marker (its address the stop reason), a Python frame of no known code object."""
+    a marker (its address the stop reason, never an exact PC whatever its bits), a Python frame of
+    no known code object."""
     marker, exact, origin = raw.NATIVE_FRAME_MARKER, raw.NATIVE_FRAME_EXACT_PC, 1 << 16
-    native = (np.array([3, -1], np.int64), np.array([0x1234, 2], np.uint64), np.array([exact, marker], np.uint32))
+    native_flags = np.array([exact, marker | exact], np.uint32)
+    native = (np.array([3, -1], np.int64), np.array([0x1234, 2], np.uint64), native_flags)
     python = (np.array([1, -1], np.int64), np.array([10, 20], np.int32), np.array([origin, 0], np.uint32))
     first_lines = np.array([5, 7], np.int32)
     kinds = (layout.PYTHON, layout.NATIVE, layout.MARKER)
@@ -478,6 +480,7 @@ def test_slot_columns_gathers_each_slot_and_refuses_rows_outside_the_columns() -
     for source, is_python, refs, problem in (
         ([2], [0], python[0], "native frame is outside"),
         ([-1], [1], python[0], "Python frame is outside"),
+        ([2], [1], python[0], "Python frame is outside"),  # one past the last
         ([0], [1], np.array([2, -1], np.int64), "code row is outside"),
         ([0, 1], [1], python[0], "one each per slot"),
     ):
