@@ -1,7 +1,7 @@
 """`make mutate-native`: hand-planted mutants of the extension's rules (combined order, inline rows,
 stack identity, drain layout, the unwinder's bounds), each built and run against its tests.
 
-No C++ mutation tool installs here (Debian packages neither mull nor dextool), so the mutants are
+No C++ mutation tool fits (Debian packages neither mull nor dextool), so the mutants are
 written out in tests/mutation/native_mutants.toml: a file under native/, a text that must occur in it
 exactly once, its replacement, the rule it breaks and the tests expected to kill it.
 
@@ -240,7 +240,8 @@ def baseline(mutants: list[Mutant], build: Path, overlay: Path) -> dict[tuple[st
 
 
 def table(mutants: list[Mutant], outcomes: dict[str, Outcome]) -> str:
-    rows = ["| mutant | file | rule it breaks | result | killed by | CPU s |", "|---|---|---|---|---|---|"]
+    header = "| mutant | file | rule it breaks | result | killed by | CPU s (build and tests) |"
+    rows = [header, "|---|---|---|---|---|---|"]
     for m in mutants:
         o = outcomes[m.name]
         why = f" ({m.equivalent})" if o.result == EQUIVALENT else ""
