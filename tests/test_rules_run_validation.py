@@ -177,7 +177,15 @@ def test_a_missing_manifest_names_the_first_four_parts_left(tmp_path) -> None:
         rawrun.read_manifest(tmp_path)
     assert f"{tmp_path / MANIFEST_FILE}: manifest is missing, 5 Parquet parts are there (" in str(raised.value)
     assert "events-000004.parquet, ...); `tbpipe ingest --recover-manifests`" in str(raised.value)
-    for sequence in range(2, 6):
+    parts = ", ".join(f"events-{sequence:06d}.parquet" for sequence in range(1, 5))
+    assert str(raised.value) == (
+        f"{tmp_path / MANIFEST_FILE}: manifest is missing, 5 Parquet parts are there ({parts}, ...); "
+        "`tbpipe ingest --recover-manifests` loads what they hold as an incomplete run without labels"
+    )
+    (tmp_path / "events-000005.parquet").unlink()  # four: all named, no "..."
+    with pytest.raises(rawrun.MissingManifestError, match=rf"4 Parquet parts are there \({parts}\); "):
+        rawrun.read_manifest(tmp_path)
+    for sequence in range(2, 5):
         (tmp_path / f"events-{sequence:06d}.parquet").unlink()
     with pytest.raises(rawrun.MissingManifestError, match=r"1 Parquet parts are there \(events-000001.parquet\)"):
         rawrun.read_manifest(tmp_path)
@@ -199,6 +207,13 @@ def test_run_folders_are_those_with_a_manifest_or_a_tables_parts_and_nothing_bel
     (other / "events-1.parquet").write_bytes(b"")
     os.symlink(tmp_path, tmp_path / "deep" / "loop")  # a link back up the tree is walked once
     assert rawrun.find_run_dirs([tmp_path]) == [with_manifest, parts_only]
+
+
+def test_a_symlinked_run_folder_is_found_by_its_link(tmp_path) -> None:
+    run = manifest_at(tmp_path, GOOD, "elsewhere")
+    (tmp_path / "runs").mkdir()
+    os.symlink(run, tmp_path / "runs" / "linked")
+    assert rawrun.find_run_dirs([tmp_path / "runs"]) == [tmp_path / "runs" / "linked"]
 
 
 def test_a_root_that_is_missing_or_a_file_is_a_usage_error(tmp_path) -> None:
@@ -225,6 +240,10 @@ def part(
 def test_a_part_of_every_readable_version_of_its_table_is_checked_by_its_footer(tmp_path) -> None:
     for version in range(max(OLDEST_READABLE_RAW_SCHEMA_VERSION, TABLE_SINCE["code_origins"]), RAW_SCHEMA_VERSION + 1):
         assert rawrun.check_part(part(tmp_path, "code_origins", version), "code_origins") == 0
+    # Each part against its own version's columns: events and stacks gained columns since.
+    for table in ("events", "stacks"):
+        for version in range(OLDEST_READABLE_RAW_SCHEMA_VERSION, RAW_SCHEMA_VERSION + 1):
+            assert rawrun.check_part(part(tmp_path, table, version), table) == 0
 
 
 @pytest.mark.parametrize(
@@ -265,6 +284,7 @@ def test_a_part_whose_columns_differ_from_its_versions_schema_is_damage(tmp_path
         with pytest.raises(rawrun.DamagedRunError, match="columns do not match the 'events' schema: ") as raised:
             rawrun.check_part(path, "events")
         assert str(raised.value).endswith(problem)
+        assert str(raised.value).startswith(f"{path}: ")
 
 
 # ------------------------------------------------------------------------------------------ references
@@ -317,10 +337,19 @@ def test_a_run_that_holds_all_it_refers_to_has_no_problem_whatever_its_markers()
     assert rawrun.reference_problems(unloaded) == []
 
 
+def test_events_none_of_whose_stacks_the_run_holds_are_all_counted() -> None:
+    tables = frames_table([[(0, 0)]], [[]], events=[7, 7, None])
+    assert rawrun.reference_problems(tables) == ["2 events refer to stacks the run does not hold"]
+
+
 def test_only_the_marker_flag_excuses_a_frame() -> None:
     flags = [raw.NATIVE_FRAME_EVAL_LOOP, raw.NATIVE_FRAME_BY_FRAME_POINTER, raw.NATIVE_FRAME_EXACT_PC]
     tables = frames_table([[(-1, f) for f in flags]], [[]])
     assert rawrun.reference_problems(tables) == ["3 native frames refer to modules the run does not describe"]
+    # No flag excuses a Python frame.
+    python = [[{"code_id": 5, "offset": 0, "line": 1, "flags": f} for f in (0, 1, 2, 3, 128)]]
+    tables["stacks"] = tables["stacks"].set_column(2, "python", pa.array(python, pa.list_(raw.PYTHON_FRAME)))
+    assert rawrun.reference_problems(tables)[-1] == "5 Python frames refer to code objects the run does not describe"
 
 
 def test_an_older_part_gets_the_columns_added_since_as_nulls() -> None:
@@ -333,3 +362,32 @@ def test_an_older_part_gets_the_columns_added_since_as_nulls() -> None:
     assert [grown.schema.field(n).type for n in current.names] == [current.field(n).type for n in current.names]
     now = current.empty_table()
     assert rawrun._in_current_columns(now, "stacks").schema.names == current.names
+
+
+def test_a_manifest_that_cannot_be_read_or_parsed_or_has_a_bad_run_id_is_named(tmp_path) -> None:
+    folder = tmp_path / "dir"
+    (folder / MANIFEST_FILE).mkdir(parents=True)  # there, but not a file
+    with pytest.raises(rawrun.DamagedRunError) as raised:
+        rawrun.read_manifest(folder)
+    assert str(raised.value) == f"{folder / MANIFEST_FILE}: manifest unreadable: Is a directory"
+    broken = manifest_at(tmp_path, GOOD, "broken")
+    (broken / MANIFEST_FILE).write_text("{")
+    with pytest.raises(rawrun.DamagedRunError) as raised:
+        rawrun.read_manifest(broken)
+    assert str(raised.value).startswith(f"{broken / MANIFEST_FILE}: manifest is not JSON: ")
+    for name, run_id, said in (
+        ("none", None, "manifest has no run_id"),
+        ("long", "!" * 100, f"manifest has a malformed run_id {'!' * 80!r}"),
+    ):
+        run_dir = manifest_at(tmp_path, {**GOOD, "run_id": run_id}, name)
+        with pytest.raises(rawrun.DamagedRunError) as raised:
+            rawrun.read_manifest(run_dir)
+        assert str(raised.value) == f"{run_dir / MANIFEST_FILE}: {said}"
+
+
+def test_a_counters_garbage_is_cut_at_three_hundred_characters(tmp_path) -> None:
+    run_dir = manifest_at(tmp_path, {**GOOD, "counters": {"events": "z" * 400}})
+    with pytest.raises(rawrun.DamagedRunError) as raised:
+        rawrun.read_manifest(run_dir)
+    problem = f"manifest counter 'events' is {'z' * 400!r}, not a number"[:300]
+    assert str(raised.value) == f"{run_dir / MANIFEST_FILE}: {problem}"

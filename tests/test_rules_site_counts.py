@@ -6,6 +6,7 @@ stacks' rows read for a batch, and the distinct ids of a batch's stacks."""
 
 from __future__ import annotations
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -131,6 +132,9 @@ def test_a_batch_reads_the_stored_stacks_rows_it_uses_then_its_own(db) -> None:
     ]
     assert site_counts.sites_for_counting(db, np.array([2], dtype=np.int64), None)["stack_id"].to_pylist() == [2]
     assert len(rows["stack_id"].chunks) == 1
+    # The batch's ids are not left registered.
+    with pytest.raises(duckdb.CatalogException):
+        db.con.execute("SELECT * FROM ingest_stored_stacks")
 
 
 @settings(max_examples=200, deadline=None, database=None)
@@ -150,3 +154,52 @@ def test_distinct_ids_at_the_edge_of_the_dense_range() -> None:
     for high in (span, span + 1):
         assert site_counts._distinct_ids(np.array([0, high], dtype=np.int64)).tolist() == [0, high]
     assert site_counts._distinct_ids(np.array([7], dtype=np.int64)).tolist() == [7]
+
+
+def counted_rows(counted: pa.Table) -> list[tuple]:
+    return [tuple(row[c] for c in COLUMNS) for row in counted.to_pylist()]
+
+
+def test_the_fast_paths_rows_are_typed_as_the_table(db) -> None:
+    counted = site_counts.site_counts_of(*tables())
+    stored_types = dict(
+        db.con.execute(
+            "SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = 'site_counts'"
+        ).fetchall()
+    )
+    arrow_names = {pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.string(): "VARCHAR", pa.bool_(): "BOOLEAN"}
+    assert {f.name: arrow_names[f.type] for f in counted.schema} == {c: stored_types[c] for c in COLUMNS}
+
+
+@pytest.mark.parametrize(
+    ("sites", "counts"),
+    [
+        ({}, [(1, 1, 1, 3), (1, 1, None, 2)]),  # no stack has a row
+        ({5: (7, "a.py", 1, True)}, [(1, 1, 5, 3), (1, 1, 9, 2), (1, 1, 1, 4)]),  # one row, stacks on both sides
+        # Stack id 0, site id 0 (ordered first, not as no site), ids a float would not tell apart.
+        (
+            {0: (0, "z.py", 1, False), 1: (2**60, "a.py", 1, True), 2: (2**60 + 1, "b.py", 2, False)},
+            [(1, 1, 0, 1), (1, 1, 1, 2), (1, 1, 2, 3), (1, 1, None, 4)],
+        ),
+    ],
+)
+def test_the_fast_path_is_the_reference_at_the_edges(db, sites, counts) -> None:
+    ids = sorted(sites)
+    stack_sites = pa.table(
+        {
+            "stack_id": pa.array(ids, pa.int64()),
+            **{
+                name: pa.array([sites[i][k] for i in ids], site_counts.COUNTED_SITE_COLUMNS[name])
+                for k, name in enumerate(("site_id", "site_file", "site_line", "site_is_user"))
+            },
+        }
+    )
+    kinds = (pa.int32(), pa.int32(), pa.int64(), pa.int64())
+    names = ("run_number", "name_id", "stack_id", "events")
+    event_counts = pa.table({name: pa.array([r[k] for r in counts], kinds[k]) for k, name in enumerate(names)})
+    db.con.execute("DELETE FROM stack_sites; DELETE FROM event_counts")
+    db.insert("INSERT INTO stack_sites BY NAME SELECT * FROM {}", stack_sites)
+    db.insert("INSERT INTO event_counts BY NAME SELECT * FROM {}", event_counts)
+    site_counts.count_sites(db, None)
+    fast = counted_rows(site_counts.site_counts_of(event_counts, stack_sites))
+    assert fast == query_rows(db.con, f"SELECT {', '.join(COLUMNS)} FROM site_counts ORDER BY site_id NULLS LAST")

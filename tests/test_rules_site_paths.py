@@ -96,3 +96,13 @@ def test_generated_code_folders_are_absolute_end_in_a_slash_and_the_first_manife
         "/tmp/inductor/": ("inductor", "r1"),
         "/tmp/triton/": ("triton", "r2"),
     }
+
+
+def test_a_site_packages_folder_at_the_root_names_its_files_too() -> None:
+    assert siting.portable_file("/site-packages/torch/nn.py", []) == ("torch/nn.py", "/site-packages")
+    assert siting.portable_file("/dist-packages/np.py", []) == ("np.py", "/dist-packages")
+
+
+def test_a_generated_folder_keeps_every_character_but_its_trailing_slashes() -> None:
+    manifests = [{"run_id": "r", "generated_code": {"a": "/X", "b": "/cache/XX//", "c": "///"}}]
+    assert siting.generated_code_rows(manifests) == {"/X/": ("a", "r"), "/cache/XX/": ("b", "r")}
