@@ -47,7 +47,7 @@ def test_a_compile_event_carries_the_metrics_dynamo_gives(state, tmp_path) -> No
         "co_firstlineno": 10,
         "graph_op_count": 7,
         "num_graph_breaks": 2,
-        "fail_type": None,
+        "fail_type": "Unsupported",
         "fail_reason": "",
         "recompile_reason": "size of x changed",
     }
@@ -59,6 +59,7 @@ def test_a_compile_event_carries_the_metrics_dynamo_gives(state, tmp_path) -> No
         "first_line": 10,
         "ops": 7,
         "graph_breaks": 2,
+        "fail_type": "Unsupported",
         "fail_reason": "",
     }
     assert events == [
@@ -87,6 +88,9 @@ def test_a_backward_compile_is_named_after_its_forward_and_has_no_recompile(stat
         ("compile", "<unknown frame> (backward)", {"compile_id": "9/None"}),
     ]
     assert state.compiles[(None, 3, 1)].function == "forward"
+    # Compiled autograd's graphs are compiles of their own.
+    recorded(tmp_path / "again", lambda: tc._compiled({"compiled_autograd_id": 5, **META}, {"co_name": "g"}, False))
+    assert state.compiles[(5, 3, 1)].function == "g" and state.compiles[(None, 3, 1)].function == "forward"
 
 
 def test_a_recompile_without_a_file_says_its_reason_and_id(state, tmp_path) -> None:
@@ -118,6 +122,25 @@ def test_a_graph_break_is_carried_to_the_traced_frames_by_a_line_of_its_own(stat
     other = BREAK.replace("line 40", "line 41")
     recorded(tmp_path / "again", lambda: tc._graph_break(META, other))
     assert [row["line_lo"] for row in state.rows] == [2, 3]
+    # The events' stacks run the carrier's line that the row names.
+    assert carrier_lines(tmp_path) == [2, 2] and carrier_lines(tmp_path / "again") == [3]
+
+
+def carrier_lines(tmp_path) -> list[int]:
+    """The lines of the carrier frames in the stacks of a session's events."""
+    code = pq.read_table(next((tmp_path / "runs").rglob("code-*.parquet"))).to_pylist()
+    carriers = {row["code_id"] for row in code if row["filename"] == tc.EVENT_CARRIER_FILE}
+    stacks = {
+        row["stack_id"]: row for row in pq.read_table(next((tmp_path / "runs").rglob("stacks-*.parquet"))).to_pylist()
+    }
+    events = pq.read_table(next((tmp_path / "runs").rglob("events-*.parquet"))).to_pylist()
+    return [
+        frame["line"]
+        for event in events
+        if event["kind"] == "graph_break"
+        for frame in stacks[event["stack_id"]]["python"]
+        if frame["code_id"] in carriers
+    ]
 
 
 def test_a_graph_break_without_frames_is_carried_to_its_line_or_recorded_where_it_happened(state, tmp_path) -> None:
@@ -144,25 +167,32 @@ def test_a_graph_break_without_frames_is_carried_to_its_line_or_recorded_where_i
 
 
 def test_frames_on_the_stack_now_are_not_the_traced_ones(state, tmp_path) -> None:
-    here = sys._getframe()
-
-    def payload() -> str:  # this test's frame at the line running now, then a traced frame
+    def payload(*on_stack) -> str:  # frames running now (outermost first), then two traced frames
+        now = "".join(
+            f'  File "{f.f_code.co_filename}", line {f.f_lineno}, in {f.f_code.co_name}\n    x\n' for f in on_stack
+        )
         return (
-            "Graph Break Reason: r\n\n\nUser code traceback:\n"
-            f'  File "{here.f_code.co_filename}", line {here.f_lineno}, in {here.f_code.co_name}\n'
-            "    x\n"
-            '  File "/app/model.py", line 12, in forward\n'
-            "    print(x)\n"
+            "Graph Break Reason: first line\n  second line\n\n\nUser code traceback:\n"
+            + now
+            + '  File "/app/model.py", line 12, in forward\n    inner(x)\n'
+            + '  File "/app/model.py", line 20, in inner\n    print(x)\n'
         )
 
-    recorded(tmp_path, lambda: tc._graph_break(META, payload()))
-    assert [(f["filename"], f["line"]) for f in state.rows[0]["origin"]] == [("/app/model.py", 12)]
+    def caller(outer) -> None:  # the frame that calls in, and the test's frame further out
+        tc._graph_break(META, payload(outer, sys._getframe()))
+
+    events = recorded(tmp_path, lambda: caller(sys._getframe(1)))
+    assert [(f["filename"], f["line"]) for f in state.rows[0]["origin"]] == [
+        ("/app/model.py", 20),
+        ("/app/model.py", 12),
+    ]
+    assert [(kind, name) for kind, name, _attrs in events] == [("graph_break", "first line")]
 
 
 def test_the_compile_callbacks_time_the_compiles_that_have_no_metrics_of_their_own(
     state, tmp_path, monkeypatch
 ) -> None:
-    clock = iter([10.0, 10.25, 20.0, 21.0, 30.0, 30.5])
+    clock = iter([10.0, 10.12345678, 20.0, 21.0, 30.0, 30.5])
     monkeypatch.setattr(tc.time, "perf_counter", lambda: next(clock))
 
     def args(trigger: str, compile_id) -> types.SimpleNamespace:
@@ -178,8 +208,25 @@ def test_the_compile_callbacks_time_the_compiles_that_have_no_metrics_of_their_o
         lambda: tc._on_compile_end(args("LAZY_BACKWARD", 6)),
         lambda: tc._on_compile_end(args("COMPILED_AUTOGRAD", 7)),  # no start seen
     )
-    assert events == [("compile", "compiled autograd", {"seconds": 0.25, "compile_id": "4"})]
-    assert tc.counters()["compile_callbacks"] == 7 and state.started == {}
+    assert events == [("compile", "compiled autograd", {"seconds": 0.123457, "compile_id": "4"})]
+    assert tc.counters()["compile_callbacks"] == 7 and state.started == {} and tc.notes() == []
+
+
+def test_a_callback_trigger_without_a_name_or_arguments_without_an_id_are_still_timed(state, tmp_path) -> None:
+    bare = types.SimpleNamespace()
+    named_by_text = types.SimpleNamespace(callback_trigger="COMPILED_AUTOGRAD", compile_id=2)
+    events = recorded(
+        tmp_path,
+        lambda: tc._on_compile_start(bare),
+        lambda: tc._on_compile_end(bare),
+        lambda: tc._on_compile_start(named_by_text),
+        lambda: tc._on_compile_end(named_by_text),
+    )
+    assert [(kind, name, attrs["compile_id"]) for kind, name, attrs in events] == [
+        ("compile", "none", "None"),
+        ("compile", "compiled autograd", "2"),
+    ]
+    assert tc.notes() == []
 
 
 def record(metadata: dict, payload=None) -> logging.LogRecord:
@@ -194,7 +241,7 @@ def test_trace_records_are_read_by_their_kind(state, tmp_path) -> None:
     events = recorded(
         tmp_path,
         lambda: handler.emit(record({"artifact": {"name": "dynamo_graph_break_reason"}, **META}, BREAK)),
-        lambda: handler.emit(record({"artifact": {"name": "other"}}, BREAK)),
+        lambda: handler.emit(record({"artifact": {"name": "other"}}, BREAK.replace("print", "input"))),
         lambda: handler.emit(record({"dynamo_output_graph": {}, **META}, graph)),
         lambda: handler.emit(record({"inductor_output_code": {"filename": "/tmp/w.py"}, **META})),
         lambda: handler.emit(record({"compilation_metrics": {"co_name": "f"}, **META})),
@@ -219,3 +266,23 @@ def test_a_record_not_understood_is_said_once_and_never_raised(state, capsys) ->
     handler.emit(record({"dynamo_output_graph": {}}, None))
     handler.emit(record({"inductor_output_code": "no dict"}))
     assert state.traced == {} and state.wrapper_compiles == {}
+    # Records without metadata or without a payload are passed over quietly.
+    handler.emit(logging.LogRecord("torch.__trace", logging.DEBUG, __file__, 1, "", None, None))
+    for metadata in ({"artifact": {"name": "dynamo_graph_break_reason"}}, {"dynamo_output_graph": {}}):
+        entry = record(metadata)
+        del entry.payload
+        handler.emit(entry)
+    assert len(tc.notes()) == 1 and state.traced == {} and state.calls["trace_records"] == 6
+
+
+class _BrokenTrigger:
+    @property
+    def name(self) -> str:
+        raise ValueError("no name")
+
+
+def test_a_compile_end_callback_that_fails_is_said_once_and_never_raised(state) -> None:
+    broken = types.SimpleNamespace(callback_trigger=_BrokenTrigger(), compile_id=1)
+    tc._on_compile_start(broken)
+    tc._on_compile_end(broken)
+    assert tc.notes() == ["torch.compile: compile-end callback failed (ValueError: no name)"]

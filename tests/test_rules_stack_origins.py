@@ -231,3 +231,8 @@ def test_splice_origins_is_its_definition(stacks, rows) -> None:
     assert python == expected
     if any(len(s) != len(e) for s, e in zip(stacks, expected)):
         assert out["code"]["code_id"].to_pylist()[2:] == list(ids.values())
+
+
+def test_interpreter_frames_right_outside_the_innermost_python_frame_fold_in_program_mode() -> None:
+    classes = [focus.PY, focus.INTERPRETER, focus.NATIVE, focus.PY]
+    assert focus.focus_reference(classes, "program") == focus.Focus([0, 2, 3], 0)
