@@ -46,31 +46,95 @@ def _args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def tree_cpu_seconds() -> float:
-    """CPU seconds of this process and every live descendant, plus what finished children left
-    in their parents' counters."""
-    children: dict[int, list[int]] = {}
-    stats: dict[int, list[str]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+class TreeCpu:
+    """CPU seconds of this process and every process it ever had below it, exited ones included.
+
+    A process's time moves into its parent's cutime/cstime when the parent waits for it, but not
+    when the parent ignores SIGCHLD: PySpark's daemon does, so the CPU of an executor's Python
+    worker that exits (idle for a minute, or stopped with its executor) would vanish from the tree
+    and a later reading would be lower than an earlier one. The tree is therefore sampled every
+    `interval` seconds (and at each reading): each process seen once stays tracked (also when it
+    is re-parented), and one that has gone is credited with its last-seen time when nothing
+    counts it any more (its parent ignored SIGCHLD, or it was re-parented out of the tree).
+    Readings never decrease; the sampling thread's own CPU is not counted."""
+
+    def __init__(self, interval: float = 0.1):
+        import threading
+
+        self.interval = interval
+        self.root = os.getpid()
+        # (pid, start time) -> (CPU ticks with its children's, whether they are lost when it exits)
+        self.seen: dict[tuple[int, str], tuple[int, bool]] = {}
+        self.gone = 0  # ticks of exited processes that nothing else counts
+        self.sampler = 0.0  # CPU seconds of the sampling thread
+        self.last = 0.0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.read()
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.interval):
+            started = time.thread_time()
+            self._sample()
+            self.sampler += time.thread_time() - started
+
+    def _sample(self) -> float:
+        with self.lock:
+            stats: dict[int, list[str]] = {}
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    try:
+                        text = Path(f"/proc/{entry}/stat").read_text()
+                    except OSError:
+                        continue
+                    stats[int(entry)] = text[text.rindex(")") + 2 :].split()
+            # Fields after pid and comm: ppid 1, utime..cstime 11-14, starttime 19.
+            tracked = {pid for pid, _start in self.seen}
+            live: dict[tuple[int, str], tuple[int, int]] = {}  # (pid, start) -> (parent, ticks)
+            todo = [pid for pid in stats if pid == self.root or pid in tracked]
+            children: dict[int, list[int]] = {}
+            for pid, fields in stats.items():
+                children.setdefault(int(fields[1]), []).append(pid)
+            while todo:
+                pid = todo.pop()
+                fields = stats[pid]
+                key = (pid, fields[19])
+                if key not in live:
+                    own = int(fields[11]) + int(fields[12])
+                    live[key] = (int(fields[1]), own + int(fields[13]) + int(fields[14]))
+                    todo.extend(children.get(pid, []))
+            pids = {pid for pid, _start in live}
+            for key, (_total, lost) in self.seen.items():
+                if key not in live and lost:
+                    self.gone += _total
+            self.seen = {key: (total, self._exit_uncounted(parent, pids)) for key, (parent, total) in live.items()}
+            ticks = sum(total for total, _lost in self.seen.values()) + self.gone
+            # A child reaped between the reads of its own and its parent's stat is missed once.
+            self.last = max(self.last, ticks / _TICKS - self.sampler)
+            return self.last
+
+    def _exit_uncounted(self, parent: int, tree: set[int]) -> bool:
+        """Whether a child of `parent` leaves no trace in the tree when it exits: `parent` ignores
+        SIGCHLD (the kernel reaps such children without adding their time to the parent's), or it
+        is not in the tree (a process re-parented to init)."""
+        if parent not in tree:
+            return parent != os.getppid()  # the root's own parent (the root never exits here)
         try:
-            text = Path(f"/proc/{entry}/stat").read_text()
+            status = Path(f"/proc/{parent}/status").read_text()
         except OSError:
-            continue
-        fields = text[text.rindex(")") + 2 :].split()
-        pid = int(entry)
-        stats[pid] = fields
-        children.setdefault(int(fields[1]), []).append(pid)
-    total, todo = 0, [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        fields = stats.get(pid)
-        if fields:
-            # utime, stime, cutime, cstime: fields 14-17 of stat (11-14 after pid, comm, state).
-            total += sum(int(v) for v in fields[11:15])
-        todo.extend(children.get(pid, []))
-    return total / _TICKS
+            return True
+        ignored = int(status.split("SigIgn:")[1].split()[0], 16)
+        return bool(ignored & (1 << 16))  # SIGCHLD is signal 17
+
+    def read(self) -> float:
+        """CPU seconds so far (since this process started)."""
+        return self._sample()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
 
 
 def _bench_ingest():
@@ -104,6 +168,7 @@ def _call_sites_differences(lake_con, db: Path) -> str:
 
 def main() -> None:
     args = _args()
+    cpu_clock = TreeCpu()
     args.cache_dir = None
     args.no_written_hashes = False  # the runs as today's capture writes them (bench/ingest.py's default)
     info = _bench_ingest()._generate(args)
@@ -118,9 +183,9 @@ def main() -> None:
         cache = args.work / "scale-symbols-duckdb"
         for path in (db, Path(str(db) + ".wal"), cache):
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-        cpu, wall = tree_cpu_seconds(), time.perf_counter()
+        cpu, wall = cpu_clock.read(), time.perf_counter()
         summary = ingest_runs([runs_dir], IngestOptions(db_path=db, cache_dir=cache, progress=False))
-        wall, cpu = time.perf_counter() - wall, tree_cpu_seconds() - cpu
+        wall, cpu = time.perf_counter() - wall, cpu_clock.read() - cpu
         print(
             f"duckdb ingest: {summary.ingested} runs, {summary.events:,} events, {summary.new_stacks:,} stacks "
             f"in {wall:.1f} s wall, {cpu:.1f} s CPU ({events / wall:,.0f} events/s; {events / cpu:,.0f} events/s per core)"
@@ -133,7 +198,7 @@ def main() -> None:
     cache = args.work / "scale-symbols-spark"
     shutil.rmtree(lake, ignore_errors=True)
     shutil.rmtree(cache, ignore_errors=True)
-    cpu0, wall0 = tree_cpu_seconds(), time.perf_counter()
+    cpu0, wall0 = cpu_clock.read(), time.perf_counter()
     conf = {"spark.driver.memory": args.driver_memory}
     cluster = None
     if args.master == "standalone":
@@ -144,13 +209,13 @@ def main() -> None:
         conf.update(cluster.driver_conf(quick=False, executor_memory="5g"))
     spark = spark_session(args.master, conf)
     print(
-        f"spark session ({args.master}): {time.perf_counter() - wall0:.1f} s wall, {tree_cpu_seconds() - cpu0:.1f} s CPU"
+        f"spark session ({args.master}): {time.perf_counter() - wall0:.1f} s wall, {cpu_clock.read() - cpu0:.1f} s CPU"
     )
     steps: dict[str, list[float]] = {}
     marks: dict[str, tuple[float, float]] = {}
 
     def on_step(name: str, starting: bool) -> None:
-        now = (time.perf_counter(), tree_cpu_seconds())
+        now = (time.perf_counter(), cpu_clock.read())
         if starting:
             marks[name] = now
         else:
@@ -160,15 +225,19 @@ def main() -> None:
             steps[name][1] += cpu
 
     options = SparkIngestOptions(lake=lake, cache_dir=cache, on_step=on_step)
-    cpu, wall = tree_cpu_seconds(), time.perf_counter()
+    cpu, wall = cpu_clock.read(), time.perf_counter()
     summary = ingest_runs_spark([runs_dir], options, spark=spark)
-    wall, cpu = time.perf_counter() - wall, tree_cpu_seconds() - cpu
+    wall, cpu = time.perf_counter() - wall, cpu_clock.read() - cpu
     print(
         f"spark ingest: {summary.ingested} runs, {summary.events:,} events, {summary.new_stacks:,} stacks "
         f"in {wall:.1f} s wall, {cpu:.1f} s CPU ({events / wall:,.0f} events/s; {events / cpu:,.0f} events/s per core)"
     )
     for name, (step_wall, step_cpu) in steps.items():
         print(f"  {name:40s} {step_wall:7.1f} s wall {step_cpu:7.1f} s CPU")
+    # The driver's work between steps (the runs' listing, the dangling-events check, ...): the
+    # lines above and this one add up to the job's CPU.
+    outside = (wall - sum(v[0] for v in steps.values()), cpu - sum(v[1] for v in steps.values()))
+    print(f"  {'(between the steps)':40s} {outside[0]:7.1f} s wall {outside[1]:7.1f} s CPU")
 
     from tbpipe.pipeline.lake import store
 
@@ -213,6 +282,7 @@ def main() -> None:
     spark.stop()
     if cluster is not None:
         cluster.stop()
+    cpu_clock.close()
 
 
 if __name__ == "__main__":

@@ -73,6 +73,7 @@ DEFAULT_COMPACT_FILES = 32  # an unpartitioned table with more files than this i
 # Raw stacks (run, raw id -> stack id) re-keyed by one broadcast join at most: runs beyond go in another pass.
 DEFAULT_BROADCAST_STACKS = 4_000_000
 BROADCAST_CONF = "spark.tbpipe.broadcastStacks"  # --conf that sets it
+SHUFFLE_CONF = "spark.sql.shuffle.partitions"
 # The raw events as Spark reads them (parts of raw schema 1 and 2 have no correlation_id, parts before 5
 # no op_* columns: read as null).
 RAW_EVENTS = (
@@ -123,6 +124,11 @@ JOB_CONF = {
     "spark.sql.parquet.compression.codec": "zstd",
     "spark.sql.sources.partitionOverwriteMode": "dynamic",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Run-partitioned writes (events, their counts, site counts) without sorting every row by run
+    # first: a task's rows belong to one run or a few, each given a writer of its own (a task with
+    # more runs than this sorts the rest, as before).
+    "spark.sql.optimizer.plannedWrite.enabled": "false",
+    "spark.sql.maxConcurrentOutputFiles": "16",
 }
 
 
@@ -508,10 +514,9 @@ class _Job:
         )
         names = prepared.where(F.col("part") == "name").select("name.*")
         # The raw stack id is a uint64 (a DECIMAL(20, 0) to Spark): its bits as a signed long.
-        signed = F.expr(
-            "CAST(CASE WHEN stack_id >= 9223372036854775808BD THEN stack_id - 18446744073709551616BD "
-            "ELSE stack_id END AS BIGINT)"
-        )
+        # (v - 2**63 fits a BIGINT; flipping its top bit adds 2**63 back modulo 2**64: one decimal
+        # subtraction per event, no comparison.)
+        signed = F.expr("CAST(stack_id - 9223372036854775808BD AS BIGINT) ^ -9223372036854775808L")
         for batch in _broadcast_batches(ready_runs, self.options.broadcast_stacks):
             events = self._raw_events(batch)
             if events is None:
@@ -829,6 +834,10 @@ def ingest_runs_spark(roots: Sequence[Path], options: SparkIngestOptions, *, spa
     for key, value in JOB_CONF.items():
         if key not in options.conf:
             spark.conf.set(key, value)
+    if SHUFFLE_CONF not in options.conf and not spark.sparkContext.getConf().contains(SHUFFLE_CONF):
+        # The job's shuffles carry counts and stacks, not events: a few partitions per core (Spark's
+        # default of 200 splits every map task's output 200 ways, whatever the cluster's size).
+        spark.conf.set(SHUFFLE_CONF, str(max(4, 2 * spark.sparkContext.defaultParallelism)))
     settings = {key: options.conf.get(key) or spark.conf.get(key, None) for key in _JOB_SETTINGS}
     if settings[SHARD_CONF]:
         options.shard_addresses = int(settings[SHARD_CONF])
