@@ -7,23 +7,25 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tbpipe import capture
-from tbpipe.pipeline.db import IngestOptions, ingest_runs, open_database
-from tbpipe.pipeline.db.connection import query_rows
-from tbpipe.pipeline.export import ExportFilter, ExportFormat, export
-from tbpipe.pipeline.export.collapsed import escape_frame, unescape_frame
+from tbpipe.pipeline.export import ExportFilter
+from tbpipe.pipeline.export.collapsed import escape_frame, unescape_frame, write_collapsed
 from tbpipe.pipeline.export.frames import line_label, location_labels
-from tbpipe.pipeline.export.pprof import _LIBRARY, StringTable, _Tables, thread_label
+from tbpipe.pipeline.export.pprof import _LIBRARY, StringTable, _header, _Tables, thread_label, write_pprof
 from tbpipe.pipeline.export.profile_proto import message
+from tbpipe.pipeline.export.source import RunInfo, StackLocations
 
 
 def line(function: str | None, file: str | None = None, number: int | None = None, inlined: bool = False) -> dict:
@@ -72,7 +74,9 @@ LOCATIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
+# Built for each test (not once per module): `make mutate` runs a mutant only against the tests that
+# reached its function, and a module fixture's calls count for the first test alone.
+@pytest.fixture()
 def tables() -> _Tables:
     built = _Tables(StringTable())
     built.add_locations(LOCATIONS)
@@ -119,6 +123,12 @@ def test_a_return_address_is_written_minus_one(tables) -> None:
     mapping_of = {entry.id: entry.mapping_id for entry in tables.locations}
     assert mapping_of[1] == mapping_of[7] == 4 and mapping_of[2] == 1 and mapping_of[4] == 5
     assert mapping_of[3] == 0 and mapping_of[11] == 3
+
+
+def test_an_exact_location_of_no_known_address_is_at_0() -> None:
+    tables = _Tables(StringTable())
+    tables.add_locations([native(1, "/lib/libc.so.6", None, [line("f")], exact=True)])
+    assert [entry.address for entry in tables.locations] == [0]
 
 
 def test_a_mapping_says_what_its_locations_lack(tables) -> None:
@@ -255,74 +265,261 @@ def test_escaping_is_lossless_and_leaves_no_separator(frame: str) -> None:
     assert escaped == "".join({"%": "%25", ";": "%3B", "\r": "%0D", "\n": "%0A"}.get(c, c) for c in frame)
 
 
-# ------------------------------------------------------------------------------------------ whole exports
+# ------------------------------------------------------------------------------------------ whole profiles
+
+LOCATION_SCHEMA = pa.schema(
+    [
+        ("location_id", pa.int64()),
+        ("kind", pa.string()),
+        ("module_key", pa.string()),
+        ("module", pa.string()),
+        ("build_id", pa.string()),
+        ("address", pa.uint64()),
+        ("exact", pa.bool_()),
+        (
+            "lines",
+            pa.large_list(
+                pa.struct(
+                    [("function", pa.string()), ("file", pa.string()), ("line", pa.int32()), ("inlined", pa.bool_())]
+                )
+            ),
+        ),
+    ]
+)
+# The chosen stacks (innermost location first) and a frame whose text needs escaping in collapsed stacks.
+ODD = other(12, "python", [line("odd;name%", "x\ny.py", 5)])
+STACKS = {100: [1, 2, 3], 200: [4, 7, 8], 300: [5, 6], 500: [12, 10]}
+# (run_number, name_id, thread_id, stack_id, events); stack None: no stack was walked; stack 400 has
+# events but no frames.
+SAMPLES = [
+    (1, 1, 7, None, 3),
+    (1, 1, 7, 100, 5),
+    (1, 2, 7, 100, 2),
+    (1, 1, 8, 200, 4),
+    (1, 1, 7, 300, 2),
+    (2, 1, 7, 100, 1),
+    (2, 1, 9, 400, 6),
+    (2, 2, 9, 500, 7),
+]
+RUNS = [
+    RunInfo("run-a", 1, 10, "host", 1_000, 5_000, {7: "MainThread", 8: ""}),
+    RunInfo("run-b", 2, 11, "host", None, None, {}),
+]
 
 
-@pytest.fixture(scope="module")
-def two_runs(tmp_path_factory, symbol_cache) -> tuple[Path, str, str]:
-    """A run whose events have no stack (nothing walked) and one whose events have one."""
-    root = tmp_path_factory.mktemp("pprof_rules")
-    with capture.session(root / "runs", python=False, native=False, labels={"commit": "bare"}):
-        for _ in range(3):
-            capture.record("kernel_launch", "k")
-    with capture.session(root / "runs", labels={"commit": "walked"}):
-        for _ in range(2):
-            capture.record("kernel_launch", "k")
-    path = root / "tbpipe.duckdb"
-    assert ingest_runs([root / "runs"], IngestOptions(db_path=path, cache_dir=symbol_cache, progress=False)).ok
-    with open_database(path, read_only=True) as con:
-        ids = dict(query_rows(con, "SELECT labels['commit'], run_id FROM runs"))
-    return path, ids["bare"], ids["walked"]
+class HandSource:
+    """What the writers read of an `ExportSource` (its runs, names, chosen stacks' locations, samples and
+    counts per stack), from the hand-made tables above instead of a database."""
+
+    def __init__(self, runs: list[RunInfo] = RUNS, choice: ExportFilter | None = None, samples=SAMPLES) -> None:
+        self.runs = runs
+        self.run_ids = [run.run_id for run in runs]
+        self.choice = choice or ExportFilter(runs=tuple(self.run_ids))
+        self.names = {1: ("kernel_launch", "gemm"), 2: ("op", "aten::mm")}
+        self.samples = samples
+
+    def stack_locations(self) -> StackLocations:
+        chosen = {stack: ids for stack, ids in STACKS.items() if stack in {row[3] for row in self.samples}}
+        stacks = pa.table(
+            {
+                "stack_id": pa.array(list(chosen), pa.int64()),
+                "location_ids": pa.array(list(chosen.values()), pa.large_list(pa.int64())),
+            }
+        )
+        return StackLocations(pa.Table.from_pylist([*LOCATIONS, ODD], LOCATION_SCHEMA), stacks)
+
+    def sample_batches(self, rows: int) -> Iterator[pa.RecordBatch]:
+        names = ["run_number", "name_id", "thread_id", "stack_id", "events"]
+        table = pa.table({name: pa.array([row[i] for row in self.samples], pa.int64()) for i, name in enumerate(names)})
+        yield from table.to_batches(max_chunksize=3)  # several batches, as a big export reads them
+
+    def stack_counts(self) -> pa.Table:
+        summed: dict[int | None, int] = {}
+        for *_, stack, events in self.samples:
+            summed[stack] = summed.get(stack, 0) + events
+        ordered = sorted(summed, key=lambda stack: -1 if stack is None else stack)
+        return pa.table({"stack_id": pa.array(ordered, pa.int64()), "events": [summed[s] for s in ordered]})
 
 
-def exported(db: Path, fmt: str, out: Path, *runs: str) -> int:
-    with open_database(db, read_only=True) as con:
-        return export(con, ExportFilter(runs=runs), ExportFormat(fmt), out).events
-
-
-def test_events_without_a_stack_count_under_one_frame(two_runs, tmp_path: Path) -> None:
-    db, bare, walked = two_runs
-    out = tmp_path / "both.txt"
-    assert exported(db, "collapsed", out, bare, walked) == 5
-    lines = out.read_text().splitlines()
-    assert lines[-1] == "[no stack] 3" and len(lines) == 2 and lines[0].endswith(" 2")
-    assert "test_events_without_a_stack_count_under_one_frame" not in lines[0]  # recorded by the fixture
-    assert exported(db, "collapsed", out, bare) == 3 and out.read_text() == "[no stack] 3\n"
-    assert exported(db, "collapsed", out, walked) == 2 and "[no stack]" not in out.read_text()
-
-
-def read_profile(path: Path):
+def written(source: HandSource, tmp_path: Path) -> tuple[Any, list[str], int, bytes]:
+    out = tmp_path / "p.pb.gz"
+    with open(out, "wb") as file:
+        total = write_pprof(source, file)
     profile = message("Profile")()
-    profile.ParseFromString(gzip.decompress(path.read_bytes()))
-    return profile, list(profile.string_table)
+    profile.ParseFromString(gzip.decompress(out.read_bytes()))
+    return profile, list(profile.string_table), total, out.read_bytes()
 
 
-def test_a_pprof_sample_per_stack_with_its_labels(two_runs, tmp_path: Path) -> None:
-    db, bare, walked = two_runs
-    out = tmp_path / "both.pb.gz"
-    assert exported(db, "pprof", out, bare, walked) == 5
-    assert out.read_bytes()[4:8] == bytes(4)  # no time in the gzip header: equal exports are equal files
-    profile, strings = read_profile(out)
+def test_a_sample_per_run_name_thread_and_stack(tmp_path: Path) -> None:
+    profile, strings, total, _ = written(HandSource(), tmp_path)
+    assert total == sum(row[4] for row in SAMPLES)
+    samples = [
+        (list(s.location_id), list(s.value), [(strings[label.key], strings[label.str]) for label in s.label])
+        for s in profile.sample
+    ]
+
+    def labels(run: str, kind: str, name: str, thread: str) -> list[tuple[str, str]]:
+        return [("run", run), ("kind", kind), ("name", name), ("thread", thread)]
+
+    no_stack = [len(LOCATIONS) + 2]  # after the chosen locations
+    assert samples == [
+        (no_stack, [3], labels("run-a", "kernel_launch", "gemm", "MainThread (7)")),
+        ([1, 2, 3], [5], labels("run-a", "kernel_launch", "gemm", "MainThread (7)")),
+        ([1, 2, 3], [2], labels("run-a", "op", "aten::mm", "MainThread (7)")),
+        ([4, 7, 8], [4], labels("run-a", "kernel_launch", "gemm", "8")),
+        ([5, 6], [2], labels("run-a", "kernel_launch", "gemm", "MainThread (7)")),
+        ([1, 2, 3], [1], labels("run-b", "kernel_launch", "gemm", "7")),
+        (no_stack, [6], labels("run-b", "kernel_launch", "gemm", "9")),  # events but no frames
+        ([12, 10], [7], labels("run-b", "op", "aten::mm", "9")),
+    ]
+    (last,) = [entry for entry in profile.location if entry.id == no_stack[0]]
+    functions = {f.id: (strings[f.name], strings[f.filename]) for f in profile.function}
+    assert (last.mapping_id, last.address, [(functions[one.function_id], one.line) for one in last.line]) == (
+        0, 0, [(("[no stack]", ""), 0)])  # fmt: skip
+    assert [entry.id for entry in profile.location] == list(range(1, no_stack[0] + 1))
+    assert [m.id for m in profile.mapping] == [1, 2, 3, 4, 5] and strings[
+        profile.mapping[0].filename
+    ] == "/usr/bin/python3.11"
+    assert strings[0] == "" and len(set(strings)) == len(strings)  # each string once
+
+
+def test_a_profile_written_to_memory_equals_one_written_to_a_file(tmp_path: Path) -> None:
+    out = io.BytesIO()  # no file name, no mode: what a library caller may pass
+    assert write_pprof(HandSource(), out) == sum(row[4] for row in SAMPLES)
+    _, _, _, packed = written(HandSource(), tmp_path)
+    assert gzip.decompress(out.getvalue()) == gzip.decompress(packed)
+
+
+def test_more_samples_than_one_message_holds(tmp_path: Path) -> None:
+    many = (1 << 16) + 10  # the samples go out in messages of 65,536; the rest in the last one
+    samples = [(1, 1, 7, 100, i + 1) for i in range(many)]
+    profile, strings, total, _ = written(HandSource(samples=samples), tmp_path)
+    assert total == many * (many + 1) // 2 and len(profile.sample) == many
+    assert [s.value[0] for s in profile.sample[-3:]] == [many - 2, many - 1, many]
+    assert {tuple(s.location_id) for s in profile.sample} == {(1, 2, 3)}
+    assert strings[profile.sample[-1].label[3].str] == "MainThread (7)"
+
+
+def test_the_header_says_what_and_when(tmp_path: Path) -> None:
+    profile, strings, _, packed = written(HandSource(), tmp_path)
     assert [(strings[t.type], strings[t.unit]) for t in profile.sample_type] == [("events", "count")]
-    assert (strings[profile.period_type.type], profile.period, strings[profile.default_sample_type]) == (
+    assert (strings[profile.period_type.type], strings[profile.period_type.unit], profile.period) == (
         "events",
+        "count",
         1,
-        "events",
     )
-    locations = {location.id: location for location in profile.location}
-    functions = {function.id: strings[function.name] for function in profile.function}
-    samples = {}
-    for sample in profile.sample:
-        labels = {strings[label.key]: strings[label.str] for label in sample.label}
-        leaf = [functions[line.function_id] for line in locations[sample.location_id[0]].line]
-        samples[labels["run"]] = (sample.value[0], leaf, labels, len(sample.location_id))
-    assert samples[bare][:2] == (3, ["[no stack]"]) and samples[bare][3] == 1
-    assert samples[walked][0] == 2 and samples[walked][3] > 1
-    for _, _, labels, _ in samples.values():
-        assert (labels["kind"], labels["name"]) == ("kernel_launch", "k")
-        assert re.fullmatch(r"MainThread \(\d+\)", labels["thread"]), labels
-    (comment,) = [strings[c] for c in read_profile(out)[0].comment]
-    assert comment == f"tbpipe export of runs {bare}, {walked}"
-    exported(db, "pprof", out, bare)
-    alone, strings = read_profile(out)
-    assert [strings[c] for c in alone.comment] == [f"tbpipe export of run {bare}"]
+    assert strings[profile.default_sample_type] == "events"
+    assert (profile.time_nanos, profile.duration_nanos) == (1_000, 4_000)  # run-b has no times
+    assert [strings[c] for c in profile.comment] == ["tbpipe export of runs run-a, run-b"]
+    # gzip's fastest level (as pprof writes), no time in the header: equal exports are equal files.
+    assert packed[:3] == b"\x1f\x8b\x08" and packed[4:8] == bytes(4) and packed[8] == 4
+
+
+@pytest.mark.parametrize(
+    "times, expected",
+    [
+        ([(3_000, 9_000), (2_000, 4_000)], (2_000, 7_000)),  # first start to last end
+        ([(3_000, None), (2_000, None)], (2_000, 0)),  # no end: no duration
+        ([(5_000, 1_000)], (5_000, 0)),  # a clock stepped back: never below 0
+        ([(None, 4_000)], (0, 0)),  # no start: neither
+    ],
+)
+def test_the_profile_s_time_span(times: list[tuple], expected: tuple[int, int]) -> None:
+    runs = [RunInfo(f"r{i}", i, None, None, start, end, {}) for i, (start, end) in enumerate(times)]
+    header = _header(HandSource(runs), StringTable())
+    assert (header.time_nanos, header.duration_nanos) == expected
+
+
+def test_one_run_and_a_filter_in_the_comments() -> None:
+    strings = StringTable()
+    choice = ExportFilter(runs=("latest",), kind="kernel_launch", name="gemm")
+    header = _header(HandSource(RUNS[:1], choice), strings)
+    assert [list(strings.index)[c] for c in header.comment] == [
+        "tbpipe export of run run-a",
+        "events of kind 'kernel_launch' and name 'gemm'",
+    ]
+
+
+def test_go_pprof_reads_a_written_profile(tmp_path: Path) -> None:
+    if shutil.which("go") is None:
+        pytest.skip("go is not installed (Debian package golang-go): cannot read pprof files with Go's pprof")
+    out = tmp_path / "p.pb.gz"
+    with open(out, "wb") as file:
+        write_pprof(HandSource(), file)
+    traces = subprocess.run(
+        ["go", "tool", "pprof", "-traces", "-symbolize=none", str(out)], capture_output=True, text=True, timeout=120
+    )
+    assert traces.returncode == 0, traces.stderr
+    # Each trace: its labels, then its value beside its leaf frame, then the callers.
+    traces_read = []
+    for block in traces.stdout.split("-----------+" + "-" * 55)[1:]:
+        if not block.strip():
+            continue  # after the last trace
+        labels = dict(re.findall(r"^\s+(\w+):\s+(.+)$", block, re.M))
+        value, leaf = re.search(r"^\s+(\d+)\s+(.+)$", block, re.M).groups()
+        callers = block.split(leaf, 1)[1].split("\n")
+        frames = [leaf] + [frame.strip() for frame in callers if frame.strip()]
+        traces_read.append((labels["run"], labels["kind"], labels["name"], labels["thread"], int(value), frames))
+    python = ["memcpy", "inner (inline)", "main", "train"]
+    assert traces_read == [
+        ("run-a", "kernel_launch", "gemm", "MainThread (7)", 3, ["[no stack]"]),
+        ("run-a", "kernel_launch", "gemm", "MainThread (7)", 5, python),
+        ("run-a", "op", "aten::mm", "MainThread (7)", 2, python),
+        ("run-a", "kernel_launch", "gemm", "8", 4, ["[libtorch_cpu.so]", "memset", "run"]),
+        ("run-a", "kernel_launch", "gemm", "MainThread (7)", 2, ["[native walk stopped]", "[signal handler]"]),
+        ("run-b", "kernel_launch", "gemm", "7", 1, python),
+        ("run-b", "kernel_launch", "gemm", "9", 6, ["[no stack]"]),
+        ("run-b", "op", "aten::mm", "9", 7, ["odd;name%", "<unknown code>"]),
+    ]
+    assert "Total samples = 30" in traces.stdout and "tbpipe export of runs run-a, run-b" in traces.stdout
+
+
+# ------------------------------------------------------------------------------------------ whole collapsed stacks
+
+
+def collapsed(source: HandSource) -> tuple[list[str], int]:
+    out = io.BytesIO()
+    total = write_collapsed(source, out)
+    return out.getvalue().decode().split("\n"), total
+
+
+def test_collapsed_stacks_outermost_first_one_line_per_stack() -> None:
+    lines, total = collapsed(HandSource())
+    assert lines == [
+        "train (app/train.py:42);main (main.c:10);inner (eval.c:7) [inlined];memcpy (libc.so.6) 8",
+        "run (run.cc:3);memset (memset.S:?);libtorch_cpu.so+0x3000 4",
+        "[signal handler];[native walk stopped] 2",
+        "<unknown code> (gen.py:2);odd%3Bname%25 (x%0Ay.py:5) 7",
+        "[no stack] 9",  # 3 events without a stack and 6 of a stack without frames
+        "",
+    ]
+    assert total == sum(row[4] for row in SAMPLES)
+
+
+def test_collapsed_without_unframed_events_has_no_such_line() -> None:
+    lines, total = collapsed(HandSource(samples=[row for row in SAMPLES if row[3] not in (None, 400)]))
+    assert lines[-2:] == ["<unknown code> (gen.py:2);odd%3Bname%25 (x%0Ay.py:5) 7", ""] and total == 21
+    lines, total = collapsed(HandSource(samples=[row for row in SAMPLES if row[3] is None or row[3] == 100]))
+    assert lines == [
+        "train (app/train.py:42);main (main.c:10);inner (eval.c:7) [inlined];memcpy (libc.so.6) 8",
+        "[no stack] 3",
+        "",
+    ]
+
+
+def test_many_stacks_are_written_each_once_in_order() -> None:
+    many = 5_000  # more than one write's worth of lines
+
+    class Many(HandSource):
+        def stack_locations(self) -> StackLocations:
+            stacks = pa.table(
+                {
+                    "stack_id": pa.array(range(many), pa.int64()),
+                    "location_ids": pa.array([[1]] * many, pa.large_list(pa.int64())),
+                }
+            )
+            return StackLocations(pa.Table.from_pylist([LOCATIONS[2] | {"location_id": 1}], LOCATION_SCHEMA), stacks)
+
+    lines, total = collapsed(Many(samples=[(1, 1, 7, i, i + 1) for i in range(many)]))
+    assert lines == [f"train (app/train.py:42) {i + 1}" for i in range(many)] + [""]
+    assert total == many * (many + 1) // 2

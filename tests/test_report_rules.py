@@ -4,26 +4,17 @@ and GPU time, and the per-execution statistics (mean, variance, Welch's z)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import math
-import shutil
 import statistics
-from pathlib import Path
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tbpipe import capture
-from tbpipe.pipeline.db import IngestOptions, ingest_runs, open_database
 from tbpipe.pipeline.reports.regression import compute, gpu_time, stats
-from tbpipe.pipeline.reports.regression.accept import load_accept_file
-from tbpipe.pipeline.reports.regression.compute import compare
-from tbpipe.pipeline.reports.regression.model import RegressionReport, ReportRequest, RunSet, SiteChange, Thresholds
-from tbpipe.pipeline.reports.regression.select import SelectionError
+from tbpipe.pipeline.reports.regression.model import ReportRequest, RunSet, SiteChange, Thresholds
 
 # ------------------------------------------------------------------------------------------ the band
 
@@ -194,6 +185,12 @@ def test_outside_the_band_the_thresholds_count_from_the_median() -> None:
     assert count_verdicts([0, 0, 3], [3, 0]) == ["unchanged", "unchanged"]
 
 
+def test_fractions_of_an_event_change_too() -> None:
+    # With --per counts are events per marker: a change of 0.3 is a change.
+    assert count_verdicts([1.0, 1.2, 1.4], [1.5, 0.9, 1.3]) == ["increased", "decreased", "unchanged"]
+    assert count_verdicts([1.0], [1.5, 0.5]) == ["increased", "decreased"]
+
+
 def test_the_exact_tier_wherever_the_window_agrees() -> None:
     window = np.array([[5.0, 5.0, 5.0], [5.0, 6.0, 7.0], [0.0, 0.0, 0.0]])
     codes, baseline = compute._verdicts(window, np.array([7.0, 7.0, 2.0]), request())
@@ -250,6 +247,7 @@ def test_flags_moves_and_known_sites_of_a_pair() -> None:
     assert (sites["same"].site_line, sites["same"].baseline_line) == (9, 7)
     assert sites["grew"].baseline_line is None and sites["gone"].site_line == 1
     assert sites["fresh"].site_known and not sites["elsewhere"].site_known
+    assert sites["fresh"].baseline_line is None and sites["elsewhere"].baseline_line is None  # nowhere before
     assert (sites["grew"].baseline_events, sites["grew"].candidate_events) == (10, 14)
     assert all(s.spread is None for s in sites.values())
 
@@ -263,6 +261,7 @@ def test_a_window_gives_each_site_its_spread() -> None:
     assert sites["steady"].change == "unchanged" and sites["steady"].spread.values == [5, 5, 5]
 
 
+@pytest.mark.filterwarnings("error")  # a missing line is no NaN cast to an integer
 def test_a_site_that_grew_where_it_moved_keeps_its_old_line() -> None:
     values = site_values(
         [
@@ -277,6 +276,84 @@ def test_a_site_that_grew_where_it_moved_keeps_its_old_line() -> None:
     assert (sites["grew"].change, sites["grew"].site_line, sites["grew"].baseline_line) == ("increased", 6, 5)
     assert (sites["nowhere"].change, sites["nowhere"].baseline_line) == ("moved", None)
     assert (sites["no_stack"].site_key, sites["no_stack"].site_line, sites["no_stack"].change) == (None, None, "new")
+
+
+def test_line_0_is_a_line_and_the_first_row_is_a_row() -> None:
+    # DWARF's line 0 (no line) is still where a native site is; the table's row 0 is a baseline row.
+    values = site_values(
+        [(0, "same", "s2", 3, 0), (1, "same", "s2", 3, 4), (0, "zero", "s3", 2, 7), (1, "zero", "s3", 2, 0)]
+    )
+    sites = {s.name: s for s in compute._classify(values, run_sets(2), request())}
+    assert (sites["same"].change, sites["same"].site_line, sites["same"].baseline_line) == ("moved", 4, 0)
+    assert (sites["zero"].change, sites["zero"].site_line, sites["zero"].baseline_line) == ("moved", 0, 7)
+
+
+def test_a_site_is_named_from_the_candidate_else_the_newest_baseline() -> None:
+    def row(set_index, kind, name, key, function, path, line):
+        return (set_index, kind, name, key, 5.0, function, path.removeprefix("/src/"), path, line)
+
+    rows = [
+        row(0, "kernel_launch", "gemm", "s1", "old_train", "/src/old/train.py", 3),
+        row(1, "kernel_launch", "gemm", "s1", "train", "/src/app/train.py", 3),
+        row(2, "kernel_launch", "gemm", "s1", "newest", "/src/app/newest.py", 3),  # the candidate
+        row(0, "op", "gone", "s2", "first", "/src/app/first.py", 8),
+    ]
+    names = ["set_index", "kind", "name", "site_key", "events", "site_function", "site_portable_file", "site_file"]
+    names.append("site_line")
+    values = pa.table({n: pa.array([r[i] for r in rows]) for i, n in enumerate(names)})
+    values = values.set_column(0, "set_index", values["set_index"].cast(pa.int32()))
+    sites = {s.name: s for s in compute._classify(values, run_sets(3), request())}
+    gemm, gone = sites["gemm"], sites["gone"]
+    assert (gemm.kind, gemm.site_key, gemm.site_function, gemm.site_file, gemm.site_portable_file) == (
+        "kernel_launch", "s1", "newest", "/src/app/newest.py", "app/newest.py")  # fmt: skip
+    assert (gone.kind, gone.site_key, gone.site_function, gone.site_file, gone.site_portable_file) == (
+        "op", "s2", "first", "/src/app/first.py", "app/first.py")  # fmt: skip
+
+
+site_rows = st.dictionaries(
+    st.tuples(
+        st.integers(0, 1),
+        st.sampled_from(["a", "ab", "op"]),
+        st.text("ab", max_size=2),
+        st.one_of(st.none(), st.text("ab", max_size=2)),
+    ),
+    st.integers(1, 9),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(site_rows)
+def test_a_site_is_one_kind_name_and_key_whatever_their_text(rows: dict) -> None:
+    # The reference: one site per distinct (kind, name, key), no key being a key of its own.
+    expected: dict[tuple, list[float]] = {}
+    for (set_index, kind, name, key), events in rows.items():
+        expected.setdefault((kind, name, key), [0.0, 0.0])[set_index] = float(events)
+    keys = list(rows)
+    values = pa.table(
+        {
+            "set_index": pa.array([k[0] for k in keys], pa.int32()),
+            "kind": [k[1] for k in keys],
+            "name": [k[2] for k in keys],
+            "site_key": pa.array([k[3] for k in keys], pa.string()),
+            "events": [float(rows[k]) for k in keys],
+            "site_function": ["f"] * len(keys),
+            "site_portable_file": ["a.py"] * len(keys),
+            "site_file": ["/a.py"] * len(keys),
+            "site_line": pa.array([1] * len(keys), pa.int64()),
+        }
+    )
+    sites = compute._classify(values, run_sets(2), request())
+    assert len(sites) == len(expected)
+    assert {(s.kind, s.name, s.site_key): [s.baseline_events, s.candidate_events] for s in sites} == expected
+
+
+def test_the_newest_row_of_each_site() -> None:
+    row_at = np.array([[3, -1, 5], [-1, -1, -1], [2, 4, -1]])
+    assert compute._newest_row(row_at, 3).tolist() == [5, -1, 4]
+    assert compute._newest_row(row_at, 2).tolist() == [3, -1, 4]  # the first two sets only
+    assert compute._newest_row(row_at, 0).tolist() == [-1, -1, -1]
 
 
 def test_two_nights_are_a_window_with_spreads() -> None:
@@ -295,6 +372,7 @@ def test_the_report_order_flagged_first_then_changed_then_by_size_then_by_name()
         change("op", "a", "k1", 3),
         change("kernel_launch", "z", "k", 3),
         change("op", "a", None, 3),
+        change("op", "a", "0000000000000001", 3),
         change("op", "same", "k", 0, what="unchanged"),
         change("op", "big", "k", -9, what="decreased"),
         change("op", "small", "k", 1, flagged=True),
@@ -304,7 +382,8 @@ def test_the_report_order_flagged_first_then_changed_then_by_size_then_by_name()
         ("op", "small", "k"),
         ("op", "big", "k"),
         ("kernel_launch", "z", "k"),
-        ("op", "a", None),
+        ("op", "a", None),  # no site sorts first
+        ("op", "a", "0000000000000001"),
         ("op", "a", "k1"),
         ("op", "a", "k2"),
         ("op", "b", "k"),
@@ -407,263 +486,8 @@ def test_gpu_time_new_in_a_window_is_per_site() -> None:
     assert [gpu_time._CODES[c] for c in codes] == ["new", "unchanged"]
 
 
-# ------------------------------------------------------------------------------------------ a whole report
-
-
-def grow(count: int) -> None:
-    for _ in range(count):
-        capture.record("kernel_launch", "grow")
-
-
-def steady(count: int) -> None:
-    for _ in range(count):
-        capture.record("kernel_launch", "steady")
-
-
-def gone(count: int) -> None:
-    for _ in range(count):
-        capture.record("op", "gone")
-
-
-def fresh(count: int) -> None:
-    for _ in range(count):
-        capture.record("kernel_launch", "fresh")
-
-
-def step(count: int) -> None:
-    for _ in range(count):
-        capture.record("user", "step")
-
-
-# Per night (oldest first): the events of each site. The last is the candidate.
-NIGHTS = [
-    ("n1", {grow: 10, steady: 5, gone: 3, step: 2}),
-    ("n2", {grow: 12, steady: 5, gone: 3, step: 2}),
-    ("n3", {grow: 14, steady: 5, gone: 3, step: 2}),
-    ("n4", {grow: 30, steady: 5, fresh: 4, step: 4}),
-]
-
-
-@pytest.fixture(scope="module")
-def nights_db(tmp_path_factory, symbol_cache) -> Path:
-    root = tmp_path_factory.mktemp("report_rules")
-    for commit, sites in NIGHTS:
-        with capture.session(root / "runs", labels={"suite": "rules", "commit": commit}):
-            for site, count in sites.items():
-                site(count)
-    path = root / "tbpipe.duckdb"
-    summary = ingest_runs([root / "runs"], IngestOptions(db_path=path, cache_dir=symbol_cache, progress=False))
-    assert summary.ok and summary.ingested == len(NIGHTS)
-    return path
-
-
-@pytest.fixture()
-def con(nights_db):
-    connection = open_database(nights_db, read_only=True)
-    yield connection
-    connection.close()
-
-
-def report_of(con, **fields) -> RegressionReport:
-    fields.setdefault("candidate", "latest:commit=n4")
-    return compare(con, ReportRequest(**fields), today=dt.date(2026, 12, 6))
-
-
-def test_a_pair_report_in_process(con) -> None:
-    report = report_of(con, baseline="latest:commit=n3", tracebacks=1)
-    changes = [(s.name, s.change, s.flagged, s.baseline_events, s.candidate_events) for s in report.sites]
-    # Flagged first, then by size of change.
-    assert changes == [
-        ("grow", "increased", True, 14, 30),
-        ("fresh", "new", True, 0, 4),
-        ("step", "increased", True, 2, 4),
-        ("gone", "removed", False, 3, 0),
-        ("steady", "unchanged", False, 5, 5),
-    ]
-    grow_site = report.sites[0]
-    assert grow_site.site_function == "grow" and grow_site.where.endswith(f":{grow_site.site_line}")
-    # Tracebacks of the first flagged site only (tracebacks=1), innermost first, the site's function in it.
-    assert grow_site.traceback and any(f.function == "grow" for f in grow_site.traceback)
-    assert [s.traceback is None for s in report.sites if s.flagged][1:] == [True] * (len(report.regressions) - 1)
-    assert report.verdict().startswith(f"{len(report.regressions)} regressions (")
-    assert [e.what for e in report.environment] == ["label commit"]
-    assert (report.candidate.name, report.baseline[0].name) == (
-        report.candidate.run_ids[0],
-        report.baseline[0].run_ids[0],
-    )
-
-
-def test_a_window_report_in_process(con) -> None:
-    report = report_of(con, window=3, kinds=("kernel_launch",))
-    sites = {s.name: s for s in report.sites}
-    assert set(sites) == {"grow", "steady", "fresh"}  # only the kind asked for
-    assert (sites["grow"].change, sites["grow"].flagged, sites["grow"].baseline_events) == ("increased", True, 12)
-    assert (sites["grow"].spread.low, sites["grow"].spread.high, sites["grow"].spread.values) == (10, 14, [10, 12, 14])
-    assert sites["steady"].change == "unchanged" and report.verdict().endswith("against 3 previous runs")
-
-
-def test_per_marker_counts_in_process(con) -> None:
-    report = report_of(con, baseline="latest:commit=n3", per=("user", "step"))
-    sites = {s.name: s for s in report.sites}
-    assert "step" not in sites and (report.candidate.markers, report.baseline[0].markers) == (4, 2)
-    assert (sites["grow"].baseline_events, sites["grow"].candidate_events) == (7, 7.5)
-    assert (sites["steady"].baseline_events, sites["steady"].candidate_events) == (2.5, 1.25)
-    with pytest.raises(SelectionError, match="recorded no user 'nothing' events"):
-        report_of(con, baseline="latest:commit=n3", per=("user", "nothing"))
-
-
-def test_accepted_and_expired_entries_in_process(con, tmp_path) -> None:
-    path = tmp_path / "accept.toml"
-    path.write_text(
-        '[[accept]]\nsite = "test_report_rules.py:grow"\nname = "gr*"\nreason = "bigger batch"\n'
-        '[[accept]]\nsite = "test_report_rules.py:fresh"\nuntil = 2026-12-05\nreason = "old"\n'
-        '[[accept]]\nsite = "test_report_rules.py:steady"\nuntil = 2026-12-06\nreason = "today still"\n'
-    )
-    report = compare(
-        con,
-        ReportRequest("latest:commit=n4", baseline="latest:commit=n3"),
-        load_accept_file(path),
-        dt.date(2026, 12, 6),
-    )
-    sites = {s.name: s for s in report.sites}
-    assert (sites["grow"].flagged, sites["grow"].accepted) == (False, "test_report_rules.py:grow gr*: bigger batch")
-    assert sites["fresh"].flagged and sites["fresh"].accepted is None
-    assert report.expired_accepts == ["test_report_rules.py:fresh until 2026-12-05: old"]
-
-
-@pytest.mark.parametrize(
-    "fields, message",
-    [
-        ({}, "give a baseline"),
-        ({"baseline": "latest:commit=n3", "window": 2}, "give a baseline"),
-        ({"window": 0}, "at least 1, not 0"),
-        ({"baseline": "latest:commit=n4"}, "share runs"),
-        ({"baseline": "latest:commit=n3", "site_of": "elsewhere"}, "not 'elsewhere'"),
-    ],
-)
-def test_a_request_that_cannot_be_answered(con, fields: dict, message: str) -> None:
-    with pytest.raises(SelectionError, match=message):
-        report_of(con, **fields)
-
-
 def test_short_module_keys() -> None:
     assert compute._short_key("0123456789abcdef") == "0123456789abcdef"
     assert compute._short_key("0123456789abcdef0") == "0123456789ab…"
     assert compute._short_key("path:/a/very/long/path/libfoo.so") == "path:/a/very/long/path/libfoo.so"
     assert compute._short_key("invalid:/a/very/long/path/libfoo.so") == "invalid:/a/very/long/path/libfoo.so"
-
-
-# ------------------------------------------------------------------------------------------ GPU time in a whole report
-
-# Per night, per launch site (its function's event name): the activity and its durations in ns. The
-# GPU time table is filled here from these, at the stacks the nights' launches really have.
-GPU_NIGHTS = {
-    "n1": {"grow": ("kernel", "gemm", [10_000, 10_200, 9_800, 10_000]), "gone": ("memset", "memset", [500, 500])},
-    "n2": {"grow": ("kernel", "gemm", [10_000, 10_400, 9_600, 10_400]), "gone": ("memset", "memset", [500, 500])},
-    "n3": {"grow": ("kernel", "gemm", [10_000, 10_100, 9_900, 10_000]), "gone": ("memset", "memset", [500, 500])},
-    "n4": {"grow": ("kernel", "gemm", [15_000, 15_200, 14_800, 15_000]), "fresh": ("kernel", "fresh_kernel", [700])},
-}
-SAME_EVERY_NIGHT = ("steady", ("kernel", "softmax", [3_000] * 5))
-
-
-@pytest.fixture(scope="module")
-def gpu_db(nights_db, tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("report_rules_gpu") / "gpu.duckdb"
-    shutil.copy(nights_db, path)
-    with duckdb.connect(str(path)) as con:
-        for commit, sites in GPU_NIGHTS.items():
-            for name, (kind, activity, durations) in [*sites.items(), SAME_EVERY_NIGHT]:
-                ((run_number, name_id, stack_id),) = con.execute(
-                    """
-                    SELECT c.run_number, c.name_id, c.stack_id FROM run_stack_counts c
-                    JOIN runs r USING (run_number) JOIN event_names n USING (name_id)
-                    WHERE r.labels['commit'] = ? AND n.name = ?
-                    """,
-                    [commit, name],
-                ).fetchall()
-                con.execute(
-                    "INSERT INTO gpu_time_counts VALUES (?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, ?, NULL)",
-                    [run_number, name_id, stack_id, kind, activity, len(durations), len(durations), sum(durations),
-                     sum((d / 1000) ** 2 for d in durations), min(durations), max(durations)],
-                )  # fmt: skip
-            # Synchronisation is GPU time of no launch: never compared.
-            con.execute(
-                "INSERT INTO gpu_time_counts VALUES (?, NULL, NULL, NULL, 'sync', 'sync', 1, 1, 99, 0, 99, 99, NULL)",
-                [run_number],
-            )
-    return path
-
-
-@pytest.fixture()
-def gpu_con(gpu_db):
-    connection = open_database(gpu_db, read_only=True)
-    yield connection
-    connection.close()
-
-
-def test_gpu_time_of_a_pair_in_process(gpu_con) -> None:
-    report = report_of(gpu_con, baseline="latest:commit=n3")
-    sites = {s.name: s for s in report.gpu_sites}
-    assert set(sites) == {"gemm", "softmax", "memset", "fresh_kernel"}
-    gemm = sites["gemm"]
-    before, after = GPU_NIGHTS["n3"]["grow"][2], GPU_NIGHTS["n4"]["grow"][2]
-    error = math.sqrt(statistics.variance(before) / 4 + statistics.variance(after) / 4)
-    assert (gemm.change, gemm.flagged, gemm.baseline_ns, gemm.candidate_ns) == ("increased", True, 40_000, 60_000)
-    assert (gemm.baseline_executions, gemm.candidate_executions) == (4, 4)
-    assert (gemm.baseline_mean_ns, gemm.candidate_mean_ns) == (10_000, 15_000)
-    assert gemm.z == pytest.approx(5_000 / error)
-    assert (gemm.kind, gemm.launch_kind, gemm.site_function) == ("kernel", "kernel_launch", "grow")
-    assert gemm.traceback and any(f.function == "grow" for f in gemm.traceback) and gemm.spread is None
-    assert (sites["softmax"].change, sites["softmax"].z) == ("unchanged", 0.0)
-    assert (sites["fresh_kernel"].change, sites["fresh_kernel"].flagged, sites["fresh_kernel"].z) == ("new", True, None)
-    assert (sites["memset"].change, sites["memset"].candidate_mean_ns, sites["memset"].launch_kind) == (
-        "removed",
-        None,
-        "op",
-    )
-    assert [s.name for s in report.gpu_sites] == ["gemm", "fresh_kernel", "memset", "softmax"]
-    assert report.gpu_verdict() == "GPU time: 2 sites slower (1 new) (4 sites compared)"
-    only = report_of(gpu_con, baseline="latest:commit=n3", kinds=("op",))
-    assert [s.name for s in only.gpu_sites] == ["memset"]  # the kinds asked for are the launches' kinds
-
-
-def test_gpu_time_of_a_window_in_process(gpu_con) -> None:
-    report = report_of(gpu_con, window=3)
-    gemm = next(s for s in report.gpu_sites if s.name == "gemm")
-    assert (gemm.change, gemm.flagged, gemm.baseline_ns, gemm.z) == ("increased", True, 40_000, None)
-    assert (gemm.spread.values, gemm.spread.low, gemm.spread.high) == ([40_000, 40_400, 40_000], 40_000, 40_400)
-    assert gemm.baseline_executions == 4 and gemm.baseline_mean_ns == pytest.approx(sum(
-        sum(GPU_NIGHTS[n]["grow"][2]) for n in ("n1", "n2", "n3")) / 12)  # fmt: skip
-
-
-def test_gpu_time_per_marker_in_process(gpu_con) -> None:
-    report = report_of(gpu_con, baseline="latest:commit=n3", per=("user", "step"))
-    gemm = next(s for s in report.gpu_sites if s.name == "gemm")
-    # Totals per marker (2, then 4 steps); executions per marker fall, so less time is no surprise.
-    assert (gemm.baseline_ns, gemm.candidate_ns, gemm.baseline_executions, gemm.candidate_executions) == (
-        20_000, 15_000, 2, 1)  # fmt: skip
-    assert (gemm.change, gemm.baseline_mean_ns, gemm.candidate_mean_ns) == ("decreased", 10_000, 15_000)
-
-
-def test_rebuilt_modules_are_listed_up_to_a_limit(nights_db, tmp_path) -> None:
-    path = tmp_path / "rebuilt.duckdb"
-    shutil.copy(nights_db, path)
-    rebuilt = compute.MODULES_SHOWN + 3
-    with duckdb.connect(str(path)) as con:
-        for commit, key in (("n3", "{:02d}aaaaaaaaaaaaaaaaaaaa"), ("n4", "{:02d}bbbbbbbbbbbbbbbbbbbb")):
-            (run,) = con.execute("SELECT run_id FROM runs WHERE labels['commit'] = ?", [commit]).fetchone()
-            for i in range(rebuilt):
-                con.execute(
-                    "INSERT INTO run_modules VALUES (?, ?, ?, ?, 0, [])",
-                    [run, 1000 + i, key.format(i), f"/x/lib{i:02d}.so"],
-                )
-            # Not rebuilt: the same key on both sides; loaded on one side only: not a difference.
-            con.execute("INSERT INTO run_modules VALUES (?, 2000, 'same', '/x/libsame.so', 0, [])", [run])
-            con.execute("INSERT INTO run_modules VALUES (?, 2001, 'k', ?, 0, [])", [run, f"/x/only-{commit}.so"])
-    with open_database(path, read_only=True) as con:
-        report = report_of(con, baseline="latest:commit=n3")
-    modules = [e for e in report.environment if e.what.startswith("module ")]
-    assert [e.what for e in modules] == [f"module lib{i:02d}.so" for i in range(compute.MODULES_SHOWN)]
-    assert (modules[0].baseline, modules[0].candidate) == ("00aaaaaaaaaa…", "00bbbbbbbbbb…")
-    assert report.environment[-1].what == "3 more modules rebuilt"
-    assert report.environment[0].what == "label commit" and len(report.environment) == compute.MODULES_SHOWN + 2

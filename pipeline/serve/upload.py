@@ -63,10 +63,9 @@ def _entry_path(name: str) -> PurePosixPath:
         raise UploadRefused(f"archive entry {name[:200]!r} has an absolute path")
     if any(part == ".." for part in path.parts):
         raise UploadRefused(f"archive entry {name[:200]!r} reaches outside the archive ('..')")
-    parts = [p for p in path.parts if p not in ("", ".")]
-    if not parts:
+    if not path.parts:  # PurePosixPath leaves out '.' and empty parts itself
         raise UploadRefused(f"archive entry {name[:200]!r}: empty path")
-    return PurePosixPath(*parts)
+    return path
 
 
 class _Writer:
