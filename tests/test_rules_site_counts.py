@@ -106,6 +106,15 @@ def test_the_reference_counts_the_hand_made_case_for_all_runs_or_those_named(db)
     assert stored(db) == [row for row in EXPECTED if row[0] in (1, 3)]
 
 
+def test_counting_every_run_makes_the_rolled_up_runs_leads_again_and_counting_some_does_not(db) -> None:
+    # No run is rolled up here: made again, the leads are none; a lead left over from before shows which.
+    db.con.execute("INSERT INTO rolled_up_leads VALUES (1, 1, 1, 10, 5, 'a.py', 3)")
+    site_counts.count_sites(db, [1])
+    assert query_rows(db.con, "SELECT count(*) FROM rolled_up_leads") == [(1,)]
+    site_counts.count_sites(db, None)
+    assert query_rows(db.con, "SELECT count(*) FROM rolled_up_leads") == [(0,)]
+
+
 def test_inserted_counts_are_the_fast_paths_rows(db) -> None:
     counts, stack_sites = tables()
     site_counts.insert_site_counts(db, counts, stack_sites)
@@ -176,6 +185,8 @@ def test_the_fast_paths_rows_are_typed_as_the_table(db) -> None:
     [
         ({}, [(1, 1, 1, 3), (1, 1, None, 2)]),  # no stack has a row
         ({5: (7, "a.py", 1, True)}, [(1, 1, 5, 3), (1, 1, 9, 2), (1, 1, 1, 4)]),  # one row, stacks on both sides
+        # Tied events: a stack without a file ranks below one with a file ('' first, bytewise, 'B' < 'X').
+        ({1: (7, None, 5, True), 2: (7, "B.py", 1, False)}, [(1, 1, 1, 3), (1, 1, 2, 3)]),
         # Stack id 0, site id 0 (ordered first, not as no site), ids a float would not tell apart.
         (
             {0: (0, "z.py", 1, False), 1: (2**60, "a.py", 1, True), 2: (2**60 + 1, "b.py", 2, False)},
