@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -106,3 +107,25 @@ def test_a_site_packages_folder_at_the_root_names_its_files_too() -> None:
 def test_a_generated_folder_keeps_every_character_but_its_trailing_slashes() -> None:
     manifests = [{"run_id": "r", "generated_code": {"a": "/X", "b": "/cache/XX//", "c": "///"}}]
     assert siting.generated_code_rows(manifests) == {"/X/": ("a", "r"), "/cache/XX/": ("b", "r")}
+
+
+# ------------------------------------------------------------------------------------------ lent '<string>' frames
+
+
+def test_string_code_is_lent_to_its_caller_only_inside_generated_code() -> None:
+    # Frames: 0 '<string>' code of the user, 1 a library's Python frame, 2 generated Python code.
+    kinds = siting._FrameKinds(
+        python=np.array([True, True, True]),
+        user=np.array([True, False, False]),
+        generated=np.array([False, False, True]),
+        anonymous=np.array([True, False, False]),
+        symbolized=np.array([True, True, True]),
+        machinery=np.array([False, False, False]),
+    )
+    # Rows by stack, then depth: stack 1 runs '<string>' from the library inside generated code; stack 2
+    # the same without generated code; stack 3 with the generated frame inside the '<string>' one.
+    frame_of_row = np.array([0, 1, 2, 0, 1, 2, 0, 1])
+    row_stack = np.array([1, 1, 1, 2, 2, 3, 3, 3])
+    row_depth = np.array([0, 1, 2, 0, 1, 0, 1, 2])
+    lent = siting._lent_rows(frame_of_row, row_stack, row_depth, kinds)
+    assert np.flatnonzero(lent).tolist() == [0]
