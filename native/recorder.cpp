@@ -607,9 +607,12 @@ void Recorder::start(bool python, bool native, uint64_t max_buffered_events) {
 void Recorder::stop() { active_.store(false, std::memory_order_release); }
 
 void Recorder::set_stack_parts(bool python, bool native) {
-  want_python_.store(python, std::memory_order_relaxed);
-  want_native_.store(native, std::memory_order_relaxed);
-  reuse_generation_.fetch_add(1, std::memory_order_relaxed);
+  const bool changed = want_python_.exchange(python, std::memory_order_relaxed) != python;
+  if (want_native_.exchange(native, std::memory_order_relaxed) != native || changed) {
+    // Stacks kept for reuse have the other parts: forget them. The same parts again keep them (a
+    // thread's table is refilled at a gather per op it meets, and checked once per place).
+    reuse_generation_.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 void Recorder::set_stack_reuse(bool enabled, uint32_t check_every) {
@@ -693,8 +696,11 @@ inline void count(std::atomic<uint64_t>& counter) {
 }
 
 // The place of a scoped event (`level` just opened) whose stack may be reused: see set_stack_reuse.
+// `ordered`: whether the scope's place among those opened in its parent so far counts (see
+// record_event); without it, two calls of one op from one scope at the same depth share a place,
+// which a check finds ambiguous and its candidates' return addresses then tell apart.
 uint64_t reuse_place(const OpenScopes::Level& level, uint32_t kind_id, uint32_t name_id,
-                     const OpenScopes::Level* parent, const void** python_top) {
+                     const OpenScopes::Level* parent, bool ordered, const void** python_top) {
   uint64_t key = mix64((static_cast<uint64_t>(kind_id) << 32) | name_id);
   const uintptr_t scope = reinterpret_cast<uintptr_t>(level.scope);
   if (parent != nullptr) {
@@ -703,8 +709,8 @@ uint64_t reuse_place(const OpenScopes::Level& level, uint32_t kind_id, uint32_t 
     // among the scopes opened in it decide the frames in between; the Python frames are the
     // parent's while its innermost one still runs the call it ran then.
     key = mix64(key ^ parent->stack_id ^ (static_cast<uint64_t>(parent->name_id) << 32));
-    key =
-        mix64(key ^ (reinterpret_cast<uintptr_t>(parent->scope) - scope) ^ (static_cast<uint64_t>(level.place) << 48));
+    const uint64_t place = ordered ? level.place : 0;
+    key = mix64(key ^ (reinterpret_cast<uintptr_t>(parent->scope) - scope) ^ (place << 48));
     *python_top = innermost_python_frame();
     if (*python_top == parent->python_top) return key | 1;
   } else {
@@ -866,7 +872,12 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
     const void* python_top = nullptr;
     if (scope_on_stack && reuse_.load(std::memory_order_relaxed)) {
       if (!buffer->reused) buffer->reused.reset(new ReusedStacks());
-      place = reuse_place(*level, kind_id, name_id, buffer->scopes.parent_with_id(level, scope), &python_top);
+      // Where the source draws the events it records (TBPIPE_RECORD_SAMPLED below a rate of 1), the
+      // scopes recorded inside a scope are a random few of those opened there: their order says
+      // nothing, and a place keyed by it would be new almost every time.
+      const bool ordered =
+          !(scoped_flags & kScopedSampled) || sample_threshold_.load(std::memory_order_relaxed) == UINT64_MAX;
+      place = reuse_place(*level, kind_id, name_id, buffer->scopes.parent_with_id(level, scope), ordered, &python_top);
       entry = buffer->reused->find(place, generation);
       if (entry != nullptr && entry->ambiguous) {
         candidate = buffer->reused->matching(*entry, scope_address, live_lo, buffer->stack_hi);

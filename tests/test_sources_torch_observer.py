@@ -216,35 +216,50 @@ class BackwardInPython(torch.autograd.Function):
         return through_second(grad) + through_first(grad)
 
 
-def test_reused_stacks_are_the_stacks_a_walk_gives(out_dir: Path) -> None:
-    # Inside one C call the Python stack changes between ops: map() calls Python that calls the
-    # same op through two functions in turn (leaf_op's frame lies where it lay before, its caller
-    # another), and autograd's engine runs a Python backward between C++ nodes. The first layer's
-    # backward computes no input gradient, the second's does: one C++ function calls aten::mm from
-    # other lines, at the same place among the ops of nodes of one name and stack.
+CALLERS = [through_first, through_second, through_second, through_first]
+
+
+def changing_stack_workload():
+    """Inside one C call the Python stack changes between ops: map() calls Python that calls the
+    same op through two functions in turn (leaf_op's frame lies where it lay before, its caller
+    another), and autograd's engine runs a Python backward between C++ nodes. The first layer's
+    backward computes no input gradient, the second's does: one C++ function calls aten::mm from
+    other lines, at the same place among the ops of nodes of one name and stack."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
     x = torch.randn(3, 4, requires_grad=True)
-    callers = [through_first, through_second, through_second, through_first]
 
     def workload(times: int) -> None:
         for _ in range(times):
-            list(map(lambda call: call(x), callers))
+            list(map(lambda call: call(x), CALLERS))
             BackwardInPython.apply(torch.sin(x)).sum().backward()
             model(x.detach()).sum().backward()
 
-    # Gradients are made on the first backward and added to after; CPython specializes the calls
-    # it runs often, which changes the C frames under them: run until all that has happened.
-    workload(100)
+    return workload
+
+
+def walked_and_reused(out_dir: Path, workload, times: int, **options) -> dict:
+    """The runs of `workload(times)` with every stack walked (False) and with stacks reused (True),
+    recorded from the same line."""
     runs = {}
     try:
         for reuse in (False, True):
             _native._set_stack_reuse(reuse)
-            with capture.session(out_dir / str(reuse), sources=["torch-ops"]):
-                workload(8)
+            with capture.session(out_dir / str(reuse), sources=["torch-ops"], **options):
+                workload(times)
             (runs[reuse],) = read_runs(out_dir / str(reuse))
     finally:
         _native._set_stack_reuse(True)
+    return runs
+
+
+def test_reused_stacks_are_the_stacks_a_walk_gives(out_dir: Path) -> None:
+    workload = changing_stack_workload()
+
+    # Gradients are made on the first backward and added to after; CPython specializes the calls
+    # it runs often, which changes the C frames under them: run until all that has happened.
+    workload(100)
+    runs = walked_and_reused(out_dir, workload, 8)
     walked, reused = ([(e["name"], e["stack_id"]) for e in op_events(runs[r])] for r in (False, True))
     assert reused == walked
     counters = runs[True].manifest["counters"]
@@ -252,10 +267,33 @@ def test_reused_stacks_are_the_stacks_a_walk_gives(out_dir: Path) -> None:
     assert counters["stacks_reuse_mismatched"] >= 1  # the place that holds two stacks was met
     assert runs[False].manifest["counters"]["stacks_reused"] == 0
     # The leaf's stacks name the caller each op had, in the order the calls came.
-    first_map = [e for e in op_events(runs[True]) if e["name"] == "aten::relu"][: len(callers)]
+    first_map = [e for e in op_events(runs[True]) if e["name"] == "aten::relu"][: len(CALLERS)]
     assert [python_frames(runs[True], e["stack_id"])[1][1:] for e in first_map] == [
-        (call.__name__, line_of("FIRST CALLER" if call is through_first else "SECOND CALLER")) for call in callers
+        (call.__name__, line_of("FIRST CALLER" if call is through_first else "SECOND CALLER")) for call in CALLERS
     ]
+
+
+def test_reused_stacks_at_a_sample_rate_below_1_are_stacks_a_walk_gives(out_dir: Path) -> None:
+    # With torch drawing the ops, the ops recorded inside an op are a random few of those it calls:
+    # their order among them is not part of their place, and the place that holds two stacks
+    # (aten::mm from two lines of one C++ function) must still give each op its own.
+    workload = changing_stack_workload()
+
+    workload(100)
+    # At the same rate: torch runs a drawn op's callbacks from other frames than at rate 1.
+    runs = walked_and_reused(out_dir, workload, 40, sample_rate=0.5)
+    walked, drawn = runs[False], runs[True]
+    every_walk = {(e["name"], e["stack_id"]) for e in op_events(walked)}
+    recorded = [(e["name"], e["stack_id"]) for e in op_events(drawn)]
+    # Each op recorded has a stack that a walk gave an op of its name: every aten::mm (the place of
+    # two stacks), and all but the odd op whose stack is rare enough to be drawn in one run only (two
+    # walks differ by a few aten::empty stacks).
+    unknown = [event for event in recorded if event not in every_walk]
+    assert len(unknown) <= len(recorded) // 100, unknown
+    assert [event for event in unknown if event[0] == "aten::mm"] == []
+    assert sum(name == "aten::mm" for name, _ in recorded) > 20
+    counters = drawn.manifest["counters"]
+    assert counters["stacks_reused"] > len(recorded) // 2, counters
 
 
 def linear_layer_step(layer, x):
