@@ -424,6 +424,23 @@ class ReusedStacks {
     }
   }
 
+  // Whether a place that find() did not know is to be remembered now: from its second time on.
+  // Below a sample rate of 1 most places (an op under each of the enclosing ops drawn with it) come
+  // once in many steps; remembered at once they would fill the table, which then starts afresh and
+  // walks again where the common places were. A bit per place hash says it came before; the bits
+  // start afresh once half of them were set.
+  bool admit(uint64_t key) {
+    uint64_t& word = seen_once_[(key >> 6) & (kSeenWords - 1)];
+    const uint64_t bit = uint64_t{1} << (key & 63);
+    if (word & bit) return true;
+    word |= bit;
+    if (++seen_once_count_ > kSeenWords * 32) {
+      std::fill(seen_once_, seen_once_ + kSeenWords, uint64_t{0});
+      seen_once_count_ = 0;
+    }
+    return false;
+  }
+
   // Remembers a place first seen (find() returned null for it in this generation).
   void put(uint64_t key, uint64_t stack_id, uint64_t limit_key, bool limited) {
     if (size_ == kCapacity) clear();
@@ -440,6 +457,7 @@ class ReusedStacks {
   static constexpr uint16_t kFirstChecks = 1;
   static constexpr uint32_t kCapacity = 8192;       // places (256 KiB)
   static constexpr uint32_t kIndexSize = 2 * 8192;  // slots: entry index + 1, 0 when free (64 KiB)
+  static constexpr size_t kSeenWords = 1024;        // admit()'s bits (8 KiB)
   // Ambiguous places: each keeps up to kCandidates stacks (a group, 4 KiB); groups for kGroups
   // places are allocated when the first place turns out ambiguous.
   static constexpr size_t kCandidates = 8;
@@ -463,6 +481,8 @@ class ReusedStacks {
   uint32_t last_ = 0;  // the entry found or added last
   uint32_t groups_used_ = 0;
   uint32_t index_[kIndexSize] = {};
+  uint64_t seen_once_[kSeenWords] = {};
+  size_t seen_once_count_ = 0;
   Entry entries_[kCapacity];
   std::unique_ptr<Group[]> groups_;
 };
@@ -940,8 +960,10 @@ bool Recorder::record_event(uint32_t kind_id, uint32_t name_id, PyObject* attrs,
   }
   // A reused stack is in the seen set: it was remembered only once its first event was admitted.
   const bool new_stack = !reused && frames != nullptr && stack_id != 0 && insert_seen(stack_id);
-  // A place first seen is remembered once its stack is in the seen set.
-  if (place != 0 && entry == nullptr && stack_id != 0) buffer->reused->put(place, stack_id, limit, limited);
+  // A place not known yet is remembered (from its second time on: admit) once its stack is in the seen set.
+  if (place != 0 && entry == nullptr && stack_id != 0 && buffer->reused->admit(place)) {
+    buffer->reused->put(place, stack_id, limit, limited);
+  }
   const int64_t ts = now_ns();
 
   SpinGuard guard(buffer->busy);
