@@ -19,6 +19,7 @@
 
 #include "cfi.h"
 #include "modules.h"
+#include "stack_bounds.h"
 
 namespace tbpipe {
 
@@ -240,20 +241,6 @@ class FrameSink {
   bool skip_caller_;
   int32_t own_;
   int32_t caller_ = -1;  // module being skipped after our own (skip_caller_module)
-};
-
-// Stack reads allowed in [lo, hi): lo is the walk's starting rsp, below which
-// nothing of interest lives and the main thread's stack may not be mapped.
-struct StackBounds {
-  uintptr_t lo;
-  uintptr_t hi;
-  bool load(uintptr_t addr, uintptr_t* v) const {
-    if (addr < lo || addr > hi - sizeof(uintptr_t) || (addr & (sizeof(uintptr_t) - 1))) {
-      return false;
-    }
-    *v = *reinterpret_cast<const uintptr_t*>(addr);
-    return true;
-  }
 };
 
 // The splice usable for a walk of this thread, or null: its anchor must lie on this stack.

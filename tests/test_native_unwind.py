@@ -593,6 +593,32 @@ def test_cfa_outside_the_stack_stops_with_bad_stack_read(chain_o2):
     assert chain_o2.in_symbol(frames[-2][0], "chain_bad_cfa_call")
 
 
+def test_stack_reads_lie_in_the_bounds_whole_and_aligned():
+    """The unwinder loads a stack word only when it is aligned and all of it lies in [lo, hi): the
+    last readable word starts at hi - 8 (on the main thread the page past the top may be unmapped)."""
+    words = (ctypes.c_uint64 * 8)(*(0x0101010101010101 * (i + 1) for i in range(8)))
+    base = ctypes.addressof(words)
+    assert base % 8 == 0
+    lo, hi = base + 16, base + 48  # words 2 to 5; the words around them are readable too
+    assert native._stack_read(lo, hi, lo) == words[2]
+    assert native._stack_read(lo, hi, hi - 8) == words[5]
+    for refused in (lo - 8, lo + 4, hi - 7, hi - 4, hi - 1, hi, hi + 8):
+        assert native._stack_read(lo, hi, refused) is None, refused - base
+    # An unaligned top: the word that crosses it is refused.
+    assert native._stack_read(lo, hi + 4, hi - 8) == words[5]
+    assert native._stack_read(lo, hi + 4, hi) is None
+
+    # Bounds no buffer has (the rule alone, nothing read): no wrap-around below 8 or at the top.
+    top = 2**64
+    for hi in range(8):
+        assert not any(native._stack_read_allowed(0, hi, addr) for addr in (0, 8, top - 8)), hi
+    assert native._stack_read_allowed(0, 8, 0) and not native._stack_read_allowed(0, 8, 8)
+    assert native._stack_read_allowed(top - 64, top - 8, top - 16)
+    assert not native._stack_read_allowed(top - 64, top - 8, top - 8)
+    assert native._stack_read_allowed(top - 64, top - 1, top - 16)
+    assert not native._stack_read_allowed(top - 64, top - 1, top - 8)
+
+
 @x86_64_only
 def test_cfa_in_untracked_register_stops_with_unsupported_rule(chain_o2):
     frames = _walk_via(chain_o2.dll.chain_r10_cfa_call)

@@ -24,6 +24,7 @@
 #include "module_dicts.h"
 #include "modules.h"
 #include "parquet_pages.h"
+#include "stack_bounds.h"
 #include "unwind.h"
 
 namespace py = pybind11;
@@ -271,6 +272,22 @@ void register_unwinder_diagnostics(py::module_& m) {
       py::arg("data"), py::arg("hdr_offset"), py::arg("pc_offset"),
       "Compile a recipe from a copy of CFI bytes (a segment holding .eh_frame_hdr and "
       ".eh_frame); pc_offset is the PC relative to the copy's start.");
+
+  m.def(
+      "_stack_read_allowed",
+      [](uintptr_t lo, uintptr_t hi, uintptr_t addr) { return StackBounds{lo, hi}.allows(addr); }, py::arg("lo"),
+      py::arg("hi"), py::arg("addr"),
+      "Whether the unwinder may read the word at addr of a stack [lo, hi) (its own rule; nothing is read).");
+  m.def(
+      "_stack_read",
+      [](uintptr_t lo, uintptr_t hi, uintptr_t addr) {
+        uintptr_t word;
+        if (!StackBounds{lo, hi}.load(addr, &word)) return py::object(py::none());
+        return py::object(py::int_(word));
+      },
+      py::arg("lo"), py::arg("hi"), py::arg("addr"),
+      "The word at addr as the unwinder loads it from a stack [lo, hi), or None when refused. The "
+      "caller owns readable memory there.");
 
   m.def(
       "_glibc_backtrace_pcs",
