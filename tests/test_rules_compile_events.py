@@ -172,7 +172,7 @@ def test_frames_on_the_stack_now_are_not_the_traced_ones(state, tmp_path) -> Non
             f'  File "{f.f_code.co_filename}", line {f.f_lineno}, in {f.f_code.co_name}\n    x\n' for f in on_stack
         )
         return (
-            "Graph Break Reason: first line\n  second line\n\n\nUser code traceback:\n"
+            "Graph Break Reason: first line\n  second line\n  third line\n\n\nUser code traceback:\n"
             + now
             + '  File "/app/model.py", line 12, in forward\n    inner(x)\n'
             + '  File "/app/model.py", line 20, in inner\n    print(x)\n'
@@ -181,12 +181,14 @@ def test_frames_on_the_stack_now_are_not_the_traced_ones(state, tmp_path) -> Non
     def caller(outer) -> None:  # the frame that calls in, and the test's frame further out
         tc._graph_break(META, payload(outer, sys._getframe()))
 
-    events = recorded(tmp_path, lambda: caller(sys._getframe(1)))
-    assert [(f["filename"], f["line"]) for f in state.rows[0]["origin"]] == [
-        ("/app/model.py", 20),
-        ("/app/model.py", 12),
-    ]
-    assert [(kind, name) for kind, name, _attrs in events] == [("graph_break", "first line")]
+    def caller_alone() -> None:  # one frame on the stack ahead of the traced ones
+        tc._graph_break(META, payload(sys._getframe()))
+
+    events = recorded(tmp_path, lambda: caller(sys._getframe(1)), caller_alone)
+    traced = [("/app/model.py", 20), ("/app/model.py", 12)]
+    # One row: both breaks traced the same frames, so they share a carrier.
+    assert [[(f["filename"], f["line"]) for f in row["origin"]] for row in state.rows] == [traced]
+    assert [(kind, name) for kind, name, _attrs in events] == [("graph_break", "first line")] * 2
 
 
 def test_the_compile_callbacks_time_the_compiles_that_have_no_metrics_of_their_own(
