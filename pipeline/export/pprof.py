@@ -210,7 +210,7 @@ def write_pprof(source: ExportSource, out: BinaryIO, compresslevel: int = 1) -> 
             value_parts[events] = part
         return part
 
-    with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=compresslevel, mtime=0) as packed:
+    with gzip.GzipFile(filename="", fileobj=out, mode="wb", compresslevel=compresslevel, mtime=0) as packed:
         header.mapping.extend(tables.mappings.values())
         header.location.extend(tables.locations)
         header.function.extend(tables.functions.values())
