@@ -48,25 +48,27 @@ EXPECTED = [
 ]
 
 
-def tables() -> tuple[pa.Table, pa.Table]:
-    ids = sorted(SITES)
+def tables(sites: dict = SITES, counts: list = COUNTS) -> tuple[pa.Table, pa.Table]:
+    """(event counts, stack sites) as the ingest hands them to the site counts, from `sites`
+    (stack id -> site id, file, line, is user) and `counts` (run, name, stack id, events)."""
+    ids = sorted(sites)
     stack_sites = pa.table(
         {
             "stack_id": pa.array(ids, pa.int64()),
             **{
-                name: pa.array([SITES[i][k] for i in ids], site_counts.COUNTED_SITE_COLUMNS[name])
+                name: pa.array([sites[i][k] for i in ids], site_counts.COUNTED_SITE_COLUMNS[name])
                 for k, name in enumerate(("site_id", "site_file", "site_line", "site_is_user"))
             },
         }
     )
     kinds = (pa.int32(), pa.int32(), pa.int64(), pa.int64())
-    counts = pa.table(
+    event_counts = pa.table(
         {
-            name: pa.array([row[k] for row in COUNTS], kinds[k])
+            name: pa.array([row[k] for row in counts], kinds[k])
             for k, name in enumerate(("run_number", "name_id", "stack_id", "events"))
         }
     )
-    return counts, stack_sites
+    return event_counts, stack_sites
 
 
 @pytest.fixture
@@ -195,19 +197,7 @@ def test_the_fast_paths_rows_are_typed_as_the_table(db) -> None:
     ],
 )
 def test_the_fast_path_is_the_reference_at_the_edges(db, sites, counts) -> None:
-    ids = sorted(sites)
-    stack_sites = pa.table(
-        {
-            "stack_id": pa.array(ids, pa.int64()),
-            **{
-                name: pa.array([sites[i][k] for i in ids], site_counts.COUNTED_SITE_COLUMNS[name])
-                for k, name in enumerate(("site_id", "site_file", "site_line", "site_is_user"))
-            },
-        }
-    )
-    kinds = (pa.int32(), pa.int32(), pa.int64(), pa.int64())
-    names = ("run_number", "name_id", "stack_id", "events")
-    event_counts = pa.table({name: pa.array([r[k] for r in counts], kinds[k]) for k, name in enumerate(names)})
+    event_counts, stack_sites = tables(sites, counts)
     db.con.execute("DELETE FROM stack_sites; DELETE FROM event_counts")
     db.insert("INSERT INTO stack_sites BY NAME SELECT * FROM {}", stack_sites)
     db.insert("INSERT INTO event_counts BY NAME SELECT * FROM {}", event_counts)
