@@ -26,7 +26,7 @@ from tbpipe.pipeline.commands import runs as runs_command
 from tbpipe.pipeline.commands import show as show_command
 from tbpipe.pipeline.db import DatabaseBusyError, DatabaseError, IngestOptions, ingest_runs, open_database, schema
 from tbpipe.pipeline.db.compact import compact_database
-from tbpipe.pipeline.db.connection import query_rows
+from tbpipe.pipeline.db.connection import ingest_lock, query_rows
 from tbpipe.pipeline.errors import TbpipeError
 
 
@@ -362,3 +362,24 @@ def test_files_that_are_not_tbpipe_databases(tmp_path) -> None:
     garbage.write_bytes(os.urandom(5000))
     with pytest.raises(DatabaseError, match="cannot open the database"):
         open_database(garbage, read_only=True)
+
+
+def test_the_ingest_lock_names_its_holder_only_while_held(tmp_path) -> None:
+    """The lock file says who holds it while they do, and is cleared as they let go: a waiter that
+    reads it in the moment before the next holder writes sees no holder, not the last one. A holder
+    in the waiter's own process is named as such."""
+    path = tmp_path / "held.duckdb"
+    lock_file = path.with_name(path.name + ".lock")
+    waits: list[str] = []
+    with ingest_lock(path, 0.0):
+        assert lock_file.read_text().split("\n")[0] == str(os.getpid())
+        with pytest.raises(DatabaseBusyError, match=rf"another ingest \(pid {os.getpid()}, this process\)"):
+            with ingest_lock(path, 0.3, on_wait=waits.append):
+                pass
+    assert lock_file.read_text() == ""
+    assert waits == [f"waiting for another ingest (pid {os.getpid()}, this process) to finish writing {path} ..."]
+    with open(lock_file, "a+") as other:
+        fcntl.flock(other, fcntl.LOCK_EX)  # held by a holder that has not written its pid yet
+        with pytest.raises(DatabaseBusyError, match=r"another ingest is writing it"):
+            with ingest_lock(path, 0.0):
+                pass

@@ -112,6 +112,9 @@ def ingest_lock(
         finally:
             if holder is not None:
                 _HELD_FOR_PROCESS.discard(os.path.abspath(lock_path))
+            # Cleared while still held: a waiter that reads the file in the moment between the next
+            # holder's lock and its write sees no holder rather than this, finished, one.
+            os.ftruncate(fd, 0)
     finally:
         os.close(fd)
 
@@ -124,6 +127,9 @@ def _lock_holder(fd: int) -> tuple[str, str]:
         return "", ""
     pid = lines[0].strip() if lines else ""
     service = lines[1].strip() if len(lines) > 1 else ""
+    if pid == str(os.getpid()):
+        # Another thread, or a lock block left open (a generator not run to its end), of the caller's.
+        return f" (pid {pid}, this process)", service
     return (f" (pid {pid})" if pid.isdigit() else ""), service
 
 
