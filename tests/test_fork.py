@@ -89,7 +89,12 @@ with capture.session({str(out_dir)!r}, flush_interval_s=0.2):
     if pid == 0:
         for i in range(40):
             capture.record("user", "child", i=i)
-        time.sleep(1.5)  # several flush intervals
+        # Killed once a flush has written them (the first flush also loads the writer's libraries).
+        run_dir = capture.active_session().run_dir
+        deadline = time.monotonic() + 30
+        while not list(run_dir.glob("events-*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # and a few flushes more
         os.kill(os.getpid(), signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status

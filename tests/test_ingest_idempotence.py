@@ -56,7 +56,12 @@ def deep(n):
     for i in range(500):
         capture.record("kernel_launch", "before_kill", i=i)
 deep(3)
-time.sleep(1.0)  # several flushes
+# Killed once a flush has written them (the first flush also loads the writer's libraries: past a
+# second on a loaded machine), and a few flushes more.
+deadline = time.monotonic() + 30
+while not list(session.run_dir.glob("events-*.parquet")) and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(0.5)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
