@@ -11,6 +11,12 @@ listed in tests/mutation/equivalent.toml are left out; mutants the budget left u
 apart. Survivors and their diffs go to build/mutate/GROUP/survivors.txt.
 
     python tests/mutation/mutate.py [--budget MINUTES] [--keep] [GROUP ...]
+    python tests/mutation/mutate.py --groups-file tests/mutation/before.toml --sample 20 --seed 55 GROUP
+
+A group with `tests_at` (a git revision) runs its test files as they were at that revision (the other
+files of tests/ as they are now). `--sample N --seed S` runs N of each module's selected mutants
+(equivalent ones left out) drawn at random with seed S, and scores those only; with `--keep`, those of
+them an earlier run judged are not run again.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import argparse
 import fnmatch
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -52,8 +59,8 @@ OUTCOME_BY_STATUS = {
 }
 
 
-def load_groups() -> dict[str, dict[str, list[str]]]:
-    return tomllib.loads((HERE / "groups.toml").read_text())
+def load_groups(path: Path) -> dict[str, dict[str, list[str]]]:
+    return tomllib.loads(path.read_text())
 
 
 def load_equivalent() -> dict[str, str]:
@@ -95,12 +102,60 @@ def prepare(name: str, group: dict[str, list[str]], keep: bool) -> Path:
     (folder / "tbpipe").mkdir(parents=True, exist_ok=True)
     for top in PACKAGE_FOLDERS:
         relink(folder / "tbpipe" / top, ROOT / top)
-    relink(folder / "tests", ROOT / "tests")
+    link_tests(folder / "tests", group)
     relink(folder / f"{PLUGIN}.py", HERE / "redirect.py")
     relink(folder / "sitecustomize.py", HERE / "sitecustomize.py")
     pyproject = (ROOT / "pyproject.toml").read_text()
     (folder / "pyproject.toml").write_text(pyproject + mutmut_section(group))
     return folder
+
+
+def link_tests(tests: Path, group: dict) -> None:
+    """The group's `tests`: a link to the repository's, or with `tests_at` a folder of links to them
+    but for the group's test files, written as they were at that revision."""
+    if tests.is_symlink() or tests.is_file():
+        tests.unlink()
+    elif tests.exists():
+        shutil.rmtree(tests)
+    revision = group.get("tests_at")
+    if revision is None:
+        tests.symlink_to(ROOT / "tests")
+        return
+    tests.mkdir()
+    files = {test.partition("::")[0].removeprefix("tests/") for test in group["tests"]}
+    for entry in (ROOT / "tests").iterdir():
+        if entry.name not in files:
+            (tests / entry.name).symlink_to(entry)
+    for name in files:
+        old = subprocess.run(["git", "show", f"{revision}:tests/{name}"], cwd=ROOT, capture_output=True, text=True)
+        if old.returncode:
+            raise SystemExit(f"tests/{name} at {revision}: {old.stderr.strip()}")
+        (tests / name).write_text(old.stdout)
+
+
+# mutmut's first step alone (copy the sources, write every mutant and its .meta file), run in the
+# group's folder, so that a sample can be drawn from the mutants' names before `mutmut run`.
+GENERATE = """
+import os
+from mutmut.__main__ import create_mutants
+from mutmut.mutation.trampoline import set_mutant_under_test
+from mutmut.utils.file_utils import copy_also_copy_files, copy_src_dir
+set_mutant_under_test("mutant_generation")
+os.makedirs("mutants", exist_ok=True)
+copy_src_dir()
+copy_also_copy_files()
+create_mutants(2)
+"""
+
+
+def sample(folder: Path, patterns: list[str], equivalent: dict[str, str], size: int, seed: int) -> list[str]:
+    """`size` of each module's selected, non-equivalent mutants, drawn with `seed` (all where fewer)."""
+    subprocess.run([sys.executable, "-c", GENERATE], cwd=folder, check=True, stdout=subprocess.DEVNULL)
+    names = []
+    for mutants in selected(statuses(folder), patterns).values():
+        pool = sorted(key for key, status in mutants.items() if status != "skipped" and key not in equivalent)
+        names += sorted(random.Random(seed).sample(pool, min(size, len(pool))))
+    return names
 
 
 def run_group(folder: Path, budget_s: int, children: int, rerun: list[str]) -> int:
@@ -221,27 +276,39 @@ def write_survivors(folder: Path, by_path: dict[str, dict[str, str]], equivalent
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("groups", nargs="*", help="groups of tests/mutation/groups.toml (all by default)")
+    parser.add_argument(
+        "--groups-file", type=Path, default=HERE / "groups.toml", help="the groups (default tests/mutation/groups.toml)"
+    )
+    parser.add_argument("--sample", type=int, help="run this many of each module's selected mutants")
+    parser.add_argument("--seed", type=int, default=0, help="the sample's random seed (default 0)")
     parser.add_argument("--budget", type=float, default=10.0, help="minutes per group (default 10)")
     parser.add_argument("--children", type=int, default=os.cpu_count() or 2, help="mutants run at once")
     parser.add_argument(
         "--keep", action="store_true", help="keep earlier results and rerun only survivors and unrun mutants"
     )
     args = parser.parse_args()
-    groups = load_groups()
+    groups = load_groups(args.groups_file)
     unknown = set(args.groups) - set(groups)
     if unknown:
-        raise SystemExit(f"unknown groups {sorted(unknown)}; tests/mutation/groups.toml has {sorted(groups)}")
+        raise SystemExit(f"unknown groups {sorted(unknown)}; {args.groups_file} has {sorted(groups)}")
     equivalent = load_equivalent()
     failed, rows, known, ran_modules = [], [], set(), set()
     for name in args.groups or list(groups):
         folder = prepare(name, groups[name], args.keep)
         names = to_run(folder, groups[name], equivalent, args.keep)
+        scored = groups[name].get("mutants", [])
+        if args.sample is not None:
+            scored = sample(folder, scored, equivalent, args.sample, args.seed)
+            print(f"== {name}: sample of {args.sample} per module, seed {args.seed}:", *scored, sep="\n   ", flush=True)
+            # With `keep`, the sampled mutants judged by an earlier run (of a smaller sample) are not run again.
+            judged = set(names_with(statuses(folder), {}, KILLED, SURVIVED)) if args.keep else set()
+            names = [key for key in scored if key not in judged] or None
         before = exit_codes(folder) if args.keep else {}
         print(f"== {name}: mutmut run in {folder} (budget {args.budget:g} min)", flush=True)
         if names is not None and run_group(folder, int(args.budget * 60), args.children, names) not in (0, 124, 130):
             failed.append(name)
         restore_kills(folder, before)
-        by_path = selected(statuses(folder), groups[name].get("mutants", []))
+        by_path = selected(statuses(folder), scored)
         ran_modules.update(path.removesuffix(".py").replace("/", ".") for path in by_path)
         known.update(key for mutants in by_path.values() for key in mutants)
         rows += score_rows(by_path, equivalent)
