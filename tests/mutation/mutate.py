@@ -158,13 +158,52 @@ def sample(folder: Path, patterns: list[str], equivalent: dict[str, str], size: 
     return names
 
 
+# How often a running mutmut's meta files are copied aside (see `run_group`).
+META_COPY_INTERVAL_S = 5.0
+
+
 def run_group(folder: Path, budget_s: int, children: int, rerun: list[str]) -> int:
-    """mutmut run in `folder`, interrupted (it keeps what it finished) once `budget_s` has passed."""
+    """mutmut run in `folder`, interrupted (it keeps what it finished) once `budget_s` has passed.
+
+    mutmut rewrites a module's meta file in place after every mutant, so the interrupt can land
+    between its truncation and its write and leave it empty: the files are copied aside every few
+    seconds while it runs, and one left unreadable is put back from its copy (the mutants judged
+    since then count as not run)."""
     mutmut = Path(sys.executable).parent / "mutmut"
     command = ["timeout", "--signal=INT", "--kill-after=60", str(budget_s), str(mutmut), "run"]
     command += ["--max-children", str(children)] + rerun
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
-    return subprocess.run(command, cwd=folder, env=env).returncode
+    process = subprocess.Popen(command, cwd=folder, env=env)
+    while True:
+        try:
+            code = process.wait(timeout=META_COPY_INTERVAL_S)
+            break
+        except subprocess.TimeoutExpired:
+            copy_meta_files(folder)
+    restore_meta_files(folder)
+    return code
+
+
+def _read_meta(meta: Path) -> dict | None:
+    try:
+        return json.loads(meta.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def copy_meta_files(folder: Path) -> None:
+    for meta in (folder / "mutants").rglob("*.py.meta"):
+        if _read_meta(meta) is not None:
+            shutil.copyfile(meta, meta.with_name(meta.name + ".last"))
+
+
+def restore_meta_files(folder: Path) -> None:
+    for meta in (folder / "mutants").rglob("*.py.meta"):
+        last = meta.with_name(meta.name + ".last")
+        if _read_meta(meta) is None and last.exists():
+            print(f"{meta}: left unreadable by the interrupt, put back from its copy of a few seconds before")
+            shutil.copyfile(last, meta)
+        last.unlink(missing_ok=True)
 
 
 def statuses(folder: Path) -> dict[str, dict[str, str]]:
