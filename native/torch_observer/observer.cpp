@@ -82,19 +82,30 @@ struct Frame {
 // set of addresses (the newer first): an op's name is its schema's, at the same address every call,
 // and a step's few hundred names would often share a line of a direct-mapped table. The text is
 // compared too, because names built per call (backward nodes, user scopes) can come at an address
-// another name had before.
+// another name had before. A step's ops come in the same order every time, and its names' lines are
+// out of the cache by the time they come again: each line keeps the set looked up after it last
+// time, fetched into the cache while the op runs.
 class RecentNames {
  public:
   static constexpr size_t kTextBytes = 48;
 
   // The id of `name` if a line holds this address with this text, else 0.
-  uint32_t find(const char* name) const {
-    const Line* set = &lines_[set_of(name) * kWays];
+  uint32_t find(const char* name) {
+    const size_t set_index = set_of(name);
+    if (previous_ != nullptr) previous_->next_set = static_cast<uint16_t>(set_index);
+    previous_ = nullptr;
+    Line* set = &lines_[set_index * kWays];
     for (size_t way = 0; way < kWays; ++way) {
-      const Line& line = set[way];
+      Line& line = set[way];
       if (line.address != name) continue;
       const size_t length = strnlen(name, kTextBytes);
-      if (length == line.length && std::memcmp(line.text, name, length) == 0) return line.id;
+      if (length == line.length && std::memcmp(line.text, name, length) == 0) {
+        previous_ = &line;
+        const Line* next = &lines_[line.next_set * kWays];
+        __builtin_prefetch(next);
+        __builtin_prefetch(next + 1);
+        return line.id;
+      }
     }
     return 0;
   }
@@ -107,17 +118,21 @@ class RecentNames {
     Line& line = set[0];
     line.address = name;
     line.id = id;
-    line.length = static_cast<uint32_t>(length);
+    line.length = static_cast<uint16_t>(length);
+    line.next_set = 0;
     std::memcpy(line.text, name, length);
+    previous_ = &line;
   }
 
  private:
   struct alignas(64) Line {
     const char* address = nullptr;
     uint32_t id = 0;
-    uint32_t length = 0;
+    uint16_t length = 0;
+    uint16_t next_set = 0;  // the set looked up after this line's name, last time
     char text[kTextBytes];
   };
+  static_assert(sizeof(Line) == 64, "a name's line is one cache line");
   static constexpr size_t kWays = 2;
   static constexpr size_t kSets = 256;
   static size_t set_of(const char* name) {
@@ -125,6 +140,7 @@ class RecentNames {
     return static_cast<size_t>((key * 0x9E3779B97F4A7C15ULL) >> 56);  // top 8 bits: kSets == 256
   }
   Line lines_[kSets * kWays];
+  Line* previous_ = nullptr;  // the line found or filled last (its next_set is the next lookup's)
 };
 
 // Names that are new on every call ("ProfilerStep#17") would grow the table without bound.
