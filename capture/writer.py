@@ -7,6 +7,7 @@ become Arrow arrays without a Python loop per event; only attribute dicts
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import threading
@@ -54,6 +55,10 @@ _STATISTICS = ["ts", "stack_id"]
 # fewer page headers, checksums and compression contexts, and its delta-packed ids and mostly-null
 # op columns compress better in long pages; values go to the encoders in larger batches too.
 _EVENTS_PAGES = {"max_rows_per_page": 1 << 20, "data_page_size": 8 << 20, "write_batch_size": 1 << 16}
+# Older pyarrow releases have no row cap per page and refuse the keyword: there, the page size
+# alone, and Arrow's default row count a page.
+if "max_rows_per_page" not in inspect.signature(pq.ParquetWriter.__init__).parameters:
+    del _EVENTS_PAGES["max_rows_per_page"]
 
 
 def parquet_options(column_names: list[str]) -> dict[str, Any]:
