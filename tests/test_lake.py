@@ -32,6 +32,7 @@ from tbpipe.pipeline.db.connection import open_database, query_rows
 from tbpipe.pipeline.lake import ids, steps, store
 from tbpipe.pipeline.lake.executors import SYMBOL_STORE_CONF
 from tbpipe.pipeline.lake.spark_ingest import SHARD_CONF
+from tbpipe.schemas.lake import TABLES
 
 SHARD_ADDRESSES = 2  # small: the libpython module's addresses are split over several tasks
 
@@ -287,8 +288,7 @@ def mixed(nights, generated, workload, symbol_cache, spark, tmp_path_factory) ->
     duckdb_summary = ingest_runs([runs], IngestOptions(db_path=db, cache_dir=symbol_cache, progress=False))
     assert duckdb_summary.ok, [o.reason for o in duckdb_summary.outcomes]
     lake = base / "lake"
-    # A broadcast of one raw stack at most: each run's events are re-keyed in a pass of their own.
-    options = SparkIngestOptions(lake=lake, cache_dir=symbol_cache, broadcast_stacks=1)
+    options = SparkIngestOptions(lake=lake, cache_dir=symbol_cache)
     summary = ingest_runs_spark([runs], options, spark=spark)
     assert summary.ingested == 3 and summary.incomplete == 1, [o.reason for o in summary.outcomes]
     return {
@@ -365,6 +365,74 @@ def test_gpu_time_carried_by_export_and_noted_by_the_spark_ingest(workload, mixe
     gpu_sites = f"SELECT * FROM call_sites WHERE run_id = '{mixed['gpu']}'"
     assert sorted_rows(lake_rows(mixed["lake"], gpu_sites)) == sorted_rows(con.execute(gpu_sites).fetchall())
     assert lake_rows(mixed["lake"], "SELECT count(*) FROM gpu_time_sites") == [(0,)]
+
+
+def test_run_events_written_as_the_database_holds_them(db, nights, tmp_path) -> None:
+    """The job's per-run events step alone (`steps.write_run_events`, no Spark) on a run whose events
+    part is split in two: the DuckDB ingest's events of that run, numbered on across the parts, and
+    its counts per name and stack, in the lake's types."""
+    source = sorted(p for p in (nights / "runs").iterdir() if p.name != "damaged")[0]
+    run_dir = tmp_path / "runs" / source.name
+    shutil.copytree(source, run_dir)
+    part = sorted(run_dir.glob("events-*.parquet"))[0]
+    table = pq.read_table(part)
+    half = table.num_rows // 2
+    pq.write_table(table.slice(0, half), part, compression="zstd")
+    pq.write_table(table.slice(half), part.with_name(part.stem + "b.parquet"), compression="zstd")
+    prepared = steps.prepare_run(run_dir, {})
+    run = prepared.run
+    assert run["status"] == "ingested" and half in run["event_rows"], run
+    written = steps.write_run_events(run, prepared.stacks, prepared.names, tmp_path / "rows", tmp_path / "counts")
+
+    names = {i: (k, n) for i, k, n in zip(*(prepared.names[c].to_pylist() for c in ("name_id", "kind", "name")))}
+    partition = f"{store.PARTITION}={run['run_number']}"
+    (rows_file,) = store.data_files(tmp_path / "rows" / partition)
+    (counts_file,) = store.data_files(tmp_path / "counts" / partition)
+    assert pq.read_schema(rows_file).names == TABLES["event_rows"].file_schema.names
+    rows = pq.read_table(rows_file).to_pylist()
+    got = sorted(
+        (r["event_id"], int(r["ts"].timestamp() * 1e6), r["thread_id"], *names[r["name_id"]],
+         _unsigned(r["stack_id"]), r["attrs"])
+        for r in rows
+    )  # fmt: skip
+    expected = duckdb_rows(
+        db[0],
+        f"""
+        SELECT e.event_id - min(e.event_id) OVER () + 1, epoch_us(e.ts), e.thread_id, e.kind, e.name, s.stack_hash,
+               CAST(e.attrs AS VARCHAR)
+        FROM events e LEFT JOIN stacks s USING (stack_id)
+        WHERE e.run_id = '{run["run_id"]}'
+        ORDER BY 1
+        """,
+    )
+    assert len(expected) == table.num_rows and got == expected
+    counts = sorted(
+        ((*names[r["name_id"]], _unsigned(r["stack_id"]), r["events"]) for r in pq.read_table(counts_file).to_pylist()),
+        key=repr,
+    )
+    assert counts == sorted(
+        duckdb_rows(
+            db[0],
+            f"""
+            SELECT e.kind, e.name, s.stack_hash, count(*)
+            FROM events e LEFT JOIN stacks s USING (stack_id)
+            WHERE e.run_id = '{run["run_id"]}'
+            GROUP BY ALL
+            """,
+        ),
+        key=repr,
+    )
+    stacked = [c for c in counts if c[2] is not None]
+    assert written == {
+        "run_number": run["run_number"],
+        "events": table.num_rows,
+        "stacks": len({c[2] for c in stacked}),
+        "null_stack": sum(c[3] for c in counts if c[2] is None),
+    }
+
+
+def _unsigned(value: int | None) -> int | None:
+    return None if value is None else value & 0xFFFF_FFFF_FFFF_FFFF
 
 
 def test_attributes_not_json_counted_per_event(tmp_path) -> None:

@@ -9,11 +9,13 @@ Where each step runs (D = driver, E = executors):
      parts' dictionaries), events whose attributes are not JSON (each part's distinct texts checked
      once); damaged runs come back quarantined, a folder an executor cannot read stops the job
      with its path
-  E  events, in the JVM only: read once by Spark's Parquet reader, run and event id from the file,
-     name id, and raw stack id -> stack id by broadcast joins, written as run partitions into
-     staging; events per run, name and stack counted by one Spark SQL aggregation over the two id
-     columns written, staged as run partitions too (both moved into the lake once the run's other
-     tables are in)
+  E  events, per run in C++: `groupBy(run).applyInArrow(steps.write_run_events)` over the run's
+     raw stack id -> stack id and name maps; DuckDB in the task reads each events part once,
+     re-keys names and stacks by hash joins, and writes the run's `event_rows` file and its
+     `event_counts` (events per name and stack) into staging as run partitions (both moved into
+     the lake once the run's other tables are in). No event passes through Spark's rows or Python
+     objects: Spark's own read and write of every event cost more than the 3 µs an event the
+     whole job has (docs/scale.md)
   E  new stacks: distinct stack ids anti-joined with the lake's `stacks`; each new stack is laid
      out by one run holding it, picked by a hash of (stack, run) so the work spreads over runs
   E  lay out: `groupBy(run).applyInArrow(steps.lay_out_run)`: slots, stack rows, source files
@@ -28,7 +30,8 @@ Where each step runs (D = driver, E = executors):
 
 Every intermediate result is written by Spark to `<lake>/_staging/<job>/` and read back, so no
 step runs twice and nothing but per-run rows and per-module counts reaches the driver. Python runs
-per run, per new stack and per symbol shard, never per event. Tables are
+per run, per new stack and per symbol shard, never per event (a run's events are read and
+written by DuckDB's vectorized C++ in the run's task). Tables are
 written in dependency order and `runs` last: a job that dies leaves runs that the next job
 ingests again (run partitions are replaced, content rows are added only when their id is new).
 """
@@ -48,7 +51,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -62,7 +64,6 @@ from tbpipe.pipeline.lake import executors, steps, store
 from tbpipe.pipeline.lake.store import LakeError
 from tbpipe.pipeline.rawrun import dangling_events_note, find_run_dirs
 from tbpipe.schemas.lake import CONTENT, PARTITION, TABLES
-from tbpipe.schemas.op_attributes import event_attrs_spark
 
 if TYPE_CHECKING:
     from tbpipe.pipeline.symbols.debuginfod import DebuginfodSettings
@@ -70,17 +71,7 @@ if TYPE_CHECKING:
 DEFAULT_SHARD_ADDRESSES = 200_000  # addresses of one module symbolized by one task, at most
 SHARD_CONF = "spark.tbpipe.symbolShardAddresses"  # --conf that sets it
 DEFAULT_COMPACT_FILES = 32  # an unpartitioned table with more files than this is rewritten
-# Raw stacks (run, raw id -> stack id) re-keyed by one broadcast join at most: runs beyond go in another pass.
-DEFAULT_BROADCAST_STACKS = 4_000_000
-BROADCAST_CONF = "spark.tbpipe.broadcastStacks"  # --conf that sets it
 SHUFFLE_CONF = "spark.sql.shuffle.partitions"
-# The raw events as Spark reads them (parts of raw schema 1 and 2 have no correlation_id, parts before 5
-# no op_* columns: read as null).
-RAW_EVENTS = (
-    "ts long, thread_id long, kind string, name string, stack_id decimal(20,0), attrs string, correlation_id long, "
-    "op_id long, op_depth int, op_parent long, op_seq long, op_seq_thread long, op_bwd_seq long, op_fwd_thread long, "
-    "op_bwd_node string, op_scope string"
-)
 
 
 @dataclass
@@ -102,7 +93,6 @@ class SparkIngestOptions:
     recover_manifests: bool = False
     shard_addresses: int = DEFAULT_SHARD_ADDRESSES
     compact_files: int = DEFAULT_COMPACT_FILES
-    broadcast_stacks: int = DEFAULT_BROADCAST_STACKS
     # Called with (step name, True) before and (step name, False) after each step (benchmarks time them).
     on_step: Callable[[str, bool], None] | None = None
 
@@ -197,7 +187,7 @@ def tagged_batches(schema: pa.Schema, part: str, table: pa.Table, **extra: Any):
 
 PREPARED = tagged_schema(
     {
-        "run": steps.PREPARED_RUN.append(pa.field("event_first", pa.list_(pa.int64()))),
+        "run": steps.PREPARED_RUN,
         "stack": steps.RAW_STACK,
         "module": TABLES["run_modules"].schema.append(pa.field(PARTITION, pa.int64())),
         "name": steps.RUN_NAME,
@@ -366,8 +356,6 @@ class _Job:
                 for path in batch.column("path").to_pylist():
                     prepared = steps.prepare_run(path, known, recover_manifests=recover)
                     run = dict(prepared.run)
-                    rows = run["event_rows"] or []
-                    run["event_first"] = [int(v) for v in np.cumsum([0, *rows])[:-1]] if rows else []
                     yield from tagged_batches(
                         schema, "run", pa.Table.from_pylist([run], pa.schema(list(schema.field("run").type)))
                     )
@@ -500,93 +488,45 @@ class _Job:
         grouped = laid.groupBy(PARTITION).cogroup(needed.groupBy("owner"))
         return self.stage("built", grouped.applyInArrow(build_group, spark_schema(schema)))
 
-    def stage_events(self, ready_runs: list[dict[str, Any]], prepared: Any) -> Path:
-        """Every event of the ready runs read once by Spark's Parquet reader and made a lake row in
-        the JVM: its run and event id from its file and row (broadcast), its name id from (kind, name)
-        (broadcast, the names prepare read from the parts' dictionaries), its stack id from the raw
-        one (broadcast). Written as run partitions under the staging folder, which is returned.
-        (Prepare checked the attributes as JSON, per distinct text of each part.)"""
+    def stage_events(
+        self, ready_runs: list[dict[str, Any]], prepared: Any
+    ) -> tuple[Any, dict[int, int], dict[int, int]]:
+        """Every event of the ready runs made a lake row and counted per name and stack, per run by
+        `steps.write_run_events` (DuckDB in the run's task) into `<staging>/event_rows` and
+        `<staging>/event_counts` run partitions. Returns the staged `event_counts` (None: no run
+        has events) and per run its distinct stacks and its events without a stack."""
         from pyspark.sql import functions as F
 
-        target = self.staging / "event_rows"
-        stacks = (
-            prepared.where(F.col("part") == "stack").select("stack.*").withColumnRenamed("stack_id", "lake_stack_id")
-        )
-        names = prepared.where(F.col("part") == "name").select("name.*")
-        # The raw stack id is a uint64 (a DECIMAL(20, 0) to Spark): its bits as a signed long.
-        # (v - 2**63 fits a BIGINT; flipping its top bit adds 2**63 back modulo 2**64: one decimal
-        # subtraction per event, no comparison.)
-        signed = F.expr("CAST(stack_id - 9223372036854775808BD AS BIGINT) ^ -9223372036854775808L")
-        for batch in _broadcast_batches(ready_runs, self.options.broadcast_stacks):
-            events = self._raw_events(batch)
-            if events is None:
-                continue
-            numbers = [run["run_number"] for run in batch]
-            batch_stacks = stacks.where(F.col(PARTITION).isin(numbers))
-            batch_names = names.where(F.col(PARTITION).isin(numbers)).select("kind", "name", "name_id")
-            rows = (
-                events.join(F.broadcast(batch_names.dropDuplicates(["kind", "name"])), ["kind", "name"])
-                .withColumn("raw_id", signed)
-                .join(F.broadcast(batch_stacks), [PARTITION, "raw_id"], "left")
-            )
-            rows = rows.select(
-                (F.col("first") + F.col("row_index") + 1).alias("event_id"),
-                F.col(PARTITION),
-                F.timestamp_micros(F.expr("(ts + 500) div 1000")).alias("ts"),
-                F.col("thread_id"),
-                F.col("name_id"),
-                F.col("lake_stack_id").alias("stack_id"),
-                _attrs_with_correlation_id(F).alias("attrs"),
-            )
-            rows.write.mode("append").partitionBy(PARTITION).parquet(str(target))
-        return target
-
-    def _raw_events(self, runs: list[dict[str, Any]]) -> Any:
-        """The raw events of `runs` with the run number and first event id of their file, and their
-        row's index in it (None: the runs have no events parts)."""
-        from pyspark.sql import functions as F
-
-        # `file:` and the absolute path as it is: Hadoop's Path takes no percent-escapes.
-        files = [
-            (f"file:{Path(path).absolute()}", run["run_number"], first)
-            for run in runs
-            for path, first in zip(run["event_files"], run["event_first"])
-        ]
-        if not files:
-            return None
-        reader = self.spark.read.schema(RAW_EVENTS).parquet(*[f[0] for f in files])
-        # `_metadata.file_path` spells a file as Hadoop's Path makes it a URI (percent-escapes): the
-        # files are matched on that spelling, made by the JVM once per file rather than per event.
-        hadoop_path = self.spark.sparkContext._jvm.org.apache.hadoop.fs.Path
-        file_map = self.spark.createDataFrame(
-            [(hadoop_path(uri).toUri().toString(), number, first) for uri, number, first in files],
-            f"file_path string, {PARTITION} long, first long",
-        )
-        events = reader.select("*", F.col("_metadata.file_path").alias("file_path"), "_metadata.row_index")
-        return events.join(F.broadcast(file_map), "file_path")
-
-    def count_events(self, staged: Path) -> tuple[Any, dict[int, int], dict[int, int]]:
-        """`event_counts` rows of the staged events (one Spark SQL aggregation over the two id
-        columns written), staged as run partitions of one file each (swapped into the lake with the
-        events); and per run its distinct stacks and its events without a stack."""
-        from pyspark.sql import functions as F
-
-        if not store.data_files(staged):
+        with_events = {r["run_number"]: r for r in ready_runs if r["event_files"]}
+        if not with_events:
             return None, {}, {}
-        rows = self.spark.read.parquet(str(staged))
-        counts = rows.groupBy(PARTITION, "name_id", "stack_id").agg(F.count(F.lit(1)).alias("events"))
-        target = self.staging / "event_counts"
-        counts.select(*TABLES["event_counts"].schema.names).repartition(PARTITION).write.partitionBy(PARTITION).parquet(
-            str(target)
+        events_dir, counts_dir = self.staging / "event_rows", self.staging / "event_counts"
+        # A run's maps: its raw stacks (raw id -> stack id) and its names, keyed by its number.
+        keyed = prepared.where(F.col("part").isin("stack", "name")).select(
+            F.coalesce(F.col(f"stack.{PARTITION}"), F.col(f"name.{PARTITION}")).alias(PARTITION),
+            "part",
+            "stack.raw_id",
+            "stack.stack_id",
+            "name.name_id",
+            "name.kind",
+            "name.name",
         )
-        counts = self.read_table("event_counts", target)
-        per_run = counts.groupBy(PARTITION).agg(
-            F.count_distinct("stack_id"), F.sum(F.when(F.col("stack_id").isNull(), F.col("events")))
-        )
-        stacks, without = {}, {}
-        for number, distinct, nulls in per_run.collect():
-            stacks[number], without[number] = distinct, nulls or 0
-        return counts, stacks, without
+        keyed = keyed.where(F.col(PARTITION).isin(list(with_events)))
+        runs = {n: {k: r[k] for k in ("run_number", "event_files", "event_rows")} for n, r in with_events.items()}
+        schema = steps.WRITTEN_EVENTS
+
+        def write_group(group: pa.Table) -> pa.Table:
+            run = runs[group[PARTITION][0].as_py()]
+            part = group["part"]
+            stacks = group.filter(pc.equal(part, "stack")).select(steps.RAW_STACK.names)
+            names = group.filter(pc.equal(part, "name")).select(steps.RUN_NAME.names)
+            row = steps.write_run_events(run, stacks, names, events_dir, counts_dir)
+            return pa.Table.from_pylist([row], schema=schema)
+
+        written = keyed.groupBy(PARTITION).applyInArrow(write_group, spark_schema(schema)).collect()
+        stacks = {row[PARTITION]: row["stacks"] for row in written}
+        without = {row[PARTITION]: row["null_stack"] for row in written}
+        return self.read_table("event_counts", counts_dir), stacks, without
 
     def publish_partitions(self, name: str, staged: Path, runs: list[dict[str, Any]]) -> None:
         """The staged partitions of table `name` of `runs` moved into the lake, each replacing the run's own."""
@@ -603,9 +543,7 @@ class _Job:
 
         spark = self.spark
         with self.step("write events"):
-            staged = self.stage_events(ready_runs, prepared)
-        with self.step("count events"):
-            counts, stacks_per_run, null_stacks = self.count_events(staged)
+            counts, stacks_per_run, null_stacks = self.stage_events(ready_runs, prepared)
         for run in ready_runs:
             number = run["run_number"]
             dangling = steps.dangling_events(run, null_stacks.get(number, 0))
@@ -652,7 +590,7 @@ class _Job:
             with self.step("publish events and counts"):
                 names = prepared.where((F.col("part") == "name") & F.col(f"name.{PARTITION}").isin(numbers))
                 self.append_new("event_names", names.select("name.name_id", "name.kind", "name.name"))
-                self.publish_partitions("event_rows", staged, ready_runs)
+                self.publish_partitions("event_rows", self.staging / "event_rows", ready_runs)
             with self.step("count sites"):
                 self.write_site_counts(counts.where(F.col(PARTITION).isin(numbers)))
             with self.step("publish events and counts"):  # after the site counts that read them
@@ -841,8 +779,6 @@ def ingest_runs_spark(roots: Sequence[Path], options: SparkIngestOptions, *, spa
     settings = {key: options.conf.get(key) or spark.conf.get(key, None) for key in _JOB_SETTINGS}
     if settings[SHARD_CONF]:
         options.shard_addresses = int(settings[SHARD_CONF])
-    if settings[BROADCAST_CONF]:
-        options.broadcast_stacks = int(settings[BROADCAST_CONF])
     job = _Job(spark, options, rules)
     job.symbol_store = executors.symbol_store({k: v for k, v in settings.items() if v}, options.cache_dir)
     try:
@@ -880,7 +816,7 @@ def ingest_runs_spark(roots: Sequence[Path], options: SparkIngestOptions, *, spa
     return summary
 
 
-_JOB_SETTINGS = (SHARD_CONF, BROADCAST_CONF, executors.SYMBOL_STORE_CONF)
+_JOB_SETTINGS = (SHARD_CONF, executors.SYMBOL_STORE_CONF)
 
 
 def _as_given(path: Path, given: dict[Path, Path]) -> Path:
@@ -889,22 +825,6 @@ def _as_given(path: Path, given: dict[Path, Path]) -> Path:
         if path == absolute or absolute in path.parents:
             return named / path.relative_to(absolute)
     return path
-
-
-def _broadcast_batches(runs: list[dict[str, Any]], limit: int) -> Iterator[list[dict[str, Any]]]:
-    """The runs in batches whose raw stacks (rows of the broadcast stack map) stay under `limit`
-    (a run with more is a batch alone)."""
-    batch: list[dict[str, Any]] = []
-    held = 0
-    for run in runs:
-        stacks = run["stacks"] or 0
-        if batch and held + stacks > limit:
-            yield batch
-            batch, held = [], 0
-        batch.append(run)
-        held += stacks
-    if batch:
-        yield batch
 
 
 def _run_modules(prepared: Any, ready: Any) -> Any:
@@ -935,22 +855,6 @@ def _remove_empty(path: Path) -> None:
         path.rmdir()
     except OSError:
         pass
-
-
-def _attrs_with_correlation_id(F: Any) -> Any:
-    """An event's attributes as the lake keeps them: an op's made from its op_* columns (raw schema 5),
-    a CUDA call's correlation id (a column of its own in raw schema 3) put back into the JSON text,
-    first, in the same text as the DuckDB file's `event_attrs` gives for an object with members, an
-    empty object or none."""
-    attrs, correlation = event_attrs_spark(F, F.col("attrs")), F.col("correlation_id")
-    member = F.concat(F.lit('{"correlation_id":'), correlation.cast("string"))
-    alone = F.concat(member, F.lit("}"))
-    spliced = F.concat(member, F.lit(","), F.regexp_replace(attrs, r"^\s*\{", ""))
-    merged = F.when(attrs.isNull() | attrs.rlike(r"^\s*\{\s*\}\s*$"), alone).otherwise(spliced)
-    # An object whose first member follows its brace (what the capture writes) is spliced without
-    # a regular expression per event, as the `event_attrs` macro does.
-    plain = F.concat(member, F.lit(","), attrs.substr(F.lit(2), F.length(attrs)))
-    return F.when(correlation.isNull(), attrs).when(attrs.startswith('{"'), plain).otherwise(merged)
 
 
 __all__ = ["SparkIngestOptions", "ingest_runs_spark", "spark_session"]

@@ -10,10 +10,13 @@ in-memory DuckDB). The Spark job (`lake.spark_ingest`) runs them in `mapInArrow`
                    (raw id -> stack id), its modules and its event names (from the events parts'
                    dictionaries and footers: no event is read here). Damaged runs come back
                    quarantined; a folder the executor cannot read comes back 'unreachable'.
-2. `lay_out_run`   for the stacks a run was chosen to bring in: their slots (combined order,
+2. `write_run_events`  a prepared run's events as the lake's `event_rows` and `event_counts`
+                   files, by DuckDB in the task (each part read once, names and stacks re-keyed
+                   through the run's own maps): the only step that reads events.
+3. `lay_out_run`   for the stacks a run was chosen to bring in: their slots (combined order,
                    before inline expansion), stack rows and the Python files they name.
-3. `symbolize`     one shard of (module, address) requests through the symbolizer.
-4. `build_frames`  slots + symbols -> frames (each once, by content id), the stacks' frame rows,
+4. `symbolize`     one shard of (module, address) requests through the symbolizer.
+5. `build_frames`  slots + symbols -> frames (each once, by content id), the stacks' frame rows,
                    and their call sites by the packaged siting SQL.
 """
 
@@ -37,6 +40,7 @@ from tbpipe.capture import __version__
 from tbpipe.pipeline.db import schema
 from tbpipe.pipeline.db.ingest.gpu import GPU_TABLES
 from tbpipe.pipeline.db.ingest.siting import import_roots, portable_file, reference_sites
+from tbpipe.pipeline.db.schema import sql_text
 from tbpipe.pipeline.lake import ids
 from tbpipe.pipeline.rawrun import (
     DamagedRunError,
@@ -52,8 +56,9 @@ from tbpipe.pipeline.stacks import layout
 from tbpipe.pipeline.stacks.flatten import flatten_run
 from tbpipe.pipeline.symbols import ModuleRef, Symbolizer
 from tbpipe.pipeline.symbols.debuginfod import DebuginfodSettings
-from tbpipe.schemas.lake import TABLES
+from tbpipe.schemas.lake import PARTITION, TABLES
 from tbpipe.schemas.modulekey import ModuleKey
+from tbpipe.schemas.op_attributes import event_attrs_sql
 
 # ------------------------------------------------------------------------------------------ schemas of the steps
 
@@ -253,6 +258,100 @@ def attributes_not_json(paths: list[Path]) -> int:
     return bad
 
 
+# ------------------------------------------------------------------------------------------ 2. events
+
+
+WRITTEN_EVENTS = pa.schema(
+    [
+        ("run_number", pa.int64()),
+        ("events", pa.int64()),  # rows written
+        ("stacks", pa.int64()),  # distinct stacks of those rows
+        ("null_stack", pa.int64()),  # rows without a stack (none taken, or one the run does not hold)
+    ]
+)
+
+
+def write_run_events(
+    run: dict[str, Any], stacks: pa.Table, names: pa.Table, events_dir: Path, counts_dir: Path
+) -> dict[str, int]:
+    """One prepared run's events as the lake's `event_rows` file and its `event_counts` file (each
+    one Parquet file in `<dir>/run_number=<n>/`), by DuckDB in this process: each events part read
+    once, its event ids numbered on from the parts before it, names and raw stack ids re-keyed by
+    hash joins with the run's own maps (`stacks`: RAW_STACK rows, `names`: RUN_NAME rows), the
+    attributes made as the export makes them (`event_attrs`, op_* columns first); the counts per
+    name and stack from the raw ids, before re-keying. Returns a WRITTEN_EVENTS row."""
+    number = int(run["run_number"])
+    con = _siting_connection()
+    # Read by DuckDB by these names (replacement scans).
+    lake_stack_map = pa.table(  # noqa: F841
+        {
+            "raw_id": pa.array(ids.unsigned(_numpy(stacks["raw_id"], np.int64)), pa.uint64()),
+            "stack_id": stacks["stack_id"],
+        }
+    )
+    lake_names = names.select(["kind", "name", "name_id"])  # noqa: F841
+    first = np.cumsum([0, *run["event_rows"]])[:-1]
+    reads, columns = [], ("kind", "name", "stack_id")
+    for path, start in zip(run["event_files"], first):
+        held = set(pq.read_schema(path).names)
+        attrs = "e.attrs" if "attrs" in held else "NULL"
+        attrs = event_attrs_sql("e", attrs) if "op_id" in held else attrs
+        correlation = "e.correlation_id" if "correlation_id" in held else "NULL"  # raw schema 3 on
+        reads.append(
+            f"SELECT {int(start)} + e.file_row_number + 1 AS event_id, CAST(e.ts AS TIMESTAMPTZ) AS ts, e.thread_id, "
+            f"{', '.join('e.' + c for c in columns)}, event_attrs({attrs}, {correlation}) AS attrs "
+            f"FROM read_parquet({sql_text(str(path))}, file_row_number = true) e"
+        )
+    events_file = _run_file(events_dir, number)
+    counts_file = _run_file(counts_dir, number)
+    written = [(0, 0, 0)]
+    if reads:
+        con.execute(
+            f"""
+            COPY (
+                SELECT e.event_id, e.ts, e.thread_id, n.name_id, m.stack_id, e.attrs
+                FROM ({" UNION ALL ".join(reads)}) e
+                JOIN lake_names n ON n.kind = e.kind AND n.name = e.name
+                LEFT JOIN lake_stack_map m ON m.raw_id = e.stack_id
+            ) TO {sql_text(str(events_file))} (FORMAT parquet, COMPRESSION zstd)
+            """
+        )
+        con.execute(
+            f"""
+            COPY (
+                SELECT n.name_id, m.stack_id, sum(c.events)::BIGINT AS events
+                FROM (SELECT kind, name, stack_id, count(*) AS events
+                      FROM read_parquet({"[" + ", ".join(sql_text(str(p)) for p in run["event_files"]) + "]"})
+                      GROUP BY ALL) c
+                JOIN lake_names n ON n.kind = c.kind AND n.name = c.name
+                LEFT JOIN lake_stack_map m ON m.raw_id = c.stack_id
+                GROUP BY ALL
+            ) TO {sql_text(str(counts_file))} (FORMAT parquet, COMPRESSION zstd)
+            """
+        )
+        written = con.execute(
+            f"""
+            SELECT sum(events)::BIGINT, count(DISTINCT stack_id), coalesce(sum(events) FILTER (stack_id IS NULL), 0)::BIGINT
+            FROM read_parquet({sql_text(str(counts_file))})
+            """
+        ).fetchall()
+    events, distinct, null_stack = written[0]
+    for path in (events_file, counts_file):
+        if path.exists():
+            os.rename(path, path.with_name(path.name.lstrip(".")))
+    return {"run_number": number, "events": events or 0, "stacks": distinct, "null_stack": null_stack}
+
+
+def _run_file(directory: Path, number: int) -> Path:
+    """Where a run's one file of a partitioned table is written under `directory` (a job's staging
+    folder's table): named by the run and the job, so a retried task writes its own file again and
+    a partition swapped in holds only the job's files; hidden until complete."""
+    directory = Path(directory)
+    folder = directory / f"{PARTITION}={number}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f".part-{number}-{directory.parent.name}.parquet"
+
+
 def dangling_events(run: dict[str, Any], null_stack_events: int) -> int:
     """Events of a prepared run whose stack the run does not hold (a killed process flushed the
     events, not the stack): the loaded events without a stack, less those that took none."""
@@ -265,7 +364,7 @@ def _numpy(column: pa.ChunkedArray | pa.Array, dtype) -> np.ndarray:
     return column.to_numpy(zero_copy_only=False).astype(dtype) if len(column) else np.zeros(0, dtype)
 
 
-# ------------------------------------------------------------------------------------------ 2. lay out
+# ------------------------------------------------------------------------------------------ 3. lay out
 
 
 @dataclass
@@ -356,7 +455,7 @@ def symbol_requests(slots: pa.Table) -> pa.Table:
     )
 
 
-# ------------------------------------------------------------------------------------------ 3. symbolize
+# ------------------------------------------------------------------------------------------ 4. symbolize
 
 
 def new_symbolizer(cache_dir: str | None, debug_dirs: list[str], debuginfod: Any = None) -> Any:
@@ -425,7 +524,7 @@ def _symbol_rows(rows: pa.Table, module_key: str) -> pa.Table:
     return pa.table(columns, schema=schema)
 
 
-# ------------------------------------------------------------------------------------------ 4. frames and sites
+# ------------------------------------------------------------------------------------------ 5. frames and sites
 
 
 @dataclass
@@ -513,7 +612,8 @@ def _conform(table: pa.Table, name: str) -> pa.Table:
 
 
 # The packaged schema in an in-memory DuckDB, once per worker process (its views and macros are
-# what sites the stacks); each call empties the tables it fills.
+# what sites the stacks, its `event_attrs` what makes the events' attributes); each call empties
+# the tables it fills.
 _siting = threading.local()
 
 
