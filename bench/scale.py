@@ -249,16 +249,20 @@ def main() -> None:
     if (args.work / "scale.duckdb").is_file():  # this run's database, or an earlier run's (--skip-duckdb)
         print(f"call_sites: {_call_sites_differences(con, args.work / 'scale.duckdb')}")
     con.close()
-    # The steps whose work grows with events (prepare reads no event: it grows with runs and stacks).
-    per_event = ("write events", "publish events and counts", "count sites")
+    # The work that grows with events: the events' share of prepare's tasks (each run's events are
+    # written and counted there, timed by the tasks themselves) and the steps after it that move and
+    # count them; the rest of prepare grows with runs and stacks.
+    per_event = ("publish events and counts", "count sites")
     per_stack = ("prepare", "lay out", "frames and sites", "write stacks, frames, symbols, sites")
-    event_cpu = sum(steps.get(name, [0, 0])[1] for name in per_event)
-    stack_cpu = sum(steps.get(name, [0, 0])[1] for name in per_stack)
+    in_prepare = getattr(summary, "events_cpu", 0.0)  # 0: a job that wrote events in steps of their own
+    print(f"  {'(write events: in prepare, by its tasks)':40s} {'':7s}        {in_prepare:7.1f} s CPU")
+    event_cpu = in_prepare + sum(steps.get(name, [0, 0])[1] for name in per_event)
+    stack_cpu = sum(steps.get(name, [0, 0])[1] for name in per_stack) - in_prepare
     symbolize_cpu = steps.get("symbolize", [0, 0])[1]
     events_bytes = sum(_size(lake / name) for name in ("event_rows", "event_counts", "site_counts"))
     print(
         f"per event: {event_cpu / events * 1e6:.2f} us CPU/event, {events / max(event_cpu, 1e-9):,.0f} events/s per core "
-        f"({', '.join(per_event)})"
+        f"(write events, {', '.join(per_event)})"
     )
     # Prepare checks the events' attributes as JSON (per distinct text of each part, on the executors);
     # timed here alone, in this process, since prepare's CPU is counted per stack above.

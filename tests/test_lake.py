@@ -426,7 +426,7 @@ def test_run_events_written_as_the_database_holds_them(db, nights, tmp_path) -> 
     assert written == {
         "run_number": run["run_number"],
         "events": table.num_rows,
-        "stacks": len({c[2] for c in stacked}),
+        "stacks_used": len({c[2] for c in stacked}),
         "null_stack": sum(c[3] for c in counts if c[2] is None),
     }
 

@@ -8,14 +8,12 @@ Where each step runs (D = driver, E = executors):
      paths): run rows, raw stack id -> stack id, run modules, the names its events use (from the
      parts' dictionaries), events whose attributes are not JSON (each part's distinct texts checked
      once); damaged runs come back quarantined, a folder an executor cannot read stops the job
-     with its path
-  E  events, per run in C++: `groupBy(run).applyInArrow(steps.write_run_events)` over the run's
-     raw stack id -> stack id and name maps; DuckDB in the task reads each events part once,
-     re-keys names and stacks by hash joins, and writes the run's `event_rows` file and its
-     `event_counts` (events per name and stack) into staging as run partitions (both moved into
-     the lake once the run's other tables are in). No event passes through Spark's rows or Python
-     objects: Spark's own read and write of every event cost more than the 3 µs an event the
-     whole job has (docs/scale.md)
+     with its path. Then, in the same task, the run's events (`steps.write_run_events`): DuckDB
+     reads each events part once, re-keys names and raw stacks by hash joins with the run's own
+     maps just made, and writes the run's `event_rows` file and its `event_counts` (events per
+     name and stack) into staging as run partitions (both moved into the lake once the run's
+     other tables are in). No event passes through Spark's rows or Python objects: Spark's own
+     read and write of every event cost more than the whole job's 3 µs an event (docs/scale.md)
   E  new stacks: distinct stack ids anti-joined with the lake's `stacks`; each new stack is laid
      out by one run holding it, picked by a hash of (stack, run) so the work spreads over runs
   E  lay out: `groupBy(run).applyInArrow(steps.lay_out_run)`: slots, stack rows, source files
@@ -77,6 +75,7 @@ SHUFFLE_CONF = "spark.sql.shuffle.partitions"
 @dataclass
 class SparkIngestSummary(IngestSummary):
     executors: list[str] = field(default_factory=list)  # per executor environment: host, tbpipe, Python
+    events_cpu: float = 0.0  # CPU seconds the tasks spent writing events (within `prepare`)
 
 
 @dataclass
@@ -187,7 +186,15 @@ def tagged_batches(schema: pa.Schema, part: str, table: pa.Table, **extra: Any):
 
 PREPARED = tagged_schema(
     {
-        "run": steps.PREPARED_RUN,
+        # With what writing its events counted (`steps.write_run_events`) and the task's CPU seconds for it.
+        "run": pa.schema(
+            [
+                *steps.PREPARED_RUN,
+                steps.WRITTEN_EVENTS.field("stacks_used"),
+                steps.WRITTEN_EVENTS.field("null_stack"),
+                pa.field("events_cpu", pa.float64()),
+            ]
+        ),
         "stack": steps.RAW_STACK,
         "module": TABLES["run_modules"].schema.append(pa.field(PARTITION, pa.int64())),
         "name": steps.RUN_NAME,
@@ -348,14 +355,22 @@ class _Job:
     # ---------------------------------------------------------------- the steps
 
     def prepare(self, run_dirs: list[Path], known: dict[str, tuple[bool, str]]) -> Any:
+        """Each run prepared, and the events of each run to load written into staging (`event_rows`
+        and `event_counts` run partitions) by the same task."""
         recover = self.options.recover_manifests
         schema = PREPARED
+        events_dir, counts_dir = self.staging / "event_rows", self.staging / "event_counts"
 
         def prepare_partition(batches):
             for batch in batches:
                 for path in batch.column("path").to_pylist():
                     prepared = steps.prepare_run(path, known, recover_manifests=recover)
-                    run = dict(prepared.run)
+                    run = dict(prepared.run, stacks_used=0, null_stack=0, events_cpu=0.0)
+                    if run["status"] in ("ingested", "updated") and run["event_files"]:
+                        started = time.thread_time()
+                        written = steps.write_run_events(run, prepared.stacks, prepared.names, events_dir, counts_dir)
+                        run.update(stacks_used=written["stacks_used"], null_stack=written["null_stack"])
+                        run["events_cpu"] = time.thread_time() - started
                     yield from tagged_batches(
                         schema, "run", pa.Table.from_pylist([run], pa.schema(list(schema.field("run").type)))
                     )
@@ -488,46 +503,6 @@ class _Job:
         grouped = laid.groupBy(PARTITION).cogroup(needed.groupBy("owner"))
         return self.stage("built", grouped.applyInArrow(build_group, spark_schema(schema)))
 
-    def stage_events(
-        self, ready_runs: list[dict[str, Any]], prepared: Any
-    ) -> tuple[Any, dict[int, int], dict[int, int]]:
-        """Every event of the ready runs made a lake row and counted per name and stack, per run by
-        `steps.write_run_events` (DuckDB in the run's task) into `<staging>/event_rows` and
-        `<staging>/event_counts` run partitions. Returns the staged `event_counts` (None: no run
-        has events) and per run its distinct stacks and its events without a stack."""
-        from pyspark.sql import functions as F
-
-        with_events = {r["run_number"]: r for r in ready_runs if r["event_files"]}
-        if not with_events:
-            return None, {}, {}
-        events_dir, counts_dir = self.staging / "event_rows", self.staging / "event_counts"
-        # A run's maps: its raw stacks (raw id -> stack id) and its names, keyed by its number.
-        keyed = prepared.where(F.col("part").isin("stack", "name")).select(
-            F.coalesce(F.col(f"stack.{PARTITION}"), F.col(f"name.{PARTITION}")).alias(PARTITION),
-            "part",
-            "stack.raw_id",
-            "stack.stack_id",
-            "name.name_id",
-            "name.kind",
-            "name.name",
-        )
-        keyed = keyed.where(F.col(PARTITION).isin(list(with_events)))
-        runs = {n: {k: r[k] for k in ("run_number", "event_files", "event_rows")} for n, r in with_events.items()}
-        schema = steps.WRITTEN_EVENTS
-
-        def write_group(group: pa.Table) -> pa.Table:
-            run = runs[group[PARTITION][0].as_py()]
-            part = group["part"]
-            stacks = group.filter(pc.equal(part, "stack")).select(steps.RAW_STACK.names)
-            names = group.filter(pc.equal(part, "name")).select(steps.RUN_NAME.names)
-            row = steps.write_run_events(run, stacks, names, events_dir, counts_dir)
-            return pa.Table.from_pylist([row], schema=schema)
-
-        written = keyed.groupBy(PARTITION).applyInArrow(write_group, spark_schema(schema)).collect()
-        stacks = {row[PARTITION]: row["stacks"] for row in written}
-        without = {row[PARTITION]: row["null_stack"] for row in written}
-        return self.read_table("event_counts", counts_dir), stacks, without
-
     def publish_partitions(self, name: str, staged: Path, runs: list[dict[str, Any]]) -> None:
         """The staged partitions of table `name` of `runs` moved into the lake, each replacing the run's own."""
         for run in runs:
@@ -542,8 +517,11 @@ class _Job:
         from pyspark.sql import functions as F
 
         spark = self.spark
-        with self.step("write events"):
-            counts, stacks_per_run, null_stacks = self.stage_events(ready_runs, prepared)
+        counts = None
+        if store.data_files(self.staging / "event_counts"):
+            counts = self.read_table("event_counts", self.staging / "event_counts")
+        stacks_per_run = {r["run_number"]: r["stacks_used"] for r in ready_runs}
+        null_stacks = {r["run_number"]: r["null_stack"] for r in ready_runs}
         for run in ready_runs:
             number = run["run_number"]
             dangling = steps.dangling_events(run, null_stacks.get(number, 0))
@@ -788,6 +766,7 @@ def ingest_runs_spark(roots: Sequence[Path], options: SparkIngestOptions, *, spa
         with job.step("prepare"):
             prepared = job.prepare(run_dirs, known)
             runs = [r.asDict(recursive=True) for r in prepared.where(F.col("part") == "run").select("run.*").collect()]
+            summary.events_cpu = sum(run["events_cpu"] or 0.0 for run in runs)
         unreachable = executors.unreachable_runs(runs)
         if unreachable:
             executors.refuse_unreachable(unreachable)

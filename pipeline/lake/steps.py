@@ -265,7 +265,7 @@ WRITTEN_EVENTS = pa.schema(
     [
         ("run_number", pa.int64()),
         ("events", pa.int64()),  # rows written
-        ("stacks", pa.int64()),  # distinct stacks of those rows
+        ("stacks_used", pa.int64()),  # distinct stacks of those rows
         ("null_stack", pa.int64()),  # rows without a stack (none taken, or one the run does not hold)
     ]
 )
@@ -339,7 +339,7 @@ def write_run_events(
     for path in (events_file, counts_file):
         if path.exists():
             os.rename(path, path.with_name(path.name.lstrip(".")))
-    return {"run_number": number, "events": events or 0, "stacks": distinct, "null_stack": null_stack}
+    return {"run_number": number, "events": events or 0, "stacks_used": distinct, "null_stack": null_stack}
 
 
 def _run_file(directory: Path, number: int) -> Path:
