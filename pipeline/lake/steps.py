@@ -281,7 +281,7 @@ def write_run_events(
     attributes made as the export makes them (`event_attrs`, op_* columns first); the counts per
     name and stack from the raw ids, before re-keying. Returns a WRITTEN_EVENTS row."""
     number = int(run["run_number"])
-    con = _siting_connection()
+    con = _events_connection()
     # Read by DuckDB by these names (replacement scans).
     lake_stack_map = pa.table(  # noqa: F841
         {
@@ -340,6 +340,29 @@ def write_run_events(
         if path.exists():
             os.rename(path, path.with_name(path.name.lstrip(".")))
     return {"run_number": number, "events": events or 0, "stacks_used": distinct, "null_stack": null_stack}
+
+
+# An in-memory DuckDB per worker thread for the events: one thread (Spark runs a task per core) and
+# the packaged `event_attrs` macro only (the siting connection's whole schema costs a third of a
+# second to make, which a worker that writes events only would pay for nothing).
+_events = threading.local()
+
+
+def _events_connection() -> Any:
+    con = getattr(_events, "con", None)
+    if con is None:
+        con = duckdb.connect()
+        con.execute("SET enable_progress_bar = false")
+        con.execute("SET threads = 1")
+        (macro,) = [
+            statement.sql
+            for module in schema.modules()
+            for statement in module.statements
+            if statement.created is not None and statement.created.name == "event_attrs"
+        ]
+        con.execute(macro)
+        _events.con = con
+    return con
 
 
 def _run_file(directory: Path, number: int) -> Path:
@@ -612,8 +635,7 @@ def _conform(table: pa.Table, name: str) -> pa.Table:
 
 
 # The packaged schema in an in-memory DuckDB, once per worker process (its views and macros are
-# what sites the stacks, its `event_attrs` what makes the events' attributes); each call empties
-# the tables it fills.
+# what sites the stacks); each call empties the tables it fills.
 _siting = threading.local()
 
 
