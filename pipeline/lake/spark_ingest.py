@@ -583,9 +583,9 @@ class _Job:
 
     def write_site_counts(self, counts: Any) -> None:
         """`site_counts` of the loaded runs: their event counts summed per call site (the rule's
-        Spark fast path, `site_counts.spark_site_counts`)."""
-        per_site = spark_site_counts(counts, self.read_table("stack_sites"))
-        self.write_partitions("site_counts", per_site.repartition(PARTITION))
+        Spark fast path, `site_counts.spark_site_counts`), each run's in one task (one file)."""
+        per_site = spark_site_counts(counts, self.read_table("stack_sites"), clustered_by=PARTITION)
+        self.write_partitions("site_counts", per_site)
 
     # ---------------------------------------------------------------- the runs rows
 

@@ -216,23 +216,27 @@ def _ints(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
 # ------------------------------------------------------------------------------------------ Spark
 
 
-def spark_site_counts(counts: Any, stack_sites: Any) -> Any:
+def spark_site_counts(counts: Any, stack_sites: Any, clustered_by: str | None = None) -> Any:
     """The Spark fast path: a DataFrame of `site_counts` rows from one of `event_counts` rows and
     one of `stack_sites` rows (unordered). Spark's max_by passes over rows whose ordering is null,
-    as DuckDB's arg_max passes over null values."""
+    as DuckDB's arg_max passes over null values.
+
+    `clustered_by` (a grouping column, e.g. the run number): the joined rows are repartitioned by it
+    before they are counted, so each of its values ends in one task and a write partitioned by it
+    needs no shuffle of its own; the count is then one aggregation without a partial one before a
+    shuffle (the sort aggregation's partial step saves little: most sites have one stack a run)."""
     from pyspark.sql import functions as F
 
     sites = stack_sites.select(*COUNTED_SITE_COLUMNS)
     order = F.struct(
         F.col("events"), F.coalesce(F.col("site_file"), F.lit("")), F.coalesce(F.col("site_line"), F.lit(-1))
     )
-    return (
-        counts.join(sites, "stack_id", "left")
-        .groupBy("run_number", "name_id", "site_id")
-        .agg(
-            F.sum("events").alias("events"),
-            F.max_by("site_file", F.when(F.col("site_file").isNotNull(), order)).alias("site_file"),
-            F.max_by("site_line", F.when(F.col("site_line").isNotNull(), order)).alias("site_line"),
-            F.bool_or("site_is_user").alias("site_is_user"),
-        )
+    joined = counts.join(sites, "stack_id", "left")
+    if clustered_by is not None:
+        joined = joined.repartition(clustered_by)
+    return joined.groupBy("run_number", "name_id", "site_id").agg(
+        F.sum("events").alias("events"),
+        F.max_by("site_file", F.when(F.col("site_file").isNotNull(), order)).alias("site_file"),
+        F.max_by("site_line", F.when(F.col("site_line").isNotNull(), order)).alias("site_line"),
+        F.bool_or("site_is_user").alias("site_is_user"),
     )
