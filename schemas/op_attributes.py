@@ -4,8 +4,9 @@ The torch-ops observer records an op's attributes as the events table's `op_*` c
 JSON text for each op was most of what recording an op cost); the database and the lake keep every
 event's attributes as JSON text in `attrs`. This module is the one home of the rule that makes that
 text from the columns: OP_ATTRIBUTES (each key and its column, in the text's order), the reference
-`op_attrs_text` for one event, and the same rule as DuckDB SQL (the ingest) and as a Spark column
-(the lake's ingest), which the tests hold to the reference.
+`op_attrs_text` for one event, and the same rule as DuckDB SQL, which both the database's ingest and
+the lake's (its prepare step writes each run's events through DuckDB) use and the tests hold to the
+reference.
 """
 
 from __future__ import annotations
@@ -69,11 +70,3 @@ def event_attrs_sql(alias: str, attrs: str) -> str:
     )
     # `||` with a NULL is NULL and concat_ws skips NULLs: null attributes are left out.
     return f"CASE WHEN {alias}.op_id IS NULL THEN {attrs} ELSE '{{' || concat_ws(',', {members}) || '}}' END"
-
-
-def event_attrs_spark(F: Any, attrs: Any) -> Any:
-    """`event_attrs_text` as a Spark column of a raw event (its op_* columns as columns of those names),
-    `attrs` being the column of its other attributes; `F` is pyspark.sql.functions. Spark's to_json
-    leaves a struct's null fields out (spark.sql.jsonGenerator.ignoreNullFields, on by default)."""
-    members = F.struct(*[F.col(column).alias(key) for key, column in OP_ATTRIBUTES])
-    return F.when(F.col("op_id").isNull(), attrs).otherwise(F.to_json(members, {"ignoreNullFields": "true"}))

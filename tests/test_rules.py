@@ -35,7 +35,7 @@ from tbpipe.pipeline.stacks.flatten import flatten_run
 from tbpipe.pipeline.stacks.origins import ORIGIN_FLAG
 from tbpipe.schemas import identity, raw
 from tbpipe.schemas.modulekey import ModuleKey, module_key_column
-from tbpipe.schemas.op_attributes import event_attrs_spark, event_attrs_sql, event_attrs_text
+from tbpipe.schemas.op_attributes import event_attrs_sql, event_attrs_text
 
 E, M, ENTRY = raw.NATIVE_FRAME_EVAL_LOOP, raw.NATIVE_FRAME_MARKER, raw.PYTHON_FRAME_ENTRY
 BY_FP, EXACT, RESOLVED = raw.NATIVE_FRAME_BY_FRAME_POINTER, raw.NATIVE_FRAME_EXACT_PC, raw.PYTHON_FRAME_LINE_RESOLVED
@@ -448,15 +448,3 @@ def test_op_attributes_duckdb_path_is_the_reference(rows) -> None:
     events = _raw_events(rows)  # noqa: F841 - read by DuckDB by its name
     texts = duckdb.connect().execute(f"SELECT {event_attrs_sql('e', 'e.attrs')} FROM events e").fetchall()
     assert [text for (text,) in texts] == [event_attrs_text(row) for row in rows]
-
-
-@settings(QUICK, max_examples=8, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(rows=st.lists(RAW_EVENT, min_size=1, max_size=20))
-def test_op_attributes_spark_path_is_the_reference(spark, rows) -> None:
-    from pyspark.sql import functions as F
-
-    texts = [
-        row[0]
-        for row in spark.createDataFrame(_raw_events(rows)).select(event_attrs_spark(F, F.col("attrs"))).collect()
-    ]
-    assert texts == [event_attrs_text(row) for row in rows]
