@@ -25,7 +25,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from conftest import TBPIPE
-from support.browser import ARTIFACTS, chromium_page, regressions_fit_the_page
+from support.browser import ARTIFACTS, chromium_page, regressions_fit_the_page, tracebacks_show_whole_lines
 
 VERSION_1 = """import sys
 
@@ -322,7 +322,8 @@ def test_html_report_in_chromium(db, tmp_path) -> None:
         rows.first.locator("summary").click()
         assert rows.first.locator(".frame.python").first.is_visible()
         assert rows.first.locator(".frame.native").count() > 0
-        assert regressions_fit_the_page(page)  # long frames scroll inside their cell
+        assert regressions_fit_the_page(page)  # long frames wrap inside their cell
+        assert tracebacks_show_whole_lines(page)
         assert page.locator("svg.chart rect").count() >= 4
         assert page.locator("#regressions svg.trend").count() == 3
         page.locator("#all-sites summary").click()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TBPIPE
-from support.browser import regressions_fit_the_page
+from support.browser import regressions_fit_the_page, tracebacks_show_whole_lines
 from support.cupti_double import PRELUDE, build_double
 
 from tbpipe.capture.manifest import git_state
@@ -384,7 +384,7 @@ def test_html_report_shows_hunks_and_changed_frames(history, tmp_path) -> None:
             assert functions == ["launches", "step"]
             assert touched.first.get_attribute("title") == f"changed by {h.loop[:10]}"
             assert page.locator("#fewer-suspects tr", has_text="gather").count() == 1
-            assert regressions_fit_the_page(page)
+            assert regressions_fit_the_page(page) and tracebacks_show_whole_lines(page)
             page.screenshot(path=str(artifacts / "report-suspects.png"), full_page=True)
             assert errors == []
         finally:

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support.browser import regressions_fit_the_page
+from support.browser import regressions_fit_the_page, tracebacks_show_whole_lines
 from support.serve import Server, environment, line_of, nights_database, program_v2
 
 # Chromium renders the pages: what these check does not depend on the Python version.
@@ -93,6 +93,7 @@ def test_drill_from_runs_into_a_site_and_its_traceback(page, server) -> None:
         "softmaxes" in t for t in first.locator(".frame.python").all_inner_texts()
     )
     assert page.locator(".history svg rect").count() == 4
+    assert tracebacks_show_whole_lines(page)
     shot(page, "serve-site.png")
 
     page.locator("a", has_text="kernel_launch:softmax").click()
@@ -139,7 +140,7 @@ def test_comparison_page_shows_the_flagged_sites(page, server) -> None:
     assert names == {"softmax", "layernorm", "gemm_splitk"}
     flagged.first.locator("summary").click()
     assert flagged.first.locator(".frame.python").first.is_visible()
-    assert regressions_fit_the_page(page)
+    assert regressions_fit_the_page(page) and tracebacks_show_whole_lines(page)
     page.wait_for_selector("#diff-icicle .icicle-node")
     icicle = page.locator("#diff-icicle")
     layernorm = icicle.locator(".icicle-node[data-name='layernorm']").first

@@ -42,3 +42,13 @@ def regressions_fit_the_page(page) -> bool:
         """() => document.querySelector('#regressions').getBoundingClientRect().right
                  <= document.querySelector('#verdict').getBoundingClientRect().right + 1"""
     )
+
+
+def tracebacks_show_whole_lines(page) -> bool:
+    """Every traceback shown on the page shows each frame's line whole: nothing hides past its box's
+    right edge behind a scroll bar (a long path would hide the line number and function there)."""
+    return page.evaluate(
+        """() => [...document.querySelectorAll('.frames')]
+                 .filter(box => box.offsetParent !== null)
+                 .every(box => box.scrollWidth <= box.clientWidth + 1)"""
+    )
