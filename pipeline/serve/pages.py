@@ -68,7 +68,13 @@ def environment():
         import jinja2
 
         _environment = jinja2.Environment(
-            loader=jinja2.PackageLoader("tbpipe.pipeline.serve", "templates"),
+            # The reports' templates too: a traceback's rows are shown one way in both (frame_row).
+            loader=jinja2.ChoiceLoader(
+                [
+                    jinja2.PackageLoader("tbpipe.pipeline.serve", "templates"),
+                    jinja2.PackageLoader("tbpipe.pipeline.reports", "templates"),
+                ]
+            ),
             autoescape=jinja2.select_autoescape(["html", "j2"]),
             trim_blocks=True,
             lstrip_blocks=True,
