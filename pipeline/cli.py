@@ -48,12 +48,27 @@ def _register_commands(app: typer.Typer, only: str | None = None) -> None:
     for name in _COMMANDS:
         if only is None or name == only:
             importlib.import_module(f"tbpipe.pipeline.commands.{name}").register(app)
+    _one_line_summaries(app)
     if only is not None:
         # With a single command and no callback, typer would run that command without its
         # name; a callback keeps `tbpipe CMD ...` parsed as a group.
         @app.callback()
         def _group() -> None:
             pass
+
+
+def _one_line_summaries(app: typer.Typer) -> None:
+    """Each command's line in `tbpipe --help` (and a group's --help): the first paragraph of its
+    docstring, joined into one line. Typer lists a command's help with the docstring's own line breaks,
+    which cut the sentence where the source wraps it; the command's own --help reflows it anyway."""
+    import inspect
+
+    for info in app.registered_commands:
+        if info.short_help is None:
+            text = info.help or inspect.getdoc(info.callback) or ""
+            info.short_help = " ".join(text.split("\n\n")[0].split())
+    for group in app.registered_groups:
+        _one_line_summaries(group.typer_instance)
 
 
 def __getattr__(name: str):

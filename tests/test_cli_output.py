@@ -1,9 +1,11 @@
-"""`-` means standard output for every `--out`/`-o` that names a file; `tbpipe query`'s narrow layout."""
+"""`-` means standard output for every `--out`/`-o` that names a file; `tbpipe query`'s narrow layout; the
+commands' one-line summaries in `--help`."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -59,3 +61,21 @@ def test_query_picks_a_narrow_layout_on_a_narrow_terminal() -> None:
     piped = Console(width=40, force_terminal=False, record=True, color_system=None)
     write_table(result, piped, 10)
     assert "┃" in piped.export_text()  # a pipe keeps the table (scripts read --format csv)
+
+
+@pytest.mark.parametrize("group", ["", "lake", "debuginfo"])
+def test_each_command_is_one_line_in_its_groups_help(group) -> None:
+    """A command's summary in `tbpipe --help` is its docstring's first paragraph on one line (on a
+    terminal wide enough), not cut where the source happens to wrap it."""
+    from tbpipe.pipeline.cli import app
+
+    typer_app = next((g.typer_instance for g in app.registered_groups if g.name == group), app)
+    commands = [info.name or info.callback.__name__ for info in typer_app.registered_commands]
+    commands += [g.name for g in typer_app.registered_groups]
+    shown = subprocess.run(
+        [*TBPIPE, *group.split(), "--help"], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "COLUMNS": "400"},
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    panel = shown.stdout.split("Commands")[1].split("╰")[0].splitlines()[1:]
+    assert sorted(line.strip("│ ").split()[0] for line in panel) == sorted(commands)  # a row each

@@ -60,6 +60,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """What the next capture and ingest can do here: debug info per module, the torch-ops observer's build,
         CUPTI, Triton, torch.compile, the symbol store and the database (exit 1: something asked for cannot work).
+
         After --, a program to run under capture for at most --timeout seconds: the modules on its stacks."""
         from tbpipe.pipeline.db.connection import resolve_db_path
         from tbpipe.pipeline.doctor import diagnose
