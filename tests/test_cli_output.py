@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -79,3 +80,24 @@ def test_each_command_is_one_line_in_its_groups_help(group) -> None:
     assert shown.returncode == 0, shown.stderr
     panel = shown.stdout.split("Commands")[1].split("╰")[0].splitlines()[1:]
     assert sorted(line.strip("│ ").split()[0] for line in panel) == sorted(commands)  # a row each
+
+
+def test_runs_are_listed_whole_in_a_pipe_and_on_a_narrow_terminal(nights, tmp_path: Path) -> None:
+    """`tbpipe runs` cuts no value: into a pipe the table keeps its natural width (rich would assume 80
+    columns and cut the columns that must not wrap); on a terminal narrower than the table each run is
+    a block of `column  value` lines."""
+    db, env = nights
+    ids = run(env, tmp_path, "query", "--db", str(db), "-f", "csv", "SELECT run_id FROM runs").stdout.decode()
+    ids = [line.strip('"') for line in ids.split()[1:]]
+    events = run(env, tmp_path, "query", "--db", str(db), "-f", "csv", "SELECT sum(events) FROM runs").stdout
+    piped = run({**env, "COLUMNS": "80"}, tmp_path, "runs", "--db", str(db)).stdout.decode()
+    rows = [line for line in piped.splitlines() if line.startswith("│ 2")]
+    assert sorted(line.split()[1] for line in rows) == sorted(ids) and len(ids) == 4
+    assert not any("…" in line for line in rows)
+    shown_events = [int(cells.split("│")[5].replace(",", "")) for cells in rows]
+    assert sum(shown_events) == int(events.split()[1])
+    narrow = {**env, "COLUMNS": "60", "TTY_COMPATIBLE": "1", "NO_COLOR": "1"}
+    terminal = re.sub(r"\x1b\[[0-9;]*m", "", run(narrow, tmp_path, "runs", "--db", str(db)).stdout.decode())
+    assert terminal.startswith("4 runs\n") and terminal.count("-- row ") == 4
+    assert sorted(re.findall(r"^run +(\S+)$", terminal, re.M)) == sorted(ids)
+    assert "┃" not in terminal and max(len(line) for line in terminal.splitlines()) <= 60

@@ -49,10 +49,11 @@ def _cell(value: Any) -> str:
 
 
 def write_table(result, console: Console, max_rows: int) -> None:
-    """A table; on a terminal narrower than the table, each row as `column  value` lines instead
-    (folded cells of a dozen columns are unreadable)."""
+    """A table, laid out for the terminal or the pipe it goes to (reports/terminal.py)."""
     from rich.markup import escape
     from rich.table import Table
+
+    from tbpipe.pipeline.reports.terminal import print_rows
 
     table = Table(show_lines=False)
     for name in result.column_names:
@@ -60,28 +61,9 @@ def write_table(result, console: Console, max_rows: int) -> None:
     records = _records(result.slice(0, max_rows))
     for row in records:
         table.add_row(*(escape(_cell(v)) for v in row.values()), end_section=False)
-    if console.is_terminal and _natural_width(console, table) > console.width:
-        write_records(records, console)
-    else:
-        console.print(table)
+    print_rows(console, table, records, _cell)
     if result.num_rows > max_rows:
         console.print(f"({result.num_rows - max_rows:,} more rows: use --max-rows, or --format csv)", style="dim")
-
-
-def _natural_width(console: Console, table) -> int:
-    """The width the table takes unfolded (rich measures within the console's width otherwise)."""
-    from rich.measure import Measurement
-
-    return Measurement.get(console, console.options.update_width(1 << 16), table).maximum
-
-
-def write_records(records: list[dict], console: Console) -> None:
-    """The narrow layout: one block per row, a line per column, long values wrapped under their name."""
-    width = max((len(name) for row in records[:1] for name in row), default=0)
-    for number, row in enumerate(records, 1):
-        console.print(f"-- row {number} " + "-" * max(0, min(console.width, 60) - 10), style="dim", highlight=False)
-        for name, value in row.items():
-            console.print(f"{name:<{width}}  {_cell(value)}", markup=False, highlight=False)
 
 
 def _sink(output: Path | None, binary_ok_on_tty: bool):

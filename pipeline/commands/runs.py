@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tbpipe.capture.launch import parse_labels
+from tbpipe.pipeline.reports.terminal import print_rows
 
 
 def _labels(labels: dict | None) -> str:
@@ -42,17 +43,22 @@ def register(app: typer.Typer) -> None:
         table.add_column("host:pid", overflow="fold")
         table.add_column("labels", overflow="fold")
         table.add_column("command", overflow="ellipsis", no_wrap=True, max_width=40)
+        records = []
         for row in rows:
-            started = row["started_at"].strftime("%Y-%m-%d %H:%M:%S") if row["started_at"] else ""
-            table.add_row(
-                row["run_id"],
-                started,
-                "yes" if row["complete"] else "[yellow]no[/]",
-                row["rolled_up_at"].strftime("%Y-%m-%d") if row["rolled_up_at"] else "",
-                f"{row['events']:,}",
-                f"{row['stacks']:,}",
-                escape(f"{row['host']}:{row['pid']}"),
-                escape(_labels(row["labels"])),
-                escape(" ".join(row["argv"] or [])[:80]),
-            )
-        Console().print(table)
+            record = {
+                "run": row["run_id"],
+                "started (UTC)": row["started_at"].strftime("%Y-%m-%d %H:%M:%S") if row["started_at"] else "",
+                "complete": "yes" if row["complete"] else "no",
+                "rolled up": row["rolled_up_at"].strftime("%Y-%m-%d") if row["rolled_up_at"] else "",
+                "events": f"{row['events']:,}",
+                "stacks": f"{row['stacks']:,}",
+                "host:pid": f"{row['host']}:{row['pid']}",
+                "labels": _labels(row["labels"]),
+                "command": " ".join(row["argv"] or []),
+            }
+            records.append(record)
+            cells = [escape(value) for value in {**record, "command": record["command"][:80]}.values()]
+            if not row["complete"]:
+                cells[2] = "[yellow]no[/]"
+            table.add_row(*cells)
+        print_rows(Console(), table, records)
