@@ -28,7 +28,7 @@ def demo(tmp_path_factory, symbol_cache) -> tuple[Path, str]:
     global WORKLOAD
     root = tmp_path_factory.mktemp("demo")
     WORKLOAD = str((root / "demo-runs" / "checkout-2" / "workload.py").resolve())
-    env = dict(os.environ, TBPIPE_CACHE_DIR=str(symbol_cache), COLUMNS="250")
+    env = dict(os.environ, TBPIPE_CACHE_DIR=str(symbol_cache), COLUMNS="80")  # a log: nothing cut
     result = subprocess.run(
         [*TBPIPE, "demo", "--out", "demo-runs"], cwd=root, capture_output=True, text=True, timeout=300, env=env
     )
@@ -51,6 +51,7 @@ def test_demo_prints_the_top_kernel_launch_sites_and_the_report(demo) -> None:
         cells = [c.strip() for c in row.split("│")]
         if len(cells) >= 7 and cells[1].isdigit():
             table[(cells[3], cells[4].rsplit(".", 1)[-1], cells[5])] = int(cells[2].replace(",", ""))
+            assert re.fullmatch(r"[0-9a-f]{16}", cells[6]), row  # whole, to give to `tbpipe show --site`
     softmax = f"workload.py:{line_of('site: attention key')}"
     epilogue = f"workload.py:{line_of('site: feed_forward epilogue')}"
     allreduce = f"workload.py:{line_of('site: main')}"
@@ -62,7 +63,10 @@ def test_demo_prints_the_top_kernel_launch_sites_and_the_report(demo) -> None:
     assert table[("allreduce_kernel", "main", allreduce)] == steps
     assert table[("layernorm_kernel", "layer", layernorm)] == steps
     assert table[("gemm_kernel", "compare", compare)] >= steps * (values - 1)  # qsort compares at least n-1 times
-    assert "tbpipe show --site" in output
+    # Each step's command on a line of its own, whole, though the output is 80 columns wide.
+    commands = re.findall(r"^\$ (.+)$", output, re.MULTILINE)
+    assert len(commands) == 6 and not any("…" in command for command in commands)
+    assert re.search(r"^tbpipe show --site [0-9a-f]{16} --limit 1 --db \S+tbpipe\.duckdb$", commands[4], re.M)
     # The traceback printed under the table interleaves Python and native frames.
     compare_line = f"{WORKLOAD}:{line_of('site: feed_forward compare')}"
     # CPython 3.10's code objects carry no qualified name: the frame is just `compare` there.
@@ -158,7 +162,7 @@ def test_show_stack_and_site(demo) -> None:
     head = site.stdout.splitlines()
     # Where the site was first seen: night 1's checkout, or night 2's for a site new tonight.
     assert re.match(rf"# call site {site_key}: .*/demo-runs/checkout-[12]/workload\.py:\d+:", head[0]), head[0]
-    assert head[0].endswith("(user frame)")
+    assert head[0].endswith("(user frame; where first recorded)")
     assert len(re.findall(r"^# stack \d+: [\d,]+ events \(", site.stdout, re.MULTILINE)) == 2
     assert all(f["file"] or f["function"] for f in _frames(site.stdout))
 

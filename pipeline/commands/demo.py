@@ -35,13 +35,20 @@ def register(app: typer.Typer) -> None:
         from tbpipe.pipeline.reports.traceback import show_site
 
         console = Console()
+
+        def step(title: str, command: str) -> None:
+            # The command on a line of its own, whole: a rule's title is cut to the width.
+            console.rule(title)
+            console.print(f"$ {command}", markup=False, highlight=False, soft_wrap=True)
+
         db_path = db or out / "tbpipe.duckdb"
         nights = []
         for version in (1, 2):
             script = check_out(out, version)
             commit = f"night-{version}"
-            console.rule(
-                f"1.{version} capture {commit}: cd {script.parent} && tbpipe run --label commit={commit} -- python workload.py"
+            step(
+                f"1.{version} capture {commit}",
+                f"cd {script.parent} && tbpipe run --label commit={commit} -- python workload.py",
             )
             status = run_captured(
                 [sys.executable, script.name], out / "runs", {"suite": "demo", "commit": commit}, [], cwd=script.parent
@@ -49,7 +56,7 @@ def register(app: typer.Typer) -> None:
             if status != 0:
                 raise TbpipeError(f"the demo workload ({script}) failed with exit status {status}")
             nights.append(commit)
-        console.rule(f"2. ingest: tbpipe ingest {out / 'runs'} --db {db_path}")
+        step("2. ingest", f"tbpipe ingest {out / 'runs'} --db {db_path}")
         summary = ingest_runs([out / "runs"], IngestOptions(db_path=db_path))
         render_ingest_summary(summary, console)
         con = open_database(db_path, read_only=True)
@@ -62,12 +69,18 @@ def register(app: typer.Typer) -> None:
             sites = read.top_sites(con, "kernel_launch", [candidate], top)
             if not sites:
                 raise TbpipeError(f"the demo run recorded no kernel launches (its manifest in {out} says why)")
-            console.rule("3. top kernel-launch call sites of night-2: SELECT ... FROM kernel_launch_sites")
+            step("3. top kernel-launch call sites of night-2", "tbpipe query: SELECT ... FROM kernel_launch_sites")
             render_top_sites(sites, f"run {candidate}", console)
             if sites[0]["site_key"]:
-                console.rule(f"4. tbpipe show --site {sites[0]['site_key']} --limit 1 --db {db_path}")
+                step(
+                    "4. the heaviest site's traceback",
+                    f"tbpipe show --site {sites[0]['site_key']} --limit 1 --db {db_path}",
+                )
                 show_site(con, sites[0]["site_key"], 1, console)
-            console.rule(f"5. tbpipe report --candidate {candidate} --baseline {baseline} --db {db_path}")
+            step(
+                "5. night-2 against night-1",
+                f"tbpipe report --candidate {candidate} --baseline {baseline} --db {db_path}",
+            )
             report = compare(con, ReportRequest(candidate=candidate, baseline=baseline, tracebacks=1))
         finally:
             con.close()

@@ -32,9 +32,15 @@ def print_rows(
             console.print(table.title, highlight=False)
         print_blocks(console, records, cell)
         return
-    if not console.is_terminal and width > console.width:
-        console.width = width
-    console.print(table)
+    if console.is_terminal or width <= console.width:
+        console.print(table)
+        return
+    narrower = console.width
+    console.width = width
+    try:
+        console.print(table)
+    finally:
+        console.width = narrower
 
 
 def print_blocks(console: Console, records: Sequence[dict[str, Any]], cell: Callable[[Any], str] = str) -> None:

@@ -127,7 +127,14 @@ def show_site(con: Any, site_key: str, limit: int, console: Console, mode: str =
     info = read.site(con, site_key, limit)
     where = f"{info.file or '??'}:{info.line if info.line is not None else '?'}:{info.function}"
     kind = "user frame" if info.is_user else "no user frame; innermost symbolized frame"
-    console.print(f"# call site {info.site_key}: {where} ({kind})", highlight=False, markup=False, soft_wrap=True)
+    # The sites row keeps the place the site was first recorded at; its stacks below show their own
+    # lines (a site keeps its key while its line moves within its function).
+    console.print(
+        f"# call site {info.site_key}: {where} ({kind}; where first recorded)",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
     console.print(
         f"# {info.events:,} events from {info.stack_count} stack{'s' if info.stack_count != 1 else ''}"
         + (f"; the {len(info.stacks)} heaviest follow" if info.stack_count > len(info.stacks) else ""),
