@@ -238,9 +238,23 @@ def test_markdown_starts_with_the_verdict_and_folds_tracebacks(db) -> None:
     table = [line for line in lines if line.startswith("| ") and "`app.py:" in line]
     assert len(table) == 3
     assert result.stdout.count("<details>") == 3 and "```" in result.stdout
+    # Tracebacks focused as every other view is by default (program): start-up folded into one row,
+    # the program's Python frames kept; `--frames all` shows the interpreter's start-up itself.
+    blocks = [block.split("```")[0] for block in result.stdout.split("```\n")[1::2]]
+    assert len(blocks) == 3 and all("[start-up]" in block and "\npy " in "\n" + block for block in blocks)
+    assert not any("Py_RunMain" in block for block in blocks)
+    everything = tbpipe(
+        "report", "--db", str(db), "--candidate", "commit=c6", "--baseline", "commit=c5", "--frames", "all"
+    )
+    assert "[start-up]" not in everything.stdout and "Py_RunMain" in everything.stdout
+    python = tbpipe(
+        "report", "--db", str(db), "--candidate", "commit=c6", "--baseline", "commit=c5", "--frames", "python"
+    )
+    python_blocks = [block.split("```")[0] for block in python.stdout.split("```\n")[1::2]]
+    assert all(line.startswith("py ") for block in python_blocks for line in block.splitlines())
     # Night 5 launches gather 7 times a rank where night 4 did 6: past 10% but not past 50%.
     loose = ("report", "--db", str(db), "--candidate", "commit=c5", "--baseline", "commit=c4")
-    assert tbpipe(*loose, "--threshold-rel", "0.1").stdout.startswith(":x: **1 regressions (1 increased)")
+    assert tbpipe(*loose, "--threshold-rel", "0.1").stdout.startswith(":x: **1 regression (1 increased)")
     quiet = tbpipe(*loose, "--threshold-rel", "0.5")
     assert quiet.stdout.startswith(":white_check_mark: **No regressions")
     assert tbpipe(*loose, "--threshold-abs", "2").stdout.startswith(":white_check_mark:")
@@ -268,6 +282,7 @@ def test_exit_codes(db) -> None:
         (["--candidate", "commit=c5", "--baseline", "commit=c4", "--per", "step:nope"], "recorded no step 'nope'"),
         (["--candidate", "commit=c5", "--baseline", "commit=c5"], "share runs"),
         (["--candidate", "commit=c5", "--baseline", "commit=c4", "--per", "step"], "expected KIND:NAME"),
+        (["--candidate", "commit=c5", "--baseline", "commit=c4", "--frames", "mine"], "--frames is one of program"),
     ],
 )
 def test_bad_input_is_one_clear_line(db, args, message) -> None:

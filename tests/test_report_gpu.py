@@ -136,7 +136,7 @@ def test_more_executions_make_more_gpu_time_beside_the_count_change(nights: Path
     assert gemm["change"] == "unchanged" and gemm["z"] == 0.0
 
     markdown = report(nights, "--candidate", "commit=c3", "--baseline", "commit=c1").stdout
-    assert markdown.splitlines()[0].startswith(":x: **1 regressions")  # the counts' verdict comes first, as before
+    assert markdown.splitlines()[0].startswith(":x: **1 regression ")  # the counts' verdict comes first, as before
     assert "**GPU time: 1 site slower (2 sites compared)**" in markdown
     row = next(line for line in markdown.splitlines() if line.startswith("| increased (+100%), runs 10 -> 20"))
     assert "`softmax_kernel`" in row and "30 µs | 60 µs | 3 µs -> 3 µs |" in row

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from tbpipe.pipeline.commands import FRAMES_HELP, checked_frames
 from tbpipe.pipeline.errors import UsageError
 
 DIVERGENCE_EXIT = 1
@@ -42,9 +43,7 @@ def register(app: typer.Typer) -> None:
         ),
         threshold_abs: float = typer.Option(0.0, "--threshold-abs", help="... and past this many events."),
         output_format: RanksFormat = typer.Option(RanksFormat.table, "--format", "-f", help="table, json or md."),
-        frames: str = typer.Option(
-            "program", "--frames", help="Tracebacks' frames: program, python, native or all (table and md)."
-        ),
+        frames: str = typer.Option("program", "--frames", help=FRAMES_HELP + " (table and md)"),
         out: Path | None = typer.Option(None, "--out", "-o", help="Write to this file; - or nothing: standard output."),
         fail_on_divergence: bool = typer.Option(
             False, "--fail-on-divergence", help="Exit with status 1 when the ranks disagree at any site."
@@ -60,10 +59,8 @@ def register(app: typer.Typer) -> None:
         from tbpipe.pipeline.db import open_database
         from tbpipe.pipeline.db.selectors import parse_label_list
         from tbpipe.pipeline.reports.ranks import RanksRequest, divergence
-        from tbpipe.pipeline.stacks.focus import MODES
 
-        if frames not in MODES:
-            raise UsageError(f"--frames is one of {', '.join(MODES)}, not {frames!r}")
+        checked_frames(frames)
         if threshold_rel < 0 or threshold_abs < 0:
             raise UsageError("--threshold-rel and --threshold-abs must not be negative")
         labels: dict[str, str] = {}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from tbpipe.pipeline.commands import FRAMES_HELP, checked_frames
 from tbpipe.pipeline.db.selectors import parse_per
 from tbpipe.pipeline.errors import UsageError
 
@@ -95,6 +96,9 @@ def register(app: typer.Typer) -> None:
         progress: bool | None = typer.Option(
             None, "--progress/--no-progress", help="Progress bar on stderr (default: on a terminal, not under CI)."
         ),
+        frames: str = typer.Option(
+            "program", "--frames", help=FRAMES_HELP + " (md; the HTML report switches among them in place)"
+        ),
     ) -> None:
         """Compare a run (or group) with a baseline run or window, call site by call site."""
         from tbpipe.pipeline.db import open_database
@@ -102,6 +106,7 @@ def register(app: typer.Typer) -> None:
         from tbpipe.pipeline.reports.regression.model import SITE_OF
         from tbpipe.pipeline.reports.regression.select import parse_label_list
 
+        checked_frames(frames)
         if site_of not in SITE_OF:
             raise UsageError(f"--site-of is {' or '.join(repr(s) for s in SITE_OF)}, not {site_of!r}")
         if threshold_rel < 0 or threshold_abs < 0:
@@ -149,7 +154,7 @@ def register(app: typer.Typer) -> None:
                 result = compare(con, request, accepted, progress=progress)
         finally:
             con.close()
-        text = render(result, output_format)
+        text = render(result, output_format, frames)
         if out is not None and str(out) != "-":
             try:
                 out.write_text(text, encoding="utf-8")
@@ -163,11 +168,11 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(REGRESSION_EXIT)
 
 
-def render(result, output_format: ReportFormat) -> str:
+def render(result, output_format: ReportFormat, frames: str = "program") -> str:
     if hasattr(result, "summed") and output_format is ReportFormat.md:  # --per-rank
-        parts = [render(result.summed, output_format), "## Per rank", "", result.verdict(), ""]
+        parts = [render(result.summed, output_format, frames), "## Per rank", "", result.verdict(), ""]
         for rank, report in result.ranks:
-            parts += [f"### Rank {rank}", "", render(report, output_format)]
+            parts += [f"### Rank {rank}", "", render(report, output_format, frames)]
         return "\n".join(parts)
     if output_format is ReportFormat.json:
         import json
@@ -179,4 +184,4 @@ def render(result, output_format: ReportFormat) -> str:
         return render_html(result)
     from tbpipe.pipeline.reports.regression_markdown import render_markdown
 
-    return render_markdown(result)
+    return render_markdown(result, frames)

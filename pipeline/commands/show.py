@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from tbpipe.pipeline.commands import FRAMES_HELP, checked_frames
 from tbpipe.pipeline.errors import UsageError
 
 
@@ -24,18 +25,12 @@ def register(app: typer.Typer) -> None:
             help="With --event: 'own' (its own stack) or 'forward' (a backward op's, or a launch in one: the stack of "
             "the forward op that made its autograd node; view `backward_op_sites`).",
         ),
-        frames: str = typer.Option(
-            "program",
-            "--frames",
-            help="Which frames: program (start-up and CPython's own frames folded, tbpipe's hidden), python, "
-            "native or all.",
-        ),
+        frames: str = typer.Option("program", "--frames", help=FRAMES_HELP),
         db: Path | None = typer.Option(None, "--db", help="Database file (default: $TBPIPE_DB or ./tbpipe.duckdb)."),
     ) -> None:
         """Print the combined Python + native traceback of an event, a stack or a call site (innermost first)."""
         from tbpipe.pipeline.db import open_database
         from tbpipe.pipeline.reports import traceback
-        from tbpipe.pipeline.stacks.focus import MODES
 
         chosen = [
             name for name, value in (("--event", event), ("--stack", stack), ("--site", site)) if value is not None
@@ -46,8 +41,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--site-of is 'own' or 'forward', not {site_of!r}")
         if site_of == "forward" and event is None:
             raise UsageError("--site-of forward goes with --event ID")
-        if frames not in MODES:
-            raise UsageError(f"--frames is one of {', '.join(MODES)}, not {frames!r}")
+        checked_frames(frames)
         console = Console(soft_wrap=True)
         con = open_database(db, read_only=True)
         try:

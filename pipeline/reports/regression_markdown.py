@@ -11,6 +11,7 @@ from __future__ import annotations
 from tbpipe.pipeline.reports.regression.model import NEW, GpuSiteChange, RegressionReport, SiteChange
 from tbpipe.pipeline.reports.regression.suspects import Suspect, SuspectHistory, TouchedFrame, touched_frames
 from tbpipe.pipeline.reports.units import format_duration
+from tbpipe.pipeline.stacks import focus
 
 FRAMES_SHOWN = 40
 SUSPECTS_SHOWN = 5
@@ -55,7 +56,7 @@ def per_execution(site: GpuSiteChange) -> str:
     return f"{before} -> {after}"
 
 
-def _gpu_section(report: RegressionReport) -> list[str]:
+def _gpu_section(report: RegressionReport, frames: str) -> list[str]:
     """GPU time per site: its own verdict, the slower sites and their tracebacks."""
     if not report.gpu_sites:
         return []
@@ -96,7 +97,7 @@ def _gpu_section(report: RegressionReport) -> list[str]:
                     f"<summary>GPU time of {_cell(site.name)} at {site.where} (site {site.site_key})</summary>",
                     "",
                     "```",
-                    *traceback_lines(site),
+                    *traceback_lines(site, frames, report.focus_rules),
                     "```",
                     "</details>",
                     "",
@@ -105,14 +106,18 @@ def _gpu_section(report: RegressionReport) -> list[str]:
     return out
 
 
-def traceback_lines(site: SiteChange | GpuSiteChange) -> list[str]:
-    """`file:line:function` per frame, innermost first; Python frames marked `py`, inlined and generated
-    ones noted, frames a suspect changed marked with its hash."""
+def traceback_lines(
+    site: SiteChange | GpuSiteChange, mode: str = focus.DEFAULT_MODE, rules: focus.FrameRules = focus.DEFAULT_RULES
+) -> list[str]:
+    """`file:line:function` per frame, innermost first, focused by `mode` (stacks/focus.py: by default
+    start-up folded into one row, tbpipe's own frames hidden); Python frames marked `py`, inlined and
+    generated ones noted, frames a suspect changed marked with its hash."""
     lines = []
     marks = touched_frames(site.suspects)
-    for frame in (site.traceback or [])[:FRAMES_SHOWN]:
-        if frame.kind == "marker":
-            lines.append(f"   {frame.function}")
+    focused = focus.focus_frames(site.traceback or [], mode, rules)
+    for frame in focused[:FRAMES_SHOWN]:
+        if isinstance(frame, focus.StartUp) or frame.kind == "marker":
+            lines.append(f"   {frame.text if isinstance(frame, focus.StartUp) else frame.function}")
             continue
         where = frame.file or (frame.module.rsplit("/", 1)[-1] if frame.module else "??")
         line = frame.line if frame.line is not None else "?"
@@ -121,7 +126,7 @@ def traceback_lines(site: SiteChange | GpuSiteChange) -> list[str]:
         changed = marks.get((frame.file, frame.line, frame.function))
         notes += f"  <- changed by {', '.join(changed)}" if changed else ""
         lines.append(f"{tag} {where}:{line}:{frame.function or '??'}{notes}")
-    more = len(site.traceback or []) - FRAMES_SHOWN
+    more = len(focused) - FRAMES_SHOWN
     if more > 0:
         lines.append(f"   ... {more} more frames")
     return lines
@@ -194,12 +199,14 @@ def _fewer_events_lines(report: RegressionReport) -> list[str]:
     return [*out, ""]
 
 
-def render_markdown(report: RegressionReport) -> str:
+def render_markdown(report: RegressionReport, frames: str = focus.DEFAULT_MODE) -> str:
+    """The report; its tracebacks show the frames of focus mode `frames`."""
     icon = ":x:" if report.regressions else ":white_check_mark:"
     out = [f"{icon} **{report.verdict()}**", ""]
     unit = f" per {report.request.per[1]}" if report.request.per else ""
     baseline = ", ".join(s.name for s in report.baseline)
-    out.append(f"Candidate `{report.candidate.name}` ({len(report.candidate.run_ids)} runs); baseline: {baseline}.")
+    runs = len(report.candidate.run_ids)
+    out.append(f"Candidate `{report.candidate.name}` ({runs} run{'s' if runs != 1 else ''}); baseline: {baseline}.")
     counts = ", ".join(f"{report.count(c)} {c}" for c in ("new", "increased", "decreased", "removed", "moved"))
     out.append(f"Sites compared: {len(report.sites)} ({counts}).")
     if report.request.site_of == "forward":
@@ -237,14 +244,14 @@ def render_markdown(report: RegressionReport) -> str:
                     f"<summary>{_cell(site.name)} at {site.where} (site {site.site_key})</summary>",
                     "",
                     "```",
-                    *traceback_lines(site),
+                    *traceback_lines(site, frames, report.focus_rules),
                     "```",
                     "</details>",
                     "",
                 ]
             out += _suspects_block(site, f"{_cell(site.name)} at {site.where}")
     out += _fewer_events_lines(report)
-    out += _gpu_section(report)
+    out += _gpu_section(report, frames)
     accepted = report.accepted + [s for s in report.gpu_sites if s.accepted is not None]
     if accepted:
         out += ["**Accepted changes** (from --accept)", ""]

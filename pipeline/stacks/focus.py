@@ -1,6 +1,6 @@
 """Focus modes: which frames of a combined stack a view shows, and what it folds. The one home of
-the rule: the icicles (`serve/flame.py`), the tracebacks of the service, the HTML report,
-`tbpipe show` and the exports all ask this module.
+the rule: the icicles (`serve/flame.py`), the tracebacks of the service, the HTML and Markdown
+reports, `tbpipe show`, `tbpipe ranks` and the exports all ask this module.
 
 Modes (`MODES`, default `program`):
 

@@ -294,7 +294,8 @@ class RegressionReport:
         """One line: what a CI comment starts with."""
         regressions = self.regressions
         against = (
-            f"{len(self.baseline)} previous {'groups' if self.request.group_by else 'runs'}"
+            f"{len(self.baseline)} previous {'group' if self.request.group_by else 'run'}"
+            + ("s" if len(self.baseline) != 1 else "")
             if self.windowed
             else self.baseline[0].name
         )
@@ -309,7 +310,8 @@ class RegressionReport:
             parts.append(f"{new} new")
         if len(regressions) > new:
             parts.append(f"{len(regressions) - new} increased")
-        return f"{len(regressions)} regressions ({', '.join(parts)}): {self.candidate.name} against {against}"
+        count = f"{len(regressions)} regression{'s' if len(regressions) != 1 else ''}"
+        return f"{count} ({', '.join(parts)}): {self.candidate.name} against {against}"
 
     def to_json(self) -> dict[str, Any]:
         request = self.request
