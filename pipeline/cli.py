@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from tbpipe.pipeline.errors import TbpipeError
+from tbpipe.pipeline.errors import TbpipeError, print_error
 
 if TYPE_CHECKING:
     import typer
@@ -88,14 +88,6 @@ def _fast_command(name: str):
     return importlib.import_module(f"tbpipe.pipeline.commands.{name}").run_fast
 
 
-def _print_error(error: TbpipeError) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-
-    # Escaped: messages quote user input and file contents, where '[...]' is not rich markup.
-    Console(stderr=True).print(f"[bold red]tbpipe:[/] {escape(str(error))}", highlight=False)
-
-
 def main() -> None:
     argv = sys.argv[1:]
     command = argv[0] if argv else None
@@ -106,5 +98,5 @@ def main() -> None:
         _register_commands(app, command if command in _COMMANDS else None)
         app()
     except TbpipeError as error:
-        _print_error(error)
+        print_error(error)
         sys.exit(2)

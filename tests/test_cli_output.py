@@ -101,3 +101,15 @@ def test_runs_are_listed_whole_in_a_pipe_and_on_a_narrow_terminal(nights, tmp_pa
     assert terminal.startswith("4 runs\n") and terminal.count("-- row ") == 4
     assert sorted(re.findall(r"^run +(\S+)$", terminal, re.M)) == sorted(ids)
     assert "┃" not in terminal and max(len(line) for line in terminal.splitlines()) <= 60
+
+
+def test_an_error_is_one_line_however_narrow_the_log(tmp_path: Path) -> None:
+    """An error message is not wrapped at the console's width: a log search finds it whole, with its
+    path in one piece."""
+    missing = tmp_path / ("a-folder-with-a-rather-long-name-" * 3) / "nightly.duckdb"
+    shown = subprocess.run(
+        [*TBPIPE, "report", "--db", str(missing), "--candidate", "latest", "--baseline-window", "3"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "80"},
+    )  # fmt: skip
+    assert shown.returncode == 2
+    assert shown.stderr.count("\n") == 1 and f"no database at {missing}" in shown.stderr

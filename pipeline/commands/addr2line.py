@@ -402,9 +402,9 @@ def run_fast(argv: list[str], rich_errors: bool = True) -> bool:
         addr2line(**kwargs)
     except TbpipeError as error:
         if rich_errors:
-            from rich.console import Console
+            from tbpipe.pipeline.errors import print_error
 
-            Console(stderr=True).print(f"[bold red]tbpipe:[/] {error}", highlight=False)
+            print_error(error)
         else:
             sys.stderr.write(f"tbpipe: {error}\n")
         sys.exit(2)

@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         from tbpipe.pipeline.export import ExportFilter
         from tbpipe.pipeline.export import export as export_events
 
-        say = Console(stderr=True)
+        say = Console(stderr=True, soft_wrap=True)
         con = open_database(
             db, read_only=True, wait_s=wait, on_wait=lambda m: say.print(f"tbpipe: {m}", highlight=False)
         )

@@ -150,7 +150,7 @@ def register(app: typer.Typer) -> None:
             output = None
         if not text.strip():
             raise UsageError("no SQL given")
-        say = Console(stderr=True)
+        say = Console(stderr=True, soft_wrap=True)
         if lake is not None:
             from tbpipe.pipeline.lake.store import connect
 
