@@ -160,9 +160,13 @@ def test_show_stack_and_site(demo) -> None:
     site = cli("show", "--db", str(db), "--site", site_key, "--limit", "2", "--frames", "all")
     assert site.exit_code == 0, site.output
     head = site.stdout.splitlines()
-    # Where the site was first seen: night 1's checkout, or night 2's for a site new tonight.
-    assert re.match(rf"# call site {site_key}: .*/demo-runs/checkout-[12]/workload\.py:\d+:", head[0]), head[0]
-    assert head[0].endswith("(user frame; where first recorded)")
+    # Where the site is in the newest run: night 2's checkout, at tonight's line (the heaviest site
+    # moved between the nights: its first recorded place is night 1's, three lines up).
+    assert re.match(rf"# call site {site_key}: .*/demo-runs/checkout-2/workload\.py:(\d+):", head[0]), head[0]
+    assert head[0].endswith("(user frame; in the newest run)")
+    first = cli("query", "--db", str(db), "-f", "csv", f"SELECT file, line FROM sites WHERE site_key = '{site_key}'")
+    first_file, first_line = first.stdout.splitlines()[1].split(",")
+    assert "checkout-1" in first_file and f"workload.py:{first_line}:" not in head[0]
     assert len(re.findall(r"^# stack \d+: [\d,]+ events \(", site.stdout, re.MULTILINE)) == 2
     assert all(f["file"] or f["function"] for f in _frames(site.stdout))
 

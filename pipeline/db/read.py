@@ -396,6 +396,22 @@ def _site_row(con: Any, site_key: str, columns: str) -> tuple:
     return rows[0]
 
 
+def site_newest_place(con: Any, site_id: int) -> tuple[str | None, int | None] | None:
+    """Where the site was in the newest run that counts it (its file and line there: a site keeps its
+    key while its line moves within its function); None when no run keeps its counts per site (every
+    such run rolled up)."""
+    rows = query_rows(
+        con,
+        """
+        SELECT c.site_file, c.site_line FROM site_counts c JOIN runs r USING (run_number)
+        WHERE c.site_id = ?
+        ORDER BY r.started_at DESC, r.run_id DESC, c.events DESC LIMIT 1
+        """,
+        [site_id],
+    )
+    return rows[0] if rows else None
+
+
 def site_id(con: Any, site_key: str) -> int:
     """The site's row number, by its key; NotFoundError when no site has that key."""
     return _site_row(con, site_key, "site_id")[0]

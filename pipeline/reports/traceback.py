@@ -125,12 +125,14 @@ def show_stack(con: Any, stack_id: int, console: Console, mode: str = focus.DEFA
 
 def show_site(con: Any, site_key: str, limit: int, console: Console, mode: str = focus.DEFAULT_MODE) -> None:
     info = read.site(con, site_key, limit)
-    where = f"{info.file or '??'}:{info.line if info.line is not None else '?'}:{info.function}"
+    # The newest run's place: the sites row keeps the one the site was first recorded at, and a site
+    # keeps its key while its line moves within its function.
+    newest = read.site_newest_place(con, info.site_id)
+    file, line = newest if newest is not None else (info.file, info.line)
+    where = f"{file or '??'}:{line if line is not None else '?'}:{info.function}"
     kind = "user frame" if info.is_user else "no user frame; innermost symbolized frame"
-    # The sites row keeps the place the site was first recorded at; its stacks below show their own
-    # lines (a site keeps its key while its line moves within its function).
     console.print(
-        f"# call site {info.site_key}: {where} ({kind}; where first recorded)",
+        f"# call site {info.site_key}: {where} ({kind}; {'in the newest run' if newest else 'where first recorded'})",
         highlight=False,
         markup=False,
         soft_wrap=True,
